@@ -1,0 +1,67 @@
+//! The `oleo` command. One file per verb, as a user's command maps to one place.
+
+mod dump_super;
+mod dump_tree;
+mod logging;
+mod mount;
+
+use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(
+    name = "oleo",
+    version,
+    about = "btrfs in userspace: mount and inspect btrfs images without the kernel driver"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Mount a btrfs image or device through FUSE (read-only for now).
+    Mount(mount::MountArgs),
+    /// Print the superblock.
+    DumpSuper {
+        image: PathBuf,
+        /// Which copy: 0 (primary), 1 (64 MiB) or 2 (256 GiB).
+        #[arg(long, default_value_t = 0)]
+        mirror: usize,
+    },
+    /// Print tree blocks and their items.
+    DumpTree(dump_tree::DumpTreeArgs),
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().collect();
+    // mount(8) runs helpers as `mount.fuse.oleo SOURCE TARGET -o OPTIONS`, and mount.fuse3
+    // runs `oleo SOURCE TARGET -o OPTIONS`: both mean "mount".
+    let helper = args.first().is_some_and(|a| {
+        a.rsplit('/')
+            .next()
+            .is_some_and(|n| n.starts_with("mount."))
+    });
+    let bare_mount =
+        args.len() >= 3 && !args[1].starts_with('-') && std::path::Path::new(&args[2]).is_dir();
+    if helper || bare_mount {
+        logging::init();
+        return mount::run_helper(&args[1..]);
+    }
+    let cli = Cli::parse();
+    logging::init();
+    let result = match cli.command {
+        Command::Mount(m) => return mount::run(m),
+        Command::DumpSuper { image, mirror } => dump_super::run(&image, mirror),
+        Command::DumpTree(a) => dump_tree::run(&a),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("oleo: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

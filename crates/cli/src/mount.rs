@@ -1,0 +1,270 @@
+//! `oleo mount`: open the filesystem, then serve it through FUSE, in the background by
+//! default. Errors in the image are reported before daemonizing, so a failed mount says why
+//! on the terminal that asked for it.
+
+use crate::logging;
+use oleo::{Filesystem, OpenOptions};
+use std::io::{Read, Write};
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+
+#[derive(clap::Args)]
+pub struct MountArgs {
+    /// Comma-separated mount options: ro, subvol=PATH, subvolid=ID, cache_size=SIZE
+    /// (tree-block cache, e.g. 256M), threads=N, plus the generic ones mount(8) passes.
+    #[arg(short = 'o', value_name = "OPTIONS")]
+    options: Vec<String>,
+    /// Stay in the foreground (logs to stderr).
+    #[arg(short = 'f', long)]
+    foreground: bool,
+    /// Image file or block device.
+    image: PathBuf,
+    mountpoint: PathBuf,
+}
+
+struct Plan {
+    open: OpenOptions,
+    threads: usize,
+}
+
+/// Generic options mount(8) and fstab may pass that change nothing for a read-only FUSE mount.
+const IGNORED: &[&str] = &[
+    "defaults",
+    "auto",
+    "noauto",
+    "user",
+    "nouser",
+    "users",
+    "nofail",
+    "_netdev",
+    "atime",
+    "noatime",
+    "relatime",
+    "strictatime",
+    "lazytime",
+    "nodiratime",
+    "diratime",
+    "exec",
+    "noexec",
+    "suid",
+    "nosuid",
+    "dev",
+    "nodev",
+    "async",
+    "sync",
+    "silent",
+    "loud",
+    "nologreplay",
+    "rescue=nologreplay",
+];
+
+fn parse_size(s: &str) -> Option<u64> {
+    let (num, mult) = match s.chars().last()?.to_ascii_uppercase() {
+        'K' => (&s[..s.len() - 1], 1u64 << 10),
+        'M' => (&s[..s.len() - 1], 1 << 20),
+        'G' => (&s[..s.len() - 1], 1 << 30),
+        _ => (s, 1),
+    };
+    num.parse::<u64>().ok()?.checked_mul(mult)
+}
+
+fn plan(options: &[String], explicit_rw_refused: bool) -> Result<Plan, String> {
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(2);
+    let mut p = Plan {
+        open: OpenOptions::default(),
+        threads: (cores * 2).max(4),
+    };
+    for opt in options
+        .iter()
+        .flat_map(|o| o.split(','))
+        .filter(|o| !o.is_empty())
+    {
+        let (name, value) = opt
+            .split_once('=')
+            .map_or((opt, None), |(n, v)| (n, Some(v)));
+        match (name, value) {
+            ("ro", None) => {}
+            ("rw", None) if explicit_rw_refused => {
+                return Err(
+                    "read-write mounts are not supported yet: oleo mounts read-only (use -o ro)"
+                        .into(),
+                )
+            }
+            ("rw", None) => {}
+            ("subvol", Some(v)) => {
+                p.open.subvol = Some(v.trim_start_matches('/').as_bytes().to_vec())
+            }
+            ("subvolid", Some(v)) => {
+                p.open.subvolid = Some(
+                    v.parse()
+                        .map_err(|_| format!("subvolid={v}: not a number"))?,
+                )
+            }
+            ("cache_size", Some(v)) => {
+                p.open.cache_bytes = parse_size(v).ok_or(format!("cache_size={v}: not a size"))?
+            }
+            ("threads", Some(v)) => {
+                p.threads = v
+                    .parse()
+                    .ok()
+                    .filter(|&n: &usize| (1..=256).contains(&n))
+                    .ok_or(format!("threads={v}: 1..256"))?
+            }
+            _ if IGNORED.contains(&opt) || name.starts_with("x-") || name == "comment" => {}
+            _ => return Err(format!("unknown mount option {opt:?}")),
+        }
+    }
+    Ok(p)
+}
+
+pub fn run(args: MountArgs) -> ExitCode {
+    finish(mount(
+        &args.image,
+        &args.mountpoint,
+        &args.options,
+        args.foreground,
+        true,
+    ))
+}
+
+/// `SOURCE TARGET [-o OPTIONS]` as mount(8) and mount.fuse3 pass them. mount(8) adds "rw"
+/// whenever "ro" is not asked for, so here "rw" only means "not explicitly read-only".
+pub fn run_helper(args: &[String]) -> ExitCode {
+    let mut positional = Vec::new();
+    let mut options = Vec::new();
+    let mut foreground = false;
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "-o" => options.extend(it.next().cloned()),
+            "-f" => foreground = true,
+            "-n" | "-s" | "-v" => {}
+            s if s.starts_with("-o") => options.push(s[2..].to_string()),
+            _ => positional.push(a.clone()),
+        }
+    }
+    if positional.len() != 2 {
+        eprintln!("oleo: usage as a mount helper: mount.fuse.oleo SOURCE MOUNTPOINT [-o OPTIONS]");
+        return ExitCode::FAILURE;
+    }
+    finish(mount(
+        Path::new(&positional[0]),
+        Path::new(&positional[1]),
+        &options,
+        foreground,
+        false,
+    ))
+}
+
+fn finish(r: Result<(), String>) -> ExitCode {
+    match r {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("oleo: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn mount(
+    image: &Path,
+    mountpoint: &Path,
+    options: &[String],
+    foreground: bool,
+    refuse_rw: bool,
+) -> Result<(), String> {
+    let plan = plan(options, refuse_rw)?;
+    if !mountpoint.is_dir() {
+        return Err(format!(
+            "{}: mount point is not a directory",
+            mountpoint.display()
+        ));
+    }
+    let fs = Filesystem::open(image, plan.open).map_err(|e| format!("{}: {e}", image.display()))?;
+    let source = std::fs::canonicalize(image)
+        .unwrap_or_else(|_| image.to_path_buf())
+        .display()
+        .to_string();
+    let is_root = unsafe { libc::geteuid() } == 0;
+    let config = oleo_fuse::config(&source, plan.threads, is_root);
+    let server = oleo_fuse::OleoFuse::new(Arc::new(fs));
+    if foreground {
+        let session = oleo_fuse::Session::new(server, mountpoint, &config)
+            .map_err(|e| format!("mount: {e}"))?;
+        return session.run().map_err(|e| format!("FUSE session: {e}"));
+    }
+    daemonize_and_serve(server, mountpoint, &config)
+}
+
+/// Forks; the child mounts and tells the parent over a pipe whether it worked, then serves.
+/// Forking happens before any thread exists, which is what makes it safe.
+fn daemonize_and_serve(
+    server: oleo_fuse::OleoFuse,
+    mountpoint: &Path,
+    config: &oleo_fuse::Config,
+) -> Result<(), String> {
+    let mut fds = [0i32; 2];
+    // SAFETY: fds is a valid two-element array.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(format!("pipe: {}", std::io::Error::last_os_error()));
+    }
+    // SAFETY: both descriptors were just created and are owned here only.
+    let (read_end, write_end) =
+        unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    // SAFETY: single-threaded at this point (no FUSE threads yet).
+    match unsafe { libc::fork() } {
+        -1 => Err(format!("fork: {}", std::io::Error::last_os_error())),
+        0 => {
+            drop(read_end);
+            let mut report = std::fs::File::from(write_end);
+            // SAFETY: plain syscall in the child.
+            unsafe { libc::setsid() };
+            let session = match oleo_fuse::Session::new(server, mountpoint, config) {
+                Ok(s) => s,
+                Err(e) => {
+                    let _ = write!(report, "mount: {e}");
+                    std::process::exit(1);
+                }
+            };
+            let _ = report.write_all(b"OK");
+            drop(report);
+            detach_stdio();
+            logging::switch_to_syslog();
+            if let Err(e) = session.run() {
+                log::error!("FUSE session ended: {e}");
+                std::process::exit(1);
+            }
+            std::process::exit(0);
+        }
+        _child => {
+            drop(write_end);
+            let mut msg = String::new();
+            let _ = std::fs::File::from(read_end).read_to_string(&mut msg);
+            if msg == "OK" {
+                Ok(())
+            } else if msg.is_empty() {
+                Err("the mount process died before mounting".into())
+            } else {
+                Err(msg)
+            }
+        }
+    }
+}
+
+fn detach_stdio() {
+    if let Ok(null) = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/null")
+    {
+        use std::os::fd::AsRawFd;
+        for fd in 0..3 {
+            // SAFETY: dup2 onto the standard descriptors.
+            unsafe { libc::dup2(null.as_raw_fd(), fd) };
+        }
+    }
+}

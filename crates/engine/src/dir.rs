@@ -1,0 +1,149 @@
+//! Directories: name lookup through DIR_ITEM (hashed) and listing through DIR_INDEX
+//! (stable order, stable resume cookies).
+
+use crate::ctree::{for_each_in_range, lookup};
+use crate::error::{Error, Result};
+use crate::fs::{DirEntry, FileKind, Filesystem, InodeId};
+use oleo_format::csum::name_hash;
+use oleo_format::items::{DirEntryItem, DirEntryIter, FileType};
+use oleo_format::key::{item, objectid, Key};
+use std::ops::ControlFlow;
+
+fn kind_of(t: FileType) -> Option<FileKind> {
+    Some(match t {
+        FileType::RegFile => FileKind::File,
+        FileType::Dir => FileKind::Dir,
+        FileType::Symlink => FileKind::Symlink,
+        FileType::ChrDev => FileKind::CharDev,
+        FileType::BlkDev => FileKind::BlockDev,
+        FileType::Fifo => FileKind::Fifo,
+        FileType::Sock => FileKind::Socket,
+        FileType::Xattr | FileType::Unknown => return None,
+    })
+}
+
+impl Filesystem {
+    fn require_dir(&self, dir: InodeId) -> Result<()> {
+        if self.getattr(dir)?.kind != FileKind::Dir {
+            return Err(Error::NotDir);
+        }
+        Ok(())
+    }
+
+    /// Where a directory entry leads: an inode of the same subvolume, or another subvolume.
+    fn entry_target(&self, dir: InodeId, e: &DirEntryItem) -> Result<InodeId> {
+        match e.location.item_type {
+            item::INODE_ITEM => Ok(InodeId {
+                subvol: dir.subvol,
+                ino: e.location.objectid,
+            }),
+            item::ROOT_ITEM => self.cross_into_subvolume(dir, e.location.objectid, e.name),
+            t => Err(Error::corrupt(
+                0,
+                format!("dir entry points at a key of type {t}"),
+            )),
+        }
+    }
+
+    pub fn lookup(&self, dir: InodeId, name: &[u8]) -> Result<InodeId> {
+        if name == b"." {
+            return Ok(dir);
+        }
+        if dir.ino == objectid::EMPTY_SUBVOL_DIR {
+            return Err(Error::NotFound);
+        }
+        self.require_dir(dir)?;
+        if name == b".." {
+            return self.parent_of(dir);
+        }
+        if name.len() > 255 {
+            return Err(Error::NotFound);
+        }
+        let tree = self.tree_of(dir)?;
+        let Some(body) = lookup(
+            self.io(),
+            &tree,
+            &Key::new(dir.ino, item::DIR_ITEM, name_hash(name)),
+        )?
+        else {
+            return Err(Error::NotFound);
+        };
+        for e in DirEntryIter::new(&body) {
+            let e = e.map_err(|e| Error::corrupt(0, format!("dir item in {}: {e}", dir.ino)))?;
+            if e.name == name {
+                return self.entry_target(dir, &e);
+            }
+        }
+        Err(Error::NotFound)
+    }
+
+    /// The parent directory; a subvolume root's parent is the directory holding its entry.
+    fn parent_of(&self, dir: InodeId) -> Result<InodeId> {
+        let tree = self.tree_of(dir)?;
+        if dir.ino == objectid::FIRST_FREE {
+            if dir == self.root() {
+                return Ok(dir);
+            }
+            return Ok(self
+                .list_subvolumes()?
+                .into_iter()
+                .find(|s| s.id == dir.subvol)
+                .and_then(|s| s.parent)
+                .map(|(subvol, ino)| InodeId { subvol, ino })
+                .unwrap_or(dir));
+        }
+        let mut parent = None;
+        for_each_in_range(
+            self.io(),
+            &tree,
+            Key::new(dir.ino, item::INODE_REF, 0),
+            Key::new(dir.ino, item::INODE_REF, u64::MAX),
+            |key, _| {
+                parent = Some(key.offset);
+                Ok(ControlFlow::Break(()))
+            },
+        )?;
+        parent
+            .map(|ino| InodeId {
+                subvol: dir.subvol,
+                ino,
+            })
+            .ok_or(Error::NotFound)
+    }
+
+    /// Lists entries whose DIR_INDEX is >= `from` (0 and 1 are `.` and `..`, which the
+    /// caller adds). `f` returns false to stop; each entry's `next_offset` resumes after it.
+    pub fn readdir(
+        &self,
+        dir: InodeId,
+        from: u64,
+        f: &mut dyn FnMut(DirEntry) -> bool,
+    ) -> Result<()> {
+        if dir.ino == objectid::EMPTY_SUBVOL_DIR {
+            return Ok(());
+        }
+        self.require_dir(dir)?;
+        let tree = self.tree_of(dir)?;
+        let min = Key::new(dir.ino, item::DIR_INDEX, from.max(2));
+        let max = Key::new(dir.ino, item::DIR_INDEX, u64::MAX);
+        for_each_in_range(self.io(), &tree, min, max, |key, body| {
+            for e in DirEntryIter::new(body) {
+                let e = e.map_err(|e| Error::corrupt(0, format!("dir index {key:?}: {e}")))?;
+                let Some(kind) = kind_of(e.kind()) else {
+                    continue;
+                };
+                let id = self.entry_target(dir, &e)?;
+                let entry = DirEntry {
+                    name: e.name.to_vec(),
+                    id,
+                    kind,
+                    next_offset: key.offset.saturating_add(1),
+                };
+                if !f(entry) {
+                    return Ok(ControlFlow::Break(()));
+                }
+            }
+            Ok(ControlFlow::Continue(()))
+        })
+    }
+}

@@ -1,0 +1,153 @@
+//! Reading tree blocks and data through the chunk map, with verification and mirror
+//! fallback, and the bounded tree-block cache.
+
+use crate::device::Device;
+use crate::error::{Error, Result};
+use crate::volumes::ChunkMap;
+use oleo_format::key::Key;
+use oleo_format::validate::{check_tree_block, Expect, FsContext};
+use quick_cache::sync::Cache;
+use quick_cache::Weighter;
+use std::sync::Arc;
+
+/// A verified tree block, shared between readers.
+pub type Block = Arc<[u8]>;
+
+#[derive(Clone)]
+struct BlockWeight;
+
+impl Weighter<u64, Block> for BlockWeight {
+    fn weight(&self, _key: &u64, val: &Block) -> u64 {
+        val.len() as u64
+    }
+}
+
+pub struct DiskIo {
+    device: Device,
+    /// The one device we have open; chunks on others are unreadable (multi-device is refused).
+    devid: u64,
+    chunks: ChunkMap,
+    pub ctx: FsContext,
+    cache: Cache<u64, Block, BlockWeight>,
+}
+
+impl DiskIo {
+    pub fn new(
+        device: Device,
+        devid: u64,
+        chunks: ChunkMap,
+        ctx: FsContext,
+        cache_bytes: u64,
+    ) -> DiskIo {
+        let items = (cache_bytes / ctx.nodesize as u64).max(16) as usize;
+        DiskIo {
+            device,
+            devid,
+            chunks,
+            ctx,
+            cache: Cache::with_weighter(items, cache_bytes.max(16 * 65536), BlockWeight),
+        }
+    }
+
+    pub fn chunks(&self) -> &ChunkMap {
+        &self.chunks
+    }
+
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    pub fn set_chunks(&mut self, chunks: ChunkMap) {
+        self.chunks = chunks;
+    }
+
+    /// Reads copy `mirror` of `[logical, logical + buf.len())`.
+    pub fn read_logical(&self, logical: u64, buf: &mut [u8], mirror: usize) -> Result<()> {
+        let mut done = 0usize;
+        for piece in self.chunks.map(logical, buf.len() as u64, mirror)? {
+            if piece.devid != self.devid {
+                return Err(Error::Unsupported(format!(
+                    "logical {logical} lives on device {} which is not open",
+                    piece.devid
+                )));
+            }
+            let len = piece.len as usize;
+            self.device
+                .read_exact_at(&mut buf[done..done + len], piece.physical)?;
+            done += len;
+        }
+        Ok(())
+    }
+
+    pub fn num_mirrors(&self, logical: u64) -> usize {
+        self.chunks.num_mirrors(logical)
+    }
+
+    /// A verified tree block. Tries every copy; a bad copy is logged with its address and
+    /// the next one used, as the kernel does with DUP metadata.
+    pub fn read_tree_block(
+        &self,
+        bytenr: u64,
+        level: Option<u8>,
+        generation: Option<u64>,
+        first_key: Option<Key>,
+    ) -> Result<Block> {
+        let expect = Expect {
+            bytenr,
+            level,
+            generation,
+            first_key,
+        };
+        if let Some(block) = self.cache.get(&bytenr) {
+            // Cached blocks passed the full check; only the parent's expectations remain.
+            check_expectations(&block, &expect)?;
+            return Ok(block);
+        }
+        let mirrors = self.num_mirrors(bytenr).max(1);
+        let mut last_err = String::new();
+        for mirror in 0..mirrors {
+            let mut buf = vec![0u8; self.ctx.nodesize as usize];
+            let verdict = self.read_logical(bytenr, &mut buf, mirror).and_then(|_| {
+                check_tree_block(&buf, &self.ctx, &expect)
+                    .map_err(|e| Error::corrupt(bytenr, e.to_string()))
+            });
+            match verdict {
+                Ok(()) => {
+                    if mirror > 0 {
+                        log::warn!("tree block {bytenr}: copy {} was bad ({last_err}); read copy {} instead", mirror - 1, mirror);
+                    }
+                    let block: Block = buf.into();
+                    self.cache.insert(bytenr, block.clone());
+                    return Ok(block);
+                }
+                Err(e) => {
+                    log::error!("tree block {bytenr} copy {mirror}: {e}");
+                    last_err = e.to_string();
+                }
+            }
+        }
+        Err(Error::corrupt(bytenr, last_err))
+    }
+}
+
+fn check_expectations(block: &[u8], expect: &Expect) -> Result<()> {
+    let tb = oleo_format::TreeBlock::new(block)
+        .map_err(|e| Error::corrupt(expect.bytenr, e.to_string()))?;
+    if expect.level.is_some_and(|l| l != tb.level())
+        || expect.generation.is_some_and(|g| g != tb.generation())
+    {
+        return Err(Error::corrupt(
+            expect.bytenr,
+            "level or generation differs from the parent pointer",
+        ));
+    }
+    if let Some(first) = expect.first_key {
+        if tb.nritems() > 0 && tb.key_at(0).ok() != Some(first) {
+            return Err(Error::corrupt(
+                expect.bytenr,
+                "first key differs from the parent pointer",
+            ));
+        }
+    }
+    Ok(())
+}

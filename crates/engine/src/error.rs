@@ -1,0 +1,68 @@
+//! The engine's error type and its errno mapping (the FUSE edge uses `errno()`).
+
+use std::io;
+
+pub type Result<T> = std::result::Result<T, Error>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("no such file or directory")]
+    NotFound,
+    #[error("not a directory")]
+    NotDir,
+    #[error("is a directory")]
+    IsDir,
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    #[error("no such attribute")]
+    NoXattr,
+    #[error("read-only filesystem")]
+    ReadOnly,
+    #[error("value too large for the given buffer")]
+    Range,
+    #[error("unsupported: {0}")]
+    Unsupported(String),
+    #[error("io error: {0}")]
+    Io(#[from] io::Error),
+    /// Metadata that fails validation: the block address says where.
+    #[error("corrupt metadata at logical {bytenr}: {reason}")]
+    Corrupt { bytenr: u64, reason: String },
+    /// Data whose checksum does not match the csum tree.
+    #[error("data checksum mismatch: inode {ino} (subvolume {subvol}) offset {offset} logical {logical}")]
+    DataChecksum {
+        subvol: u64,
+        ino: u64,
+        offset: u64,
+        logical: u64,
+    },
+    /// The image cannot be used at all (bad superblock, missing trees, ...).
+    #[error("unusable filesystem: {0}")]
+    Unusable(String),
+}
+
+impl Error {
+    pub fn corrupt(bytenr: u64, reason: impl Into<String>) -> Self {
+        Error::Corrupt {
+            bytenr,
+            reason: reason.into(),
+        }
+    }
+
+    /// The errno a POSIX caller should see.
+    pub fn errno(&self) -> i32 {
+        match self {
+            Error::NotFound => libc::ENOENT,
+            Error::NotDir => libc::ENOTDIR,
+            Error::IsDir => libc::EISDIR,
+            Error::InvalidArgument(_) => libc::EINVAL,
+            Error::NoXattr => libc::ENODATA,
+            Error::ReadOnly => libc::EROFS,
+            Error::Range => libc::ERANGE,
+            Error::Unsupported(_) => libc::EOPNOTSUPP,
+            Error::Io(e) => e.raw_os_error().unwrap_or(libc::EIO),
+            Error::Corrupt { .. } => libc::EUCLEAN,
+            Error::DataChecksum { .. } => libc::EIO,
+            Error::Unusable(_) => libc::EIO,
+        }
+    }
+}

@@ -1,0 +1,369 @@
+//! The public API: a `Filesystem`, its options, and the plain types it hands out.
+//! Front ends (FUSE, CLI, library users) see only this module. The work is done in the
+//! modules named after each btrfs concept (`dir`, `inode`, `file`, `xattr`, `subvolume`),
+//! which extend `Filesystem` with `impl` blocks of their own.
+
+use crate::ctree::TreeRoot;
+use crate::device::Device;
+use crate::disk_io::DiskIo;
+use crate::error::{Error, Result};
+use crate::volumes::ChunkMap;
+use oleo_format::items::{ChunkItem, InodeItem, RootItem};
+use oleo_format::key::{item, objectid, Key};
+use oleo_format::superblock::{self, incompat, Superblock, SUPER_INFO_SIZE};
+use oleo_format::validate::FsContext;
+use parking_lot::RwLock;
+use quick_cache::sync::Cache;
+use std::collections::HashMap;
+use std::ops::ControlFlow;
+use std::path::Path;
+use std::sync::Arc;
+
+/// One inode: which subvolume tree it lives in and its inode number there.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct InodeId {
+    pub subvol: u64,
+    pub ino: u64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FileKind {
+    File,
+    Dir,
+    Symlink,
+    CharDev,
+    BlockDev,
+    Fifo,
+    Socket,
+}
+
+impl FileKind {
+    pub fn from_mode(mode: u32) -> Option<FileKind> {
+        Some(match mode & 0o170000 {
+            0o100000 => FileKind::File,
+            0o040000 => FileKind::Dir,
+            0o120000 => FileKind::Symlink,
+            0o020000 => FileKind::CharDev,
+            0o060000 => FileKind::BlockDev,
+            0o010000 => FileKind::Fifo,
+            0o140000 => FileKind::Socket,
+            _ => return None,
+        })
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Timespec {
+    pub sec: i64,
+    pub nsec: u32,
+}
+
+/// What stat(2) shows, with the kernel's btrfs conventions (blocks in 512-byte units,
+/// blksize = sectorsize, rdev as a userspace dev_t).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Attr {
+    pub id: InodeId,
+    pub kind: FileKind,
+    /// Full st_mode, type bits included.
+    pub mode: u32,
+    pub nlink: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub size: u64,
+    pub blocks: u64,
+    pub blksize: u32,
+    pub rdev: u64,
+    pub atime: Timespec,
+    pub mtime: Timespec,
+    pub ctime: Timespec,
+    pub crtime: Timespec,
+    pub generation: u64,
+    pub flags: u64,
+}
+
+/// A directory entry. `next_offset` is the cookie that resumes the listing after it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DirEntry {
+    pub name: Vec<u8>,
+    pub id: InodeId,
+    pub kind: FileKind,
+    pub next_offset: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SubvolumeInfo {
+    pub id: u64,
+    /// Parent subvolume and the directory inode in it that holds this one's entry.
+    pub parent: Option<(u64, u64)>,
+    pub name: Vec<u8>,
+    /// Path from the top-level subvolume (5), when reachable.
+    pub path: Option<Vec<u8>>,
+    pub uuid: [u8; 16],
+    pub parent_uuid: [u8; 16],
+    pub generation: u64,
+    pub readonly: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StatFs {
+    pub block_size: u32,
+    pub blocks: u64,
+    pub blocks_free: u64,
+    pub blocks_avail: u64,
+    pub files: u64,
+    pub files_free: u64,
+    pub name_max: u32,
+}
+
+#[derive(Clone, Debug)]
+pub struct OpenOptions {
+    /// Only read-only opening exists for now.
+    pub read_only: bool,
+    /// Open this subvolume (path from the top level), like btrfs's `subvol=`.
+    pub subvol: Option<Vec<u8>>,
+    /// Open this subvolume id, like btrfs's `subvolid=`.
+    pub subvolid: Option<u64>,
+    /// Upper bound for the tree-block cache, in bytes. The inode and decompressed-extent
+    /// caches are sized from it too (an eighth each).
+    pub cache_bytes: u64,
+}
+
+impl Default for OpenOptions {
+    fn default() -> Self {
+        OpenOptions {
+            read_only: true,
+            subvol: None,
+            subvolid: None,
+            cache_bytes: 256 << 20,
+        }
+    }
+}
+
+/// An open btrfs filesystem. `Send + Sync`: share it behind an `Arc` between threads.
+pub struct Filesystem {
+    pub(crate) io: DiskIo,
+    pub(crate) sb: Superblock,
+    pub(crate) root_tree: TreeRoot,
+    pub(crate) csum_tree: Option<TreeRoot>,
+    /// Subvolume trees by id (None: no such live subvolume). Read-only, so never stale.
+    pub(crate) subvol_roots: RwLock<HashMap<u64, Option<TreeRoot>>>,
+    pub(crate) inodes: Cache<InodeId, Arc<InodeItem>>,
+    pub(crate) extents: Cache<u64, Arc<Vec<u8>>, crate::file::ExtentWeight>,
+    top: InodeId,
+    pending_log: bool,
+}
+
+impl Filesystem {
+    /// Opens an image file or block device read-only.
+    pub fn open(path: impl AsRef<Path>, options: OpenOptions) -> Result<Filesystem> {
+        let path = path.as_ref();
+        if !options.read_only {
+            return Err(Error::Unsupported(
+                "writing is not supported yet: open read-only".into(),
+            ));
+        }
+        let device = Device::open(path)?;
+        let sb = read_superblock(&device)?;
+        check_features(&sb)?;
+        let ctx = FsContext {
+            nodesize: sb.nodesize,
+            sectorsize: sb.sectorsize,
+            csum_type: sb.csum_type(),
+            metadata_fsid: sb.metadata_fsid(),
+            super_generation: sb.generation,
+        };
+        let mut sys = ChunkMap::default();
+        for (logical, chunk) in sb
+            .sys_chunks()
+            .map_err(|e| Error::Unusable(format!("sys_chunk_array: {e}")))?
+        {
+            sys.insert(logical, chunk)?;
+        }
+        let cache_bytes = options.cache_bytes.max(1 << 20);
+        let mut io = DiskIo::new(device, sb.dev_item.devid, sys, ctx, cache_bytes);
+        let chunk_root = TreeRoot {
+            id: objectid::CHUNK_TREE,
+            bytenr: sb.chunk_root,
+            level: sb.chunk_root_level,
+            generation: sb.chunk_root_generation,
+        };
+        let chunks = read_chunk_tree(&io, &chunk_root)
+            .map_err(|e| Error::Unusable(format!("cannot read the chunk tree: {e}")))?;
+        io.set_chunks(chunks);
+        let root_tree = TreeRoot {
+            id: objectid::ROOT_TREE,
+            bytenr: sb.root,
+            level: sb.root_level,
+            generation: sb.generation,
+        };
+        // Reading the root tree's root block now turns a bad root into one clear refusal.
+        io.read_tree_block(
+            root_tree.bytenr,
+            Some(root_tree.level),
+            Some(root_tree.generation),
+            None,
+        )
+        .map_err(|e| Error::Unusable(format!("cannot read the root tree: {e}")))?;
+        let pending_log = sb.log_root != 0;
+        let entries = (cache_bytes / 8 / 256).max(1024) as usize;
+        let extent_bytes = (cache_bytes / 8).max(4 << 20);
+        let mut fs = Filesystem {
+            io,
+            sb,
+            root_tree,
+            csum_tree: None,
+            subvol_roots: RwLock::new(HashMap::new()),
+            inodes: Cache::new(entries),
+            extents: Cache::with_weighter(entries, extent_bytes, crate::file::ExtentWeight),
+            top: InodeId {
+                subvol: objectid::FS_TREE,
+                ino: objectid::FIRST_FREE,
+            },
+            pending_log,
+        };
+        fs.csum_tree = fs.read_root_item(objectid::CSUM_TREE)?.map(|(r, _)| r);
+        if fs.subvol_root(objectid::FS_TREE)?.is_none() {
+            return Err(Error::Unusable(
+                "the top-level subvolume (tree 5) is missing".into(),
+            ));
+        }
+        fs.top = fs.resolve_mount_subvolume(&options)?;
+        if pending_log {
+            log::warn!(
+                "the log tree at logical {} holds changes fsynced after the last commit (generation {}); \
+                 they are not replayed: showing the last committed state, like rescue=nologreplay",
+                fs.sb.log_root,
+                fs.sb.generation
+            );
+        }
+        Ok(fs)
+    }
+
+    /// The root directory of the opened subvolume.
+    pub fn root(&self) -> InodeId {
+        self.top
+    }
+
+    pub fn superblock(&self) -> &Superblock {
+        &self.sb
+    }
+
+    /// True when the image has a log tree that was not replayed.
+    pub fn has_pending_log(&self) -> bool {
+        self.pending_log
+    }
+
+    pub fn statfs(&self) -> Result<StatFs> {
+        let bs = self.sb.sectorsize as u64;
+        let total = self.sb.total_bytes / bs;
+        let free = self.sb.total_bytes.saturating_sub(self.sb.bytes_used) / bs;
+        Ok(StatFs {
+            block_size: bs as u32,
+            blocks: total,
+            blocks_free: free,
+            blocks_avail: free,
+            files: 0,
+            files_free: 0,
+            name_max: 255,
+        })
+    }
+
+    /// The ROOT_ITEM of tree `id` (any offset: snapshots carry their creation transid).
+    pub(crate) fn read_root_item(&self, id: u64) -> Result<Option<(TreeRoot, RootItem)>> {
+        let mut found = None;
+        crate::ctree::for_each_in_range(
+            &self.io,
+            &self.root_tree,
+            Key::new(id, item::ROOT_ITEM, 0),
+            Key::new(id, item::ROOT_ITEM, u64::MAX),
+            |key, data| {
+                let ri = RootItem::parse(data)
+                    .map_err(|e| Error::corrupt(0, format!("root item {key:?}: {e}")))?;
+                found = Some((
+                    TreeRoot {
+                        id,
+                        bytenr: ri.bytenr,
+                        level: ri.level,
+                        generation: ri.generation,
+                    },
+                    ri,
+                ));
+                Ok(ControlFlow::Break(()))
+            },
+        )?;
+        Ok(found)
+    }
+
+    pub(crate) fn io(&self) -> &DiskIo {
+        &self.io
+    }
+}
+
+/// The primary superblock, or a mirror when the primary is damaged (the kernel would refuse;
+/// for recovery work a good mirror is worth using, loudly).
+fn read_superblock(device: &Device) -> Result<Superblock> {
+    let mut first_err = None;
+    for mirror in 0..3 {
+        let off = superblock::mirror_offset(mirror);
+        if off + SUPER_INFO_SIZE as u64 > device.size() {
+            break;
+        }
+        let mut buf = vec![0u8; SUPER_INFO_SIZE];
+        let parsed = device
+            .read_exact_at(&mut buf, off)
+            .map_err(|e| e.to_string())
+            .and_then(|_| Superblock::parse(&buf).map_err(|e| e.to_string()));
+        match parsed {
+            Ok(sb) if sb.bytenr == off => {
+                if mirror > 0 {
+                    log::warn!(
+                        "primary superblock unusable ({}); using the copy at {off}",
+                        first_err.as_deref().unwrap_or("?")
+                    );
+                }
+                return Ok(sb);
+            }
+            Ok(sb) => {
+                first_err.get_or_insert(format!("copy at {off} claims to be at {}", sb.bytenr))
+            }
+            Err(e) => first_err.get_or_insert(e),
+        };
+    }
+    Err(Error::Unusable(format!(
+        "no valid btrfs superblock: {}",
+        first_err.unwrap_or_else(|| "device too small".into())
+    )))
+}
+
+fn check_features(sb: &Superblock) -> Result<()> {
+    let unknown = sb.incompat_flags & !incompat::READ_SUPPORTED;
+    if unknown != 0 {
+        let names = superblock::flag_names(unknown, incompat::NAMES).join(", ");
+        return Err(Error::Unusable(format!(
+            "the filesystem uses features oleo cannot read: {names}"
+        )));
+    }
+    if sb.num_devices != 1 {
+        return Err(Error::Unusable(format!(
+            "the filesystem spans {} devices; oleo opens single-device filesystems only for now",
+            sb.num_devices
+        )));
+    }
+    Ok(())
+}
+
+fn read_chunk_tree(io: &DiskIo, chunk_root: &TreeRoot) -> Result<ChunkMap> {
+    let mut map = ChunkMap::default();
+    let min = Key::new(objectid::FIRST_CHUNK_TREE, item::CHUNK_ITEM, 0);
+    let max = Key::new(objectid::FIRST_CHUNK_TREE, item::CHUNK_ITEM, u64::MAX);
+    crate::ctree::for_each_in_range(io, chunk_root, min, max, |key, data| {
+        let chunk =
+            ChunkItem::parse(data).map_err(|e| Error::corrupt(0, format!("chunk {key:?}: {e}")))?;
+        map.insert(key.offset, chunk)?;
+        Ok(ControlFlow::Continue(()))
+    })?;
+    if map.chunks().next().is_none() {
+        return Err(Error::Unusable("the chunk tree has no chunks".into()));
+    }
+    Ok(map)
+}

@@ -1,0 +1,25 @@
+//! oleo: btrfs in userspace.
+//!
+//! Open a btrfs image or block device with [`Filesystem::open`] and read it without the
+//! kernel driver. Modules follow the kernel's fs/btrfs naming: a btrfs developer should
+//! find each concept in the file named after it.
+
+pub mod ctree;
+pub mod device;
+mod dir;
+pub mod disk_io;
+pub mod error;
+mod file;
+pub mod fs;
+mod inode;
+mod inspect;
+mod subvolume;
+pub mod volumes;
+mod xattr;
+
+pub use ctree::TreeRoot;
+pub use error::{Error, Result};
+pub use fs::{
+    Attr, DirEntry, FileKind, Filesystem, InodeId, OpenOptions, StatFs, SubvolumeInfo, Timespec,
+};
+pub use oleo_format as format;

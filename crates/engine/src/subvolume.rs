@@ -1,0 +1,216 @@
+//! Subvolumes and snapshots: finding their trees, crossing from a directory entry into a
+//! subvolume, the default subvolume, and listing them.
+
+use crate::ctree::{for_each_in_range, lookup, TreeRoot};
+use crate::error::{Error, Result};
+use crate::fs::{Filesystem, InodeId, OpenOptions, SubvolumeInfo};
+use oleo_format::csum::name_hash;
+use oleo_format::items::{DirEntryIter, RootRef, ROOT_SUBVOL_RDONLY};
+use oleo_format::key::{item, objectid, Key};
+use std::ops::ControlFlow;
+
+impl Filesystem {
+    /// The tree of subvolume `id`, if it exists and is live.
+    pub(crate) fn subvol_root(&self, id: u64) -> Result<Option<TreeRoot>> {
+        if !objectid::is_fs_tree(id) {
+            return Ok(None);
+        }
+        if let Some(r) = self.subvol_roots.read().get(&id) {
+            return Ok(*r);
+        }
+        let root = self
+            .read_root_item(id)?
+            .filter(|(_, ri)| ri.refs > 0)
+            .map(|(r, _)| r);
+        self.subvol_roots.write().insert(id, root);
+        Ok(root)
+    }
+
+    pub(crate) fn tree_of(&self, id: InodeId) -> Result<TreeRoot> {
+        self.subvol_root(id.subvol)?.ok_or(Error::NotFound)
+    }
+
+    /// Resolves a directory entry that points at subvolume `child` from directory `dir`.
+    /// Like the kernel, the entry is only followed when a ROOT_REF confirms it (a snapshot's
+    /// copy of a nested subvolume's entry does not); otherwise it is an empty placeholder.
+    pub(crate) fn cross_into_subvolume(
+        &self,
+        dir: InodeId,
+        child: u64,
+        name: &[u8],
+    ) -> Result<InodeId> {
+        let placeholder = InodeId {
+            subvol: dir.subvol,
+            ino: objectid::EMPTY_SUBVOL_DIR,
+        };
+        let Some(body) = lookup(
+            self.io(),
+            &self.root_tree,
+            &Key::new(dir.subvol, item::ROOT_REF, child),
+        )?
+        else {
+            return Ok(placeholder);
+        };
+        let r = RootRef::parse(&body)
+            .map_err(|e| Error::corrupt(0, format!("root ref {}->{child}: {e}", dir.subvol)))?;
+        if r.dirid != dir.ino || r.name != name || self.subvol_root(child)?.is_none() {
+            return Ok(placeholder);
+        }
+        Ok(InodeId {
+            subvol: child,
+            ino: objectid::FIRST_FREE,
+        })
+    }
+
+    /// The subvolume the caller asked for, or the default one.
+    pub(crate) fn resolve_mount_subvolume(&self, options: &OpenOptions) -> Result<InodeId> {
+        let by_id = |id: u64| -> Result<InodeId> {
+            if self.subvol_root(id)?.is_none() {
+                return Err(Error::InvalidArgument(format!("no subvolume with id {id}")));
+            }
+            Ok(InodeId {
+                subvol: id,
+                ino: objectid::FIRST_FREE,
+            })
+        };
+        let chosen = match (&options.subvol, options.subvolid) {
+            (Some(path), id) => {
+                let found = self.resolve_path(
+                    InodeId {
+                        subvol: objectid::FS_TREE,
+                        ino: objectid::FIRST_FREE,
+                    },
+                    path,
+                )?;
+                if found.ino != objectid::FIRST_FREE {
+                    return Err(Error::InvalidArgument(format!(
+                        "{} is not a subvolume",
+                        String::from_utf8_lossy(path)
+                    )));
+                }
+                if id.is_some_and(|id| id != found.subvol) {
+                    return Err(Error::InvalidArgument(
+                        "subvol= and subvolid= name different subvolumes".into(),
+                    ));
+                }
+                found
+            }
+            (None, Some(id)) => by_id(if id == 0 { objectid::FS_TREE } else { id })?,
+            (None, None) => by_id(self.default_subvolume()?)?,
+        };
+        Ok(chosen)
+    }
+
+    /// Follows a '/'-separated path from `start`.
+    pub fn resolve_path(&self, start: InodeId, path: &[u8]) -> Result<InodeId> {
+        let mut cur = start;
+        for comp in path
+            .split(|&c| c == b'/')
+            .filter(|c| !c.is_empty() && *c != b".")
+        {
+            cur = self.lookup(cur, comp)?;
+        }
+        Ok(cur)
+    }
+
+    /// The subvolume named by the `default` entry of the root tree directory.
+    pub fn default_subvolume(&self) -> Result<u64> {
+        let key = Key::new(
+            objectid::ROOT_TREE_DIR,
+            item::DIR_ITEM,
+            name_hash(b"default"),
+        );
+        if let Some(body) = lookup(self.io(), &self.root_tree, &key)? {
+            for e in DirEntryIter::new(&body) {
+                let e = e.map_err(|e| Error::corrupt(0, format!("default dir item: {e}")))?;
+                if e.name == b"default" && e.location.item_type == item::ROOT_ITEM {
+                    return Ok(e.location.objectid);
+                }
+            }
+        }
+        Ok(objectid::FS_TREE)
+    }
+
+    /// Every live subvolume and snapshot, with its place in the tree of subvolumes.
+    pub fn list_subvolumes(&self) -> Result<Vec<SubvolumeInfo>> {
+        let mut out = Vec::new();
+        let min = Key::new(objectid::FS_TREE, item::ROOT_ITEM, 0);
+        let max = Key::new(objectid::LAST_FREE, item::ROOT_ITEM, u64::MAX);
+        let mut ids = Vec::new();
+        for_each_in_range(self.io(), &self.root_tree, min, max, |key, data| {
+            if key.item_type == item::ROOT_ITEM && objectid::is_fs_tree(key.objectid) {
+                if let Ok(ri) = oleo_format::items::RootItem::parse(data) {
+                    if ri.refs > 0 {
+                        ids.push((key.objectid, ri));
+                    }
+                }
+            }
+            Ok(ControlFlow::Continue(()))
+        })?;
+        for (id, ri) in ids {
+            let backref = self.root_backref(id)?;
+            out.push(SubvolumeInfo {
+                id,
+                parent: backref.as_ref().map(|(p, r)| (*p, r.dirid)),
+                name: backref
+                    .as_ref()
+                    .map(|(_, r)| r.name.clone())
+                    .unwrap_or_default(),
+                path: None,
+                uuid: ri.uuid,
+                parent_uuid: ri.parent_uuid,
+                generation: ri.generation,
+                readonly: ri.flags & ROOT_SUBVOL_RDONLY != 0,
+            });
+        }
+        // Paths: parent's path + the directory path inside the parent + name.
+        for i in 0..out.len() {
+            out[i].path = self.subvolume_path(&out, out[i].id, 0);
+        }
+        Ok(out)
+    }
+
+    fn root_backref(&self, id: u64) -> Result<Option<(u64, RootRef)>> {
+        let mut found = None;
+        for_each_in_range(
+            self.io(),
+            &self.root_tree,
+            Key::new(id, item::ROOT_BACKREF, 0),
+            Key::new(id, item::ROOT_BACKREF, u64::MAX),
+            |key, data| {
+                if let Ok(r) = RootRef::parse(data) {
+                    found = Some((key.offset, r));
+                }
+                Ok(ControlFlow::Break(()))
+            },
+        )?;
+        Ok(found)
+    }
+
+    fn subvolume_path(&self, all: &[SubvolumeInfo], id: u64, depth: usize) -> Option<Vec<u8>> {
+        if id == objectid::FS_TREE {
+            return Some(Vec::new());
+        }
+        if depth > 64 {
+            return None; // a cycle in hostile metadata
+        }
+        let info = all.iter().find(|s| s.id == id)?;
+        let (parent, dirid) = info.parent?;
+        let mut path = self.subvolume_path(all, parent, depth + 1)?;
+        let dir_path = self
+            .inode_path(InodeId {
+                subvol: parent,
+                ino: dirid,
+            })
+            .ok()?;
+        for part in [dir_path.as_slice(), info.name.as_slice()] {
+            if !part.is_empty() {
+                if !path.is_empty() {
+                    path.push(b'/');
+                }
+                path.extend_from_slice(part);
+            }
+        }
+        Some(path)
+    }
+}

@@ -1,0 +1,139 @@
+//! The chunk map: logical addresses -> (device, physical offset), per profile.
+
+use crate::error::{Error, Result};
+use oleo_format::items::{block_group as bg, ChunkItem};
+use std::collections::BTreeMap;
+
+const STRIPE_LEN: u64 = 65536;
+
+/// One physically contiguous piece of a logical range, in one copy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PhysRange {
+    pub devid: u64,
+    pub physical: u64,
+    pub len: u64,
+}
+
+#[derive(Default)]
+pub struct ChunkMap {
+    chunks: BTreeMap<u64, ChunkItem>,
+}
+
+impl ChunkMap {
+    pub fn insert(&mut self, logical: u64, chunk: ChunkItem) -> Result<()> {
+        let end = logical
+            .checked_add(chunk.length)
+            .ok_or_else(|| Error::Unusable(format!("chunk at {logical} overflows")))?;
+        if let Some((&s, c)) = self.chunks.range(..end).next_back() {
+            if s + c.length > logical && s != logical {
+                return Err(Error::Unusable(format!(
+                    "chunk at {logical} overlaps chunk at {s}"
+                )));
+            }
+        }
+        let profile = chunk.chunk_type & bg::PROFILE_MASK;
+        let n = chunk.num_stripes as usize;
+        let ok = match profile {
+            0 => n == 1,
+            bg::DUP | bg::RAID1 => n == 2,
+            bg::RAID1C3 => n == 3,
+            bg::RAID1C4 => n == 4,
+            bg::RAID0 => n >= 1,
+            bg::RAID10 => n >= 2 && n % 2 == 0 && chunk.sub_stripes == 2,
+            bg::RAID5 => n >= 2,
+            bg::RAID6 => n >= 3,
+            _ => false,
+        };
+        if !ok || chunk.stripe_len != STRIPE_LEN {
+            return Err(Error::Unusable(format!(
+                "chunk at {logical}: profile {:#x} with {n} stripes is invalid",
+                profile
+            )));
+        }
+        self.chunks.insert(logical, chunk);
+        Ok(())
+    }
+
+    pub fn chunks(&self) -> impl Iterator<Item = (&u64, &ChunkItem)> {
+        self.chunks.iter()
+    }
+
+    pub fn lookup(&self, logical: u64) -> Option<(u64, &ChunkItem)> {
+        let (&start, chunk) = self.chunks.range(..=logical).next_back()?;
+        (logical < start + chunk.length).then_some((start, chunk))
+    }
+
+    /// Number of copies a read of `logical` can choose from.
+    pub fn num_mirrors(&self, logical: u64) -> usize {
+        match self.lookup(logical) {
+            Some((_, c)) => match c.chunk_type & bg::PROFILE_MASK {
+                bg::DUP | bg::RAID1 | bg::RAID10 => 2,
+                bg::RAID1C3 => 3,
+                bg::RAID1C4 => 4,
+                _ => 1,
+            },
+            None => 0,
+        }
+    }
+
+    /// Maps `[logical, logical+len)` in copy `mirror` to physical pieces. The range must lie
+    /// within one chunk.
+    pub fn map(&self, logical: u64, len: u64, mirror: usize) -> Result<Vec<PhysRange>> {
+        let (start, c) = self
+            .lookup(logical)
+            .ok_or_else(|| Error::corrupt(logical, "logical address is not in any chunk"))?;
+        if logical + len > start + c.length {
+            return Err(Error::corrupt(
+                logical,
+                format!("range of {len} bytes crosses the end of its chunk"),
+            ));
+        }
+        let off = logical - start;
+        let profile = c.chunk_type & bg::PROFILE_MASK;
+        let n = c.stripes.len() as u64;
+        match profile {
+            0 | bg::DUP | bg::RAID1 | bg::RAID1C3 | bg::RAID1C4 => {
+                let s = c
+                    .stripes
+                    .get(mirror)
+                    .ok_or_else(|| Error::corrupt(logical, "no such mirror"))?;
+                Ok(vec![PhysRange {
+                    devid: s.devid,
+                    physical: s.offset + off,
+                    len,
+                }])
+            }
+            bg::RAID0 | bg::RAID10 | bg::RAID5 | bg::RAID6 => {
+                // Walk stripe by stripe: each 64 KiB strip lands on its own device slot.
+                let mut out = Vec::new();
+                let (mut cur, end) = (off, off + len);
+                while cur < end {
+                    let stripe_nr = cur / STRIPE_LEN;
+                    let stripe_off = cur % STRIPE_LEN;
+                    let piece = (STRIPE_LEN - stripe_off).min(end - cur);
+                    let (slot, row) = match profile {
+                        bg::RAID0 => (stripe_nr % n, stripe_nr / n),
+                        bg::RAID10 => {
+                            let f = n / 2;
+                            ((stripe_nr % f) * 2 + mirror as u64 % 2, stripe_nr / f)
+                        }
+                        _ => {
+                            let d = if profile == bg::RAID5 { n - 1 } else { n - 2 };
+                            let row = stripe_nr / d;
+                            ((row + stripe_nr % d) % n, row)
+                        }
+                    };
+                    let s = &c.stripes[slot as usize];
+                    out.push(PhysRange {
+                        devid: s.devid,
+                        physical: s.offset + row * STRIPE_LEN + stripe_off,
+                        len: piece,
+                    });
+                    cur += piece;
+                }
+                Ok(out)
+            }
+            _ => Err(Error::corrupt(logical, "unknown chunk profile")),
+        }
+    }
+}

@@ -1,0 +1,106 @@
+//! The directory-entry format shared by DIR_ITEM, DIR_INDEX and XATTR_ITEM.
+
+use crate::bytes::{slice, u16_at, u64_at, u8_at};
+use crate::error::Result;
+use crate::key::Key;
+
+pub const DIR_ENTRY_HEADER: usize = 30;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FileType {
+    Unknown,
+    RegFile,
+    Dir,
+    ChrDev,
+    BlkDev,
+    Fifo,
+    Sock,
+    Symlink,
+    Xattr,
+}
+
+impl FileType {
+    pub fn from_raw(t: u8) -> FileType {
+        match t & 0x7f {
+            1 => FileType::RegFile,
+            2 => FileType::Dir,
+            3 => FileType::ChrDev,
+            4 => FileType::BlkDev,
+            5 => FileType::Fifo,
+            6 => FileType::Sock,
+            7 => FileType::Symlink,
+            8 => FileType::Xattr,
+            _ => FileType::Unknown,
+        }
+    }
+}
+
+/// One entry: a directory entry (location = target's key) or an xattr (data = value).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DirEntryItem<'a> {
+    pub location: Key,
+    pub transid: u64,
+    pub file_type: u8,
+    pub name: &'a [u8],
+    pub data: &'a [u8],
+}
+
+impl DirEntryItem<'_> {
+    pub fn kind(&self) -> FileType {
+        FileType::from_raw(self.file_type)
+    }
+}
+
+/// Walks the entries packed in one item body; yields an error (once) for a truncated entry.
+pub struct DirEntryIter<'a> {
+    body: &'a [u8],
+    off: usize,
+}
+
+impl<'a> DirEntryIter<'a> {
+    pub fn new(body: &'a [u8]) -> Self {
+        DirEntryIter { body, off: 0 }
+    }
+
+    fn parse_one(&self) -> Result<(DirEntryItem<'a>, usize)> {
+        let b = self.body;
+        let o = self.off;
+        let location = Key::parse(b, o)?;
+        let transid = u64_at(b, o + 17)?;
+        let data_len = u16_at(b, o + 25)? as usize;
+        let name_len = u16_at(b, o + 27)? as usize;
+        let file_type = u8_at(b, o + 29)?;
+        let name = slice(b, o + DIR_ENTRY_HEADER, name_len)?;
+        let data = slice(b, o + DIR_ENTRY_HEADER + name_len, data_len)?;
+        Ok((
+            DirEntryItem {
+                location,
+                transid,
+                file_type,
+                name,
+                data,
+            },
+            DIR_ENTRY_HEADER + name_len + data_len,
+        ))
+    }
+}
+
+impl<'a> Iterator for DirEntryIter<'a> {
+    type Item = Result<DirEntryItem<'a>>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.off >= self.body.len() {
+            return None;
+        }
+        match self.parse_one() {
+            Ok((e, len)) => {
+                self.off += len;
+                Some(Ok(e))
+            }
+            Err(e) => {
+                self.off = self.body.len();
+                Some(Err(e))
+            }
+        }
+    }
+}

@@ -1,0 +1,109 @@
+//! EXTENT_DATA: how a file's byte range maps to inline bytes, a disk extent, or a hole.
+
+use crate::bytes::{slice, u16_at, u64_at, u8_at};
+use crate::error::Result;
+use crate::invalid;
+
+pub const FILE_EXTENT_INLINE_HEADER: usize = 21;
+pub const FILE_EXTENT_REG_SIZE: usize = 53;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Compression {
+    None,
+    Zlib,
+    Lzo,
+    Zstd,
+}
+
+impl Compression {
+    pub fn from_raw(v: u8) -> Result<Compression> {
+        Ok(match v {
+            0 => Compression::None,
+            1 => Compression::Zlib,
+            2 => Compression::Lzo,
+            3 => Compression::Zstd,
+            other => invalid!("unknown compression type {other}"),
+        })
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Compression::None => "none",
+            Compression::Zlib => "zlib",
+            Compression::Lzo => "lzo",
+            Compression::Zstd => "zstd",
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum FileExtentBody<'a> {
+    /// File bytes stored in the item (possibly compressed).
+    Inline { data: &'a [u8] },
+    /// A slice `[offset, offset + num_bytes)` of the decoded disk extent; `disk_bytenr == 0`
+    /// is a hole. `prealloc` ranges read as zeros.
+    Extent {
+        prealloc: bool,
+        disk_bytenr: u64,
+        disk_num_bytes: u64,
+        offset: u64,
+        num_bytes: u64,
+    },
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FileExtent<'a> {
+    pub generation: u64,
+    pub ram_bytes: u64,
+    pub compression: Compression,
+    pub body: FileExtentBody<'a>,
+}
+
+impl<'a> FileExtent<'a> {
+    pub fn parse(b: &'a [u8]) -> Result<FileExtent<'a>> {
+        let generation = u64_at(b, 0)?;
+        let ram_bytes = u64_at(b, 8)?;
+        let compression = Compression::from_raw(u8_at(b, 16)?)?;
+        if u8_at(b, 17)? != 0 || u16_at(b, 18)? != 0 {
+            invalid!("file extent uses encryption or other encoding");
+        }
+        let body = match u8_at(b, 20)? {
+            0 => FileExtentBody::Inline {
+                data: &b[FILE_EXTENT_INLINE_HEADER..],
+            },
+            t @ (1 | 2) => {
+                if b.len() != FILE_EXTENT_REG_SIZE {
+                    invalid!(
+                        "regular file extent item is {} bytes, expected {}",
+                        b.len(),
+                        FILE_EXTENT_REG_SIZE
+                    );
+                }
+                FileExtentBody::Extent {
+                    prealloc: t == 2,
+                    disk_bytenr: u64_at(b, 21)?,
+                    disk_num_bytes: u64_at(b, 29)?,
+                    offset: u64_at(b, 37)?,
+                    num_bytes: u64_at(b, 45)?,
+                }
+            }
+            other => invalid!("unknown file extent type {other}"),
+        };
+        // Make sure the inline case really had its header.
+        slice(b, 0, FILE_EXTENT_INLINE_HEADER)?;
+        Ok(FileExtent {
+            generation,
+            ram_bytes,
+            compression,
+            body,
+        })
+    }
+
+    /// Bytes of file this item covers, starting at its key offset.
+    pub fn file_len(&self) -> u64 {
+        match self.body {
+            FileExtentBody::Inline { .. } => self.ram_bytes,
+            FileExtentBody::Extent { num_bytes, .. } => num_bytes,
+        }
+    }
+}

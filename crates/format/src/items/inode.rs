@@ -1,0 +1,139 @@
+//! INODE_ITEM, INODE_REF and INODE_EXTREF.
+
+use crate::bytes::{i64_at, slice, u16_at, u32_at, u64_at};
+use crate::error::Result;
+use crate::invalid;
+
+pub const INODE_ITEM_SIZE: usize = 160;
+
+pub const INODE_FLAG_NODATASUM: u64 = 0x1;
+pub const INODE_FLAG_NODATACOW: u64 = 0x2;
+/// All inode flag bits the kernel knows (low 32 bits) plus VERITY in the high half.
+pub const INODE_FLAGS_KNOWN: u64 = 0x1
+    | 0x2
+    | 0x4
+    | 0x8
+    | 0x10
+    | 0x20
+    | 0x40
+    | 0x80
+    | 0x100
+    | 0x200
+    | 0x400
+    | 0x800
+    | 0x8000_0000
+    | (1 << 32);
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Timespec {
+    pub sec: i64,
+    pub nsec: u32,
+}
+
+impl Timespec {
+    pub fn parse(b: &[u8], off: usize) -> Result<Timespec> {
+        Ok(Timespec {
+            sec: i64_at(b, off)?,
+            nsec: u32_at(b, off + 8)?,
+        })
+    }
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct InodeItem {
+    pub generation: u64,
+    pub transid: u64,
+    pub size: u64,
+    pub nbytes: u64,
+    pub block_group: u64,
+    pub nlink: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub mode: u32,
+    pub rdev: u64,
+    pub flags: u64,
+    pub sequence: u64,
+    pub atime: Timespec,
+    pub ctime: Timespec,
+    pub mtime: Timespec,
+    pub otime: Timespec,
+}
+
+impl InodeItem {
+    pub const SIZE: usize = INODE_ITEM_SIZE;
+
+    pub fn parse(b: &[u8]) -> Result<InodeItem> {
+        if b.len() < Self::SIZE {
+            invalid!("inode item is {} bytes, expected {}", b.len(), Self::SIZE);
+        }
+        Ok(InodeItem {
+            generation: u64_at(b, 0)?,
+            transid: u64_at(b, 8)?,
+            size: u64_at(b, 16)?,
+            nbytes: u64_at(b, 24)?,
+            block_group: u64_at(b, 32)?,
+            nlink: u32_at(b, 40)?,
+            uid: u32_at(b, 44)?,
+            gid: u32_at(b, 48)?,
+            mode: u32_at(b, 52)?,
+            rdev: u64_at(b, 56)?,
+            flags: u64_at(b, 64)?,
+            sequence: u64_at(b, 72)?,
+            atime: Timespec::parse(b, 112)?,
+            ctime: Timespec::parse(b, 124)?,
+            mtime: Timespec::parse(b, 136)?,
+            otime: Timespec::parse(b, 148)?,
+        })
+    }
+}
+
+/// One name of an inode in its parent directory (an INODE_REF entry).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InodeRef {
+    pub index: u64,
+    pub name: Vec<u8>,
+}
+
+impl InodeRef {
+    /// All entries packed in one INODE_REF body.
+    pub fn parse_all(b: &[u8]) -> Result<Vec<InodeRef>> {
+        let mut out = Vec::new();
+        let mut off = 0;
+        while off < b.len() {
+            let index = u64_at(b, off)?;
+            let len = u16_at(b, off + 8)? as usize;
+            let name = slice(b, off + 10, len)?.to_vec();
+            out.push(InodeRef { index, name });
+            off += 10 + len;
+        }
+        Ok(out)
+    }
+}
+
+/// An INODE_EXTREF entry: like INODE_REF but carrying its parent.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InodeExtref {
+    pub parent: u64,
+    pub index: u64,
+    pub name: Vec<u8>,
+}
+
+impl InodeExtref {
+    pub fn parse_all(b: &[u8]) -> Result<Vec<InodeExtref>> {
+        let mut out = Vec::new();
+        let mut off = 0;
+        while off < b.len() {
+            let parent = u64_at(b, off)?;
+            let index = u64_at(b, off + 8)?;
+            let len = u16_at(b, off + 16)? as usize;
+            let name = slice(b, off + 18, len)?.to_vec();
+            out.push(InodeExtref {
+                parent,
+                index,
+                name,
+            });
+            off += 18 + len;
+        }
+        Ok(out)
+    }
+}

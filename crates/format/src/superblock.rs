@@ -1,0 +1,392 @@
+//! The superblock: where everything starts.
+
+use crate::bytes::{array, slice, u16_at, u32_at, u64_at, u8_at};
+use crate::csum::CsumType;
+use crate::error::{FormatError, Result};
+use crate::invalid;
+use crate::items::{ChunkItem, DevItem};
+use crate::key::{item, Key, KEY_SIZE};
+
+pub const SUPER_INFO_SIZE: usize = 4096;
+pub const SUPER_PRIMARY_OFFSET: u64 = 0x10000;
+pub const MAGIC: u64 = 0x4D5F_5366_5248_425F; // "_BHRfS_M"
+pub const SYS_CHUNK_ARRAY_MAX: usize = 2048;
+pub const NUM_BACKUP_ROOTS: usize = 4;
+
+/// Physical offset of superblock copy `mirror` (0, 1, 2).
+pub fn mirror_offset(mirror: usize) -> u64 {
+    if mirror == 0 {
+        SUPER_PRIMARY_OFFSET
+    } else {
+        (16 * 1024u64) << (12 * mirror as u64)
+    }
+}
+
+pub mod incompat {
+    pub const MIXED_BACKREF: u64 = 1 << 0;
+    pub const DEFAULT_SUBVOL: u64 = 1 << 1;
+    pub const MIXED_GROUPS: u64 = 1 << 2;
+    pub const COMPRESS_LZO: u64 = 1 << 3;
+    pub const COMPRESS_ZSTD: u64 = 1 << 4;
+    pub const BIG_METADATA: u64 = 1 << 5;
+    pub const EXTENDED_IREF: u64 = 1 << 6;
+    pub const RAID56: u64 = 1 << 7;
+    pub const SKINNY_METADATA: u64 = 1 << 8;
+    pub const NO_HOLES: u64 = 1 << 9;
+    pub const METADATA_UUID: u64 = 1 << 10;
+    pub const RAID1C34: u64 = 1 << 11;
+    pub const ZONED: u64 = 1 << 12;
+    pub const EXTENT_TREE_V2: u64 = 1 << 13;
+    pub const RAID_STRIPE_TREE: u64 = 1 << 14;
+    pub const SIMPLE_QUOTA: u64 = 1 << 16;
+    pub const REMAP_TREE: u64 = 1 << 17;
+
+    /// Bits a reader of this crate understands well enough to read the filesystem.
+    pub const READ_SUPPORTED: u64 = MIXED_BACKREF
+        | DEFAULT_SUBVOL
+        | MIXED_GROUPS
+        | COMPRESS_LZO
+        | COMPRESS_ZSTD
+        | BIG_METADATA
+        | EXTENDED_IREF
+        | RAID56
+        | SKINNY_METADATA
+        | NO_HOLES
+        | METADATA_UUID
+        | RAID1C34
+        | SIMPLE_QUOTA;
+
+    pub const NAMES: &[(u64, &str)] = &[
+        (MIXED_BACKREF, "MIXED_BACKREF"),
+        (DEFAULT_SUBVOL, "DEFAULT_SUBVOL"),
+        (MIXED_GROUPS, "MIXED_GROUPS"),
+        (COMPRESS_LZO, "COMPRESS_LZO"),
+        (COMPRESS_ZSTD, "COMPRESS_ZSTD"),
+        (BIG_METADATA, "BIG_METADATA"),
+        (EXTENDED_IREF, "EXTENDED_IREF"),
+        (RAID56, "RAID56"),
+        (SKINNY_METADATA, "SKINNY_METADATA"),
+        (NO_HOLES, "NO_HOLES"),
+        (METADATA_UUID, "METADATA_UUID"),
+        (RAID1C34, "RAID1C34"),
+        (ZONED, "ZONED"),
+        (EXTENT_TREE_V2, "EXTENT_TREE_V2"),
+        (RAID_STRIPE_TREE, "RAID_STRIPE_TREE"),
+        (SIMPLE_QUOTA, "SIMPLE_QUOTA"),
+        (REMAP_TREE, "REMAP_TREE"),
+    ];
+}
+
+pub mod compat_ro {
+    pub const FREE_SPACE_TREE: u64 = 1 << 0;
+    pub const FREE_SPACE_TREE_VALID: u64 = 1 << 1;
+    pub const VERITY: u64 = 1 << 2;
+    pub const BLOCK_GROUP_TREE: u64 = 1 << 3;
+
+    pub const NAMES: &[(u64, &str)] = &[
+        (FREE_SPACE_TREE, "FREE_SPACE_TREE"),
+        (FREE_SPACE_TREE_VALID, "FREE_SPACE_TREE_VALID"),
+        (VERITY, "VERITY"),
+        (BLOCK_GROUP_TREE, "BLOCK_GROUP_TREE"),
+    ];
+}
+
+/// Names of the set bits of `flags`, unknown bits as hex.
+pub fn flag_names(flags: u64, names: &[(u64, &str)]) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut rest = flags;
+    for &(bit, name) in names {
+        if flags & bit != 0 {
+            out.push(name.to_string());
+            rest &= !bit;
+        }
+    }
+    if rest != 0 {
+        out.push(format!("{rest:#x}"));
+    }
+    out
+}
+
+/// One of the four backup root records.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct BackupRoot {
+    pub tree_root: u64,
+    pub tree_root_gen: u64,
+    pub chunk_root: u64,
+    pub chunk_root_gen: u64,
+    pub extent_root: u64,
+    pub extent_root_gen: u64,
+    pub fs_root: u64,
+    pub fs_root_gen: u64,
+    pub dev_root: u64,
+    pub dev_root_gen: u64,
+    pub csum_root: u64,
+    pub csum_root_gen: u64,
+    pub total_bytes: u64,
+    pub bytes_used: u64,
+    pub num_devices: u64,
+    pub tree_root_level: u8,
+    pub chunk_root_level: u8,
+    pub extent_root_level: u8,
+    pub fs_root_level: u8,
+    pub dev_root_level: u8,
+    pub csum_root_level: u8,
+}
+
+impl BackupRoot {
+    const SIZE: usize = 168;
+
+    fn parse(b: &[u8]) -> Result<BackupRoot> {
+        Ok(BackupRoot {
+            tree_root: u64_at(b, 0)?,
+            tree_root_gen: u64_at(b, 8)?,
+            chunk_root: u64_at(b, 16)?,
+            chunk_root_gen: u64_at(b, 24)?,
+            extent_root: u64_at(b, 32)?,
+            extent_root_gen: u64_at(b, 40)?,
+            fs_root: u64_at(b, 48)?,
+            fs_root_gen: u64_at(b, 56)?,
+            dev_root: u64_at(b, 64)?,
+            dev_root_gen: u64_at(b, 72)?,
+            csum_root: u64_at(b, 80)?,
+            csum_root_gen: u64_at(b, 88)?,
+            total_bytes: u64_at(b, 96)?,
+            bytes_used: u64_at(b, 104)?,
+            num_devices: u64_at(b, 112)?,
+            tree_root_level: u8_at(b, 152)?,
+            chunk_root_level: u8_at(b, 153)?,
+            extent_root_level: u8_at(b, 154)?,
+            fs_root_level: u8_at(b, 155)?,
+            dev_root_level: u8_at(b, 156)?,
+            csum_root_level: u8_at(b, 157)?,
+        })
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct Superblock {
+    pub csum: [u8; 32],
+    pub fsid: [u8; 16],
+    pub bytenr: u64,
+    pub flags: u64,
+    pub magic: u64,
+    pub generation: u64,
+    pub root: u64,
+    pub chunk_root: u64,
+    pub log_root: u64,
+    pub total_bytes: u64,
+    pub bytes_used: u64,
+    pub root_dir_objectid: u64,
+    pub num_devices: u64,
+    pub sectorsize: u32,
+    pub nodesize: u32,
+    pub leafsize: u32,
+    pub stripesize: u32,
+    pub sys_chunk_array_size: u32,
+    pub chunk_root_generation: u64,
+    pub compat_flags: u64,
+    pub compat_ro_flags: u64,
+    pub incompat_flags: u64,
+    pub csum_type_raw: u16,
+    pub root_level: u8,
+    pub chunk_root_level: u8,
+    pub log_root_level: u8,
+    pub dev_item: DevItem,
+    pub label: Vec<u8>,
+    pub cache_generation: u64,
+    pub uuid_tree_generation: u64,
+    pub metadata_uuid: [u8; 16],
+    pub sys_chunk_array: Vec<u8>,
+    pub backup_roots: Vec<BackupRoot>,
+}
+
+impl Superblock {
+    /// Parses and checks a superblock copy: magic, checksum, then field sanity.
+    pub fn parse(buf: &[u8]) -> Result<Superblock> {
+        let b = slice(buf, 0, SUPER_INFO_SIZE)?;
+        if u64_at(b, 64)? != MAGIC {
+            return Err(FormatError::BadMagic);
+        }
+        let csum_type_raw = u16_at(b, 196)?;
+        let csum_type = CsumType::from_raw(csum_type_raw)?;
+        if !csum_type.verify(&b[32..], &b[..32]) {
+            return Err(FormatError::ChecksumMismatch);
+        }
+        let label_raw = slice(b, 299, 256)?;
+        let label_len = label_raw
+            .iter()
+            .position(|&c| c == 0)
+            .unwrap_or(label_raw.len());
+        let sys_chunk_array_size = u32_at(b, 160)?;
+        let sys_len = (sys_chunk_array_size as usize).min(SYS_CHUNK_ARRAY_MAX);
+        let mut backup_roots = Vec::with_capacity(NUM_BACKUP_ROOTS);
+        for i in 0..NUM_BACKUP_ROOTS {
+            backup_roots.push(BackupRoot::parse(slice(
+                b,
+                2859 + i * BackupRoot::SIZE,
+                BackupRoot::SIZE,
+            )?)?);
+        }
+        let sb = Superblock {
+            csum: array(b, 0)?,
+            fsid: array(b, 32)?,
+            bytenr: u64_at(b, 48)?,
+            flags: u64_at(b, 56)?,
+            magic: MAGIC,
+            generation: u64_at(b, 72)?,
+            root: u64_at(b, 80)?,
+            chunk_root: u64_at(b, 88)?,
+            log_root: u64_at(b, 96)?,
+            total_bytes: u64_at(b, 112)?,
+            bytes_used: u64_at(b, 120)?,
+            root_dir_objectid: u64_at(b, 128)?,
+            num_devices: u64_at(b, 136)?,
+            sectorsize: u32_at(b, 144)?,
+            nodesize: u32_at(b, 148)?,
+            leafsize: u32_at(b, 152)?,
+            stripesize: u32_at(b, 156)?,
+            sys_chunk_array_size,
+            chunk_root_generation: u64_at(b, 164)?,
+            compat_flags: u64_at(b, 172)?,
+            compat_ro_flags: u64_at(b, 180)?,
+            incompat_flags: u64_at(b, 188)?,
+            csum_type_raw,
+            root_level: u8_at(b, 198)?,
+            chunk_root_level: u8_at(b, 199)?,
+            log_root_level: u8_at(b, 200)?,
+            dev_item: DevItem::parse(slice(b, 201, DevItem::SIZE)?)?,
+            label: label_raw[..label_len].to_vec(),
+            cache_generation: u64_at(b, 555)?,
+            uuid_tree_generation: u64_at(b, 563)?,
+            metadata_uuid: array(b, 571)?,
+            sys_chunk_array: slice(b, 811, sys_len)?.to_vec(),
+            backup_roots,
+        };
+        sb.check()?;
+        Ok(sb)
+    }
+
+    /// The sanity checks the kernel does on a superblock before using it.
+    fn check(&self) -> Result<()> {
+        let pow2_in = |v: u32, lo: u32, hi: u32| v.is_power_of_two() && (lo..=hi).contains(&v);
+        if !pow2_in(self.sectorsize, 4096, 65536) {
+            invalid!(
+                "sectorsize {} is not a power of two in 4K..64K",
+                self.sectorsize
+            );
+        }
+        if !pow2_in(self.nodesize, self.sectorsize, 65536) {
+            invalid!(
+                "nodesize {} is not a power of two in sectorsize..64K",
+                self.nodesize
+            );
+        }
+        if self.leafsize != self.nodesize {
+            invalid!(
+                "leafsize {} differs from nodesize {}",
+                self.leafsize,
+                self.nodesize
+            );
+        }
+        if self.sys_chunk_array_size as usize > SYS_CHUNK_ARRAY_MAX {
+            invalid!(
+                "sys_chunk_array_size {} exceeds {}",
+                self.sys_chunk_array_size,
+                SYS_CHUNK_ARRAY_MAX
+            );
+        }
+        let aligned = |v: u64| v % self.sectorsize as u64 == 0;
+        if !aligned(self.root) || !aligned(self.chunk_root) || !aligned(self.log_root) {
+            invalid!("tree root addresses are not sectorsize aligned");
+        }
+        if self.root == 0 || self.chunk_root == 0 {
+            invalid!("root or chunk root address is zero");
+        }
+        if self.root_level >= 8 || self.chunk_root_level >= 8 || self.log_root_level >= 8 {
+            invalid!("tree root level out of range");
+        }
+        if self.num_devices == 0 {
+            invalid!("num_devices is zero");
+        }
+        if self.generation == 0 {
+            invalid!("generation is zero");
+        }
+        Ok(())
+    }
+
+    pub fn csum_type(&self) -> CsumType {
+        // Checked in parse().
+        CsumType::from_raw(self.csum_type_raw).unwrap_or(CsumType::Crc32c)
+    }
+
+    pub fn has_incompat(&self, bit: u64) -> bool {
+        self.incompat_flags & bit != 0
+    }
+
+    pub fn has_compat_ro(&self, bit: u64) -> bool {
+        self.compat_ro_flags & bit != 0
+    }
+
+    /// The fsid tree block headers carry.
+    pub fn metadata_fsid(&self) -> [u8; 16] {
+        if self.has_incompat(incompat::METADATA_UUID) {
+            self.metadata_uuid
+        } else {
+            self.fsid
+        }
+    }
+
+    /// The SYSTEM chunks embedded in the superblock: (logical start, chunk).
+    pub fn sys_chunks(&self) -> Result<Vec<(u64, ChunkItem)>> {
+        let a = &self.sys_chunk_array;
+        let mut out = Vec::new();
+        let mut off = 0;
+        while off < a.len() {
+            let key = Key::parse(a, off)?;
+            off += KEY_SIZE;
+            if key.item_type != item::CHUNK_ITEM {
+                invalid!(
+                    "sys_chunk_array holds a key of type {} at byte {}",
+                    key.item_type,
+                    off - KEY_SIZE
+                );
+            }
+            let num_stripes = u16_at(a, off + 44)? as usize;
+            let len = ChunkItem::size_for(num_stripes);
+            let chunk = ChunkItem::parse(slice(a, off, len)?)?;
+            out.push((key.offset, chunk));
+            off += len;
+        }
+        if out.is_empty() {
+            invalid!("sys_chunk_array is empty");
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mirrors() {
+        assert_eq!(mirror_offset(0), 65536);
+        assert_eq!(mirror_offset(1), 64 << 20);
+        assert_eq!(mirror_offset(2), 256 << 30);
+    }
+
+    #[test]
+    fn garbage_is_rejected_not_panicking() {
+        assert!(Superblock::parse(&[0u8; 100]).is_err());
+        assert_eq!(
+            Superblock::parse(&[0u8; 4096]).unwrap_err(),
+            FormatError::BadMagic
+        );
+        let mut b = vec![0u8; 4096];
+        b[64..72].copy_from_slice(&MAGIC.to_le_bytes());
+        assert_eq!(
+            Superblock::parse(&b).unwrap_err(),
+            FormatError::ChecksumMismatch
+        );
+    }
+}

@@ -1,0 +1,94 @@
+//! Running external tools (mkfs.btrfs, losetup, mount, btrfs, setfacl, ...).
+//!
+//! Every failure becomes an `io::Error` whose message carries the full command line and its
+//! stderr, because a bare "exit status 1" from deep inside an image build is useless.
+
+use std::ffi::OsStr;
+use std::io;
+use std::process::{Command, ExitStatus, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// A printable form of a command line, for error messages.
+pub fn describe(cmd: &Command) -> String {
+    let mut s = cmd.get_program().to_string_lossy().into_owned();
+    for a in cmd.get_args() {
+        s.push(' ');
+        s.push_str(&shell_quote(a));
+    }
+    s
+}
+
+fn shell_quote(a: &OsStr) -> String {
+    let t = a.to_string_lossy();
+    if !t.is_empty()
+        && t.chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_./=,:+@%".contains(c))
+    {
+        t.into_owned()
+    } else {
+        format!("'{}'", t.replace('\'', "'\\''"))
+    }
+}
+
+/// Runs `cmd` to completion, capturing its output; a non-zero exit is an error.
+pub fn run(cmd: &mut Command) -> io::Result<Output> {
+    cmd.stdin(Stdio::null());
+    let out = cmd
+        .output()
+        .map_err(|e| io::Error::new(e.kind(), format!("{}: cannot start: {e}", describe(cmd))))?;
+    if out.status.success() {
+        Ok(out)
+    } else {
+        Err(io::Error::other(format!(
+            "{} failed ({}): {}{}",
+            describe(cmd),
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim_end(),
+            if out.stdout.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    " [stdout: {}]",
+                    String::from_utf8_lossy(&out.stdout).trim_end()
+                )
+            }
+        )))
+    }
+}
+
+/// Like [`run`] but returns stdout as a (lossy) string.
+pub fn run_stdout(cmd: &mut Command) -> io::Result<String> {
+    Ok(String::from_utf8_lossy(&run(cmd)?.stdout).into_owned())
+}
+
+/// Runs `cmd` with output discarded, killing it after `timeout`. Used on cleanup paths
+/// (unmount, loop detach) that must never hang a test run: a stuck FUSE daemon can make
+/// `fusermount3 -u` block.
+pub fn run_with_timeout(cmd: &mut Command, timeout: Duration) -> io::Result<ExitStatus> {
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    let mut child = cmd.spawn()?;
+    let start = Instant::now();
+    loop {
+        if let Some(st) = child.try_wait()? {
+            return Ok(st);
+        }
+        if start.elapsed() >= timeout {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("{} timed out after {timeout:?}", describe(cmd)),
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Shorthand for `Command::new(program).args(args)`.
+pub fn command<S: AsRef<OsStr>>(program: &str, args: &[S]) -> Command {
+    let mut c = Command::new(program);
+    c.args(args);
+    c
+}
