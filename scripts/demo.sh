@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Builds oleo, makes a demo btrfs image with mkfs.btrfs and the kernel (unless one is given),
+# mounts it with oleo and shows it.   usage: scripts/demo.sh [IMAGE] [--keep]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/setup.sh
+export PATH="$HOME/.cargo/bin:$PATH"
+cargo build --release -p oleo-cli
+oleo=$PWD/target/release/oleo
+
+image="" keep=0
+for a in "$@"; do
+    case "$a" in --keep) keep=1 ;; *) image=$a ;; esac
+done
+work=/tmp/oleo-demo
+mkdir -p "$work/mnt" "$work/kernel"
+if [ -z "$image" ]; then
+    image=$work/demo.img
+    echo "== making a demo image at $image with mkfs.btrfs and the kernel"
+    rm -f "$image"; truncate -s 512M "$image"
+    mkfs.btrfs -q -f "$image"
+    mount -o loop,compress=zstd "$image" "$work/kernel"
+    (
+        cd "$work/kernel"
+        echo "hello from btrfs" > hello.txt
+        setfattr -n user.greeting -v "written by the kernel" hello.txt
+        mkdir -p docs/deep/er; seq 1 100000 > docs/numbers.txt
+        ln -s ../hello.txt docs/link-to-hello
+        head -c 8M /dev/urandom > random.bin
+        btrfs -q subvolume create projects
+        echo "inside a subvolume" > projects/readme
+        btrfs -q subvolume snapshot -r projects projects-snapshot
+    )
+    umount "$work/kernel"
+fi
+
+echo "== oleo dump-super $image (first lines)"
+"$oleo" dump-super "$image" | head -n 12
+echo "== oleo mount $image $work/mnt"
+mountpoint -q "$work/mnt" && fusermount3 -u "$work/mnt"
+"$oleo" mount "$image" "$work/mnt"
+trap '[ $keep = 1 ] || fusermount3 -u "$work/mnt"' EXIT
+grep " $work/mnt " /proc/mounts
+echo "== ls -la"; ls -la "$work/mnt"
+echo "== find"; find "$work/mnt" | head -n 30
+if [ -f "$work/mnt/hello.txt" ]; then
+    echo "== cat hello.txt"; cat "$work/mnt/hello.txt"
+    echo "== getfattr -d hello.txt"; getfattr -d "$work/mnt/hello.txt"
+fi
+echo "== df"; df -h "$work/mnt"
+if [ $keep = 1 ]; then echo "left mounted at $work/mnt (unmount with: fusermount3 -u $work/mnt)"; fi
