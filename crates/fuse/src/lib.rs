@@ -140,11 +140,12 @@ impl fuser::Filesystem for OleoFuse {
             let _ = config.set_max_readahead(max);
         }
         let wanted = InitFlags::FUSE_DO_READDIRPLUS
-            | InitFlags::FUSE_READDIRPLUS_AUTO
             | InitFlags::FUSE_PARALLEL_DIROPS
             | InitFlags::FUSE_CACHE_SYMLINKS
             | InitFlags::FUSE_MAX_PAGES
-            | InitFlags::FUSE_ASYNC_READ;
+            | InitFlags::FUSE_ASYNC_READ
+            // The kernel then caches ACLs (found or absent) instead of asking per access.
+            | InitFlags::FUSE_POSIX_ACL;
         let _ = config.add_capabilities(wanted & config.capabilities());
         Ok(())
     }
