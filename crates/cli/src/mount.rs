@@ -13,7 +13,8 @@ use std::sync::Arc;
 #[derive(clap::Args)]
 pub struct MountArgs {
     /// Comma-separated mount options: ro, subvol=PATH, subvolid=ID, cache_size=SIZE
-    /// (tree-block cache, e.g. 256M), threads=N, plus the generic ones mount(8) passes.
+    /// (tree-block cache, e.g. 256M), threads=N, readahead=KIB (default 4096), plus the
+    /// generic ones mount(8) passes.
     #[arg(short = 'o', value_name = "OPTIONS")]
     options: Vec<String>,
     /// Stay in the foreground (logs to stderr).
@@ -27,6 +28,7 @@ pub struct MountArgs {
 struct Plan {
     open: OpenOptions,
     threads: usize,
+    readahead_kib: u32,
 }
 
 /// Generic options mount(8) and fstab may pass that change nothing for a read-only FUSE mount.
@@ -77,6 +79,7 @@ fn plan(options: &[String], explicit_rw_refused: bool) -> Result<Plan, String> {
     let mut p = Plan {
         open: OpenOptions::default(),
         threads: (cores * 2).max(4),
+        readahead_kib: 4096,
     };
     for opt in options
         .iter()
@@ -107,6 +110,7 @@ fn plan(options: &[String], explicit_rw_refused: bool) -> Result<Plan, String> {
             ("cache_size", Some(v)) => {
                 p.open.cache_bytes = parse_size(v).ok_or(format!("cache_size={v}: not a size"))?
             }
+            ("readahead", Some(v)) => p.readahead_kib = v.parse().map_err(|_| format!("readahead={v}: KiB as a number"))?,
             ("threads", Some(v)) => {
                 p.threads = v
                     .parse()
@@ -184,6 +188,8 @@ fn mount(
             mountpoint.display()
         ));
     }
+    // Resolved now: once mounted, touching the path would wait on this very server.
+    let mountpoint = &std::fs::canonicalize(mountpoint).map_err(|e| format!("{}: {e}", mountpoint.display()))?;
     let fs = Filesystem::open(image, plan.open).map_err(|e| format!("{}: {e}", image.display()))?;
     let source = std::fs::canonicalize(image)
         .unwrap_or_else(|_| image.to_path_buf())
@@ -195,9 +201,16 @@ fn mount(
     if foreground {
         let session = oleo_fuse::Session::new(server, mountpoint, &config)
             .map_err(|e| format!("mount: {e}"))?;
+        tune(mountpoint, plan.readahead_kib);
         return session.run().map_err(|e| format!("FUSE session: {e}"));
     }
-    daemonize_and_serve(server, mountpoint, &config)
+    daemonize_and_serve(server, mountpoint, &config, plan.readahead_kib)
+}
+
+fn tune(mountpoint: &Path, readahead_kib: u32) {
+    if let Err(e) = oleo_fuse::set_readahead(mountpoint, readahead_kib) {
+        log::info!("could not set readahead to {readahead_kib} KiB: {e}");
+    }
 }
 
 /// Forks; the child mounts and tells the parent over a pipe whether it worked, then serves.
@@ -206,6 +219,7 @@ fn daemonize_and_serve(
     server: oleo_fuse::OleoFuse,
     mountpoint: &Path,
     config: &oleo_fuse::Config,
+    readahead_kib: u32,
 ) -> Result<(), String> {
     let mut fds = [0i32; 2];
     // SAFETY: fds is a valid two-element array.
@@ -230,6 +244,7 @@ fn daemonize_and_serve(
                     std::process::exit(1);
                 }
             };
+            tune(mountpoint, readahead_kib);
             let _ = report.write_all(b"OK");
             drop(report);
             detach_stdio();

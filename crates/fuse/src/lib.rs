@@ -336,3 +336,23 @@ pub fn config(source: &str, threads: usize, allow_other: bool) -> Config {
     }
     cfg
 }
+
+/// Raises the kernel's readahead window for the mount at `mountpoint`. FUSE can only shrink
+/// it at init, and the default 128 KiB caps sequential reads at a fraction of the disk.
+/// Needs root (sysfs); best effort otherwise. The device number comes from mountinfo: a stat
+/// of the mount point would ask this very server, which is not serving yet; for the same
+/// reason `canonical_mountpoint` must have been resolved before mounting.
+pub fn set_readahead(canonical_mountpoint: &std::path::Path, kib: u32) -> std::io::Result<()> {
+    let want = canonical_mountpoint;
+    let info = std::fs::read_to_string("/proc/self/mountinfo")?;
+    let dev = info
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split(' ').collect();
+            let point = f.get(4)?.replace("\\040", " ").replace("\\011", "\t").replace("\\134", "\\");
+            (std::path::Path::new(&point) == want).then(|| f.get(2).map(|d| d.to_string()))?
+        })
+        .last()
+        .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::NotFound, "mount not in mountinfo"))?;
+    std::fs::write(format!("/sys/class/bdi/{dev}/read_ahead_kb"), kib.to_string())
+}
