@@ -85,11 +85,8 @@ impl Filesystem {
                 return Ok(dir);
             }
             return Ok(self
-                .list_subvolumes()?
-                .into_iter()
-                .find(|s| s.id == dir.subvol)
-                .and_then(|s| s.parent)
-                .map(|(subvol, ino)| InodeId { subvol, ino })
+                .root_backref(dir.subvol)?
+                .map(|(subvol, r)| InodeId { subvol, ino: r.dirid })
                 .unwrap_or(dir));
         }
         let mut parent = None;

@@ -122,7 +122,11 @@ impl DiskIo {
                 }
                 Err(e) => {
                     log::error!("tree block {bytenr} copy {mirror}: {e}");
-                    last_err = e.to_string();
+                    // Only the reason: the error returned below names the block again.
+                    last_err = match e {
+                        Error::Corrupt { reason, .. } => reason,
+                        other => other.to_string(),
+                    };
                 }
             }
         }

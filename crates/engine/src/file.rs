@@ -55,7 +55,8 @@ impl Filesystem {
         for m in self.mappings(id, offset, end)? {
             let (s, e) = (
                 m.file_start.max(offset),
-                (m.file_start + m.file_len).min(end),
+                // Saturating: an inline extent's length is its (unchecked) ram_bytes.
+                m.file_start.saturating_add(m.file_len).min(end),
             );
             if s >= e {
                 continue;
@@ -145,7 +146,16 @@ impl Filesystem {
                 disk_len,
                 offset,
             } if m.compression == Compression::None => {
-                let logical = bytenr + offset + rel;
+                // Checked: disk_bytenr and offset are image fields (sector aligned, any size).
+                let logical = bytenr
+                    .checked_add(*offset)
+                    .and_then(|l| l.checked_add(rel))
+                    .ok_or_else(|| {
+                        Error::corrupt(
+                            *bytenr,
+                            format!("extent of inode {} overflows the address space", id.ino),
+                        )
+                    })?;
                 self.read_data(id, pos, logical, dst, verify)?;
                 let _ = disk_len;
             }
@@ -155,7 +165,8 @@ impl Filesystem {
                 offset,
             } => {
                 let plain = self.decompressed_extent(id, pos, *bytenr, *disk_len, m, verify)?;
-                copy_or_zero(&plain, (offset + rel) as usize, dst);
+                // Saturating: a hostile offset past the decoded extent reads as zeros.
+                copy_or_zero(&plain, offset.saturating_add(rel) as usize, dst);
             }
         }
         Ok(())
@@ -214,7 +225,12 @@ impl Filesystem {
     ) -> Result<()> {
         let sector = self.sb.sectorsize as u64;
         let start = logical - logical % sector;
-        let end = (logical + dst.len() as u64).div_ceil(sector) * sector;
+        // Checked: `logical` comes from image fields; near the top of the address space the
+        // rounded-up end would overflow.
+        let end = logical
+            .checked_add(dst.len() as u64)
+            .and_then(|e| e.checked_next_multiple_of(sector))
+            .ok_or_else(|| Error::corrupt(logical, "data range overflows the address space"))?;
         let csums = if verify {
             self.data_csums(start, end)?
         } else {
@@ -278,7 +294,8 @@ impl Filesystem {
                 break;
             }
             for (i, c) in body.chunks_exact(size).enumerate() {
-                let at = key.offset + i as u64 * sector;
+                // Saturating: a csum item keyed near u64::MAX must not overflow.
+                let at = key.offset.saturating_add(i as u64 * sector);
                 if at >= end {
                     break;
                 }

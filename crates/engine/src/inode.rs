@@ -64,7 +64,7 @@ impl Filesystem {
             uid: inode.uid,
             gid: inode.gid,
             size: inode.size,
-            blocks: inode.nbytes.div_ceil(sector) * sector / 512,
+            blocks: inode.nbytes.div_ceil(sector).saturating_mul(sector) / 512,
             blksize: self.sb.sectorsize,
             rdev: if matches!(kind, FileKind::CharDev | FileKind::BlockDev) {
                 disk_rdev_to_user(inode.rdev)

@@ -170,7 +170,8 @@ impl Filesystem {
         Ok(out)
     }
 
-    fn root_backref(&self, id: u64) -> Result<Option<(u64, RootRef)>> {
+    /// The subvolume holding `id`'s entry and that entry (its directory and name).
+    pub(crate) fn root_backref(&self, id: u64) -> Result<Option<(u64, RootRef)>> {
         let mut found = None;
         for_each_in_range(
             self.io(),

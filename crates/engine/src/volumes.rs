@@ -82,7 +82,11 @@ impl ChunkMap {
         let (start, c) = self
             .lookup(logical)
             .ok_or_else(|| Error::corrupt(logical, "logical address is not in any chunk"))?;
-        if logical + len > start + c.length {
+        // Checked: `len` comes from the caller and stripe offsets from the image.
+        if logical
+            .checked_add(len)
+            .is_none_or(|end| end > start + c.length)
+        {
             return Err(Error::corrupt(
                 logical,
                 format!("range of {len} bytes crosses the end of its chunk"),
@@ -99,7 +103,7 @@ impl ChunkMap {
                     .ok_or_else(|| Error::corrupt(logical, "no such mirror"))?;
                 Ok(vec![PhysRange {
                     devid: s.devid,
-                    physical: s.offset + off,
+                    physical: phys(logical, s.offset, off)?,
                     len,
                 }])
             }
@@ -126,7 +130,7 @@ impl ChunkMap {
                     let s = &c.stripes[slot as usize];
                     out.push(PhysRange {
                         devid: s.devid,
-                        physical: s.offset + row * STRIPE_LEN + stripe_off,
+                        physical: phys(logical, s.offset, row * STRIPE_LEN + stripe_off)?,
                         len: piece,
                     });
                     cur += piece;
@@ -136,4 +140,12 @@ impl ChunkMap {
             _ => Err(Error::corrupt(logical, "unknown chunk profile")),
         }
     }
+}
+
+/// `stripe_offset + off`: a hostile chunk item can put a stripe at the very end of the address
+/// space, where the sum would overflow (a panic in debug builds, a wrong address in release).
+fn phys(logical: u64, stripe_offset: u64, off: u64) -> Result<u64> {
+    stripe_offset
+        .checked_add(off)
+        .ok_or_else(|| Error::corrupt(logical, "chunk stripe offset overflows"))
 }

@@ -22,13 +22,19 @@ pub fn decompress(
         Compression::None => Ok(input[..input.len().min(max_out)].to_vec()),
         Compression::Zlib => read_bounded(flate2::read::ZlibDecoder::new(input), max_out),
         Compression::Zstd => {
-            let dec = zstd::stream::read::Decoder::with_buffer(input).map_err(err)?;
+            let mut dec = zstd::stream::read::Decoder::with_buffer(input).map_err(err)?;
+            // The kernel writes windows of at most 2^17 bytes and refuses larger ones; without
+            // this limit a hostile frame header makes the decoder allocate up to 128 MiB.
+            dec.window_log_max(ZSTD_BTRFS_MAX_WINDOWLOG).map_err(err)?;
             // Trailing zero padding after the frame is normal; the decoder stops at frame end.
             read_bounded(dec.single_frame(), max_out)
         }
         Compression::Lzo => lzo_decompress(input, max_out, sectorsize),
     }
 }
+
+/// The kernel's ZSTD_BTRFS_MAX_WINDOWLOG.
+const ZSTD_BTRFS_MAX_WINDOWLOG: u32 = 17;
 
 fn read_bounded(mut r: impl Read, max_out: usize) -> Result<Vec<u8>> {
     let mut out = vec![0u8; max_out];
@@ -48,6 +54,10 @@ fn read_bounded(mut r: impl Read, max_out: usize) -> Result<Vec<u8>> {
 /// btrfs LZO framing: a u32 total length, then per input sector a u32 segment length and an
 /// independent LZO1X block; a segment header never straddles a sector boundary.
 fn lzo_decompress(input: &[u8], max_out: usize, sectorsize: usize) -> Result<Vec<u8>> {
+    // The framing is per sector: a zero sectorsize would divide by zero, a huge one allocate.
+    if !(4096..=65536).contains(&sectorsize) {
+        return Err(err(format!("lzo with sectorsize {sectorsize}")));
+    }
     let total = u32_at(input, 0)? as usize;
     if total > input.len() || total < 4 {
         return Err(err(format!(
@@ -110,12 +120,26 @@ mod tests {
     #[test]
     fn zstd_roundtrip_with_padding() {
         let data = vec![42u8; 131072];
-        let mut z = zstd::encode_all(&data[..], 3).unwrap();
+        // Like the kernel: the size is pledged, so the window fits ZSTD_BTRFS_MAX_WINDOWLOG.
+        let mut enc = zstd::stream::write::Encoder::new(Vec::new(), 3).unwrap();
+        enc.set_pledged_src_size(Some(data.len() as u64)).unwrap();
+        enc.write_all(&data).unwrap();
+        let mut z = enc.finish().unwrap();
         z.resize(4096, 0);
         assert_eq!(
             decompress(Compression::Zstd, &z, 131072, 4096).unwrap(),
             data
         );
+    }
+
+    #[test]
+    fn zstd_window_larger_than_the_kernels_is_refused() {
+        let data = vec![7u8; 1 << 20];
+        let mut enc = zstd::stream::write::Encoder::new(Vec::new(), 19).unwrap();
+        enc.window_log(22).unwrap();
+        enc.write_all(&data).unwrap();
+        let z = enc.finish().unwrap();
+        assert!(decompress(Compression::Zstd, &z, 1 << 20, 4096).is_err());
     }
 
     #[test]

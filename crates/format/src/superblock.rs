@@ -308,8 +308,10 @@ impl Superblock {
         if self.num_devices == 0 {
             invalid!("num_devices is zero");
         }
-        if self.generation == 0 {
-            invalid!("generation is zero");
+        // u64::MAX too: readers compute generation + 1 (the log tree's transid, the
+        // "not newer than the next transaction" checks), which must not overflow.
+        if self.generation == 0 || self.generation == u64::MAX {
+            invalid!("generation {} is invalid", self.generation);
         }
         Ok(())
     }

@@ -35,6 +35,16 @@ pub struct Expect {
 /// Full check of one block: checksum first (cheap to report, and everything else is noise
 /// if it fails), then identity, then structure, then items.
 pub fn check_tree_block(data: &[u8], ctx: &FsContext, expect: &Expect) -> Result<()> {
+    // The engine's context comes from a checked superblock, but this function is also fuzzed
+    // with arbitrary ones: a tiny nodesize would slice out of bounds, a zero sectorsize
+    // divide by zero.
+    if (ctx.nodesize as usize) < HEADER_SIZE || ctx.sectorsize == 0 {
+        invalid!(
+            "nodesize {} / sectorsize {} unusable",
+            ctx.nodesize,
+            ctx.sectorsize
+        );
+    }
     if data.len() != ctx.nodesize as usize {
         invalid!(
             "block is {} bytes, nodesize is {}",
@@ -74,7 +84,7 @@ pub fn check_tree_block(data: &[u8], ctx: &FsContext, expect: &Expect) -> Result
             );
         }
     }
-    if h.generation > ctx.super_generation + 1 {
+    if h.generation > ctx.super_generation.saturating_add(1) {
         invalid!(
             "generation {} is newer than the filesystem ({})",
             h.generation,
@@ -110,7 +120,7 @@ fn check_node(block: &TreeBlock, ctx: &FsContext) -> Result<()> {
         if p.blockptr == 0 || p.blockptr % ctx.sectorsize as u64 != 0 {
             invalid!("pointer {slot} to unaligned or zero block {}", p.blockptr);
         }
-        if p.generation > ctx.super_generation + 1 {
+        if p.generation > ctx.super_generation.saturating_add(1) {
             invalid!(
                 "pointer {slot} generation {} is in the future",
                 p.generation
@@ -162,8 +172,8 @@ fn check_item(block: &TreeBlock, slot: usize, key: &Key, ctx: &FsContext) -> Res
             if body.len() != InodeItem::SIZE {
                 invalid!("inode item size {}", body.len());
             }
-            if inode.generation > ctx.super_generation + 1
-                || inode.transid > ctx.super_generation + 1
+            if inode.generation > ctx.super_generation.saturating_add(1)
+                || inode.transid > ctx.super_generation.saturating_add(1)
             {
                 invalid!("inode generation in the future");
             }

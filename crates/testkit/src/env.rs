@@ -180,12 +180,10 @@ pub fn features_in_args(args: &[String]) -> Vec<String> {
     while let Some(a) = it.next() {
         let list = if a == "-O" || a == "--features" {
             it.next().cloned()
-        } else if let Some(rest) = a.strip_prefix("--features=") {
-            Some(rest.to_string())
-        } else if let Some(rest) = a.strip_prefix("-O") {
-            Some(rest.to_string())
         } else {
-            None
+            a.strip_prefix("--features=")
+                .or_else(|| a.strip_prefix("-O"))
+                .map(str::to_string)
         };
         if let Some(l) = list {
             out.extend(l.split(',').filter(|s| !s.is_empty()).map(str::to_string));

@@ -216,6 +216,13 @@ fn make_pending_log(mount: &KernelMount, seed: u64) -> io::Result<()> {
     File::open(d.join("existing"))?.sync_all()?;
     File::create(d.join("created-then-dir-fsynced"))?;
     File::open(&d)?.sync_all()?;
+    // A second subvolume with logged changes: the log root tree then has two log trees.
+    let sv = mount.path().join("sv1");
+    if sv.is_dir() {
+        let mut f = File::create(sv.join("pending-in-subvolume"))?;
+        f.write_all(&random_bytes(&mut rng, 9000))?;
+        f.sync_all()?;
+    }
     Ok(())
 }
 

@@ -24,7 +24,7 @@ pub use image::{
     build_image, build_image_with_pending_log, image_stats, superblock_generation,
     superblock_log_root, ImageSpec, ImageStats,
 };
-pub use manifest::{CompareRules, DirEntry, Entry, InodeNumbers, Kind, Manifest, Time};
+pub use manifest::{CompareRules, DirEntry, Entry, InodeNumbers, Kind, Manifest, StatFs, Time};
 pub use mount::{subvolume_id, KernelMount, LoopDevice, OleoMount, Watchdog};
 pub use populate::PopulateSpec;
 pub use tempdir::TempDir;

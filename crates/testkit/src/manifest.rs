@@ -97,6 +97,8 @@ pub struct Entry {
     pub size: u64,
     pub nlink: u64,
     pub blocks: u64,
+    /// st_blksize (the kernel reports the sector size).
+    pub blksize: u64,
     pub rdev: u64,
     pub atime: Time,
     pub mtime: Time,
@@ -119,6 +121,42 @@ pub struct Entry {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Manifest {
     pub entries: BTreeMap<Vec<u8>, Entry>,
+    /// statvfs of the root (what `df` shows).
+    pub statfs: Option<StatFs>,
+}
+
+/// The statvfs fields of a filesystem that describe it (not the mount flags).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct StatFs {
+    pub bsize: u64,
+    pub frsize: u64,
+    pub blocks: u64,
+    pub bfree: u64,
+    pub bavail: u64,
+    pub files: u64,
+    pub ffree: u64,
+    pub namemax: u64,
+}
+
+impl StatFs {
+    fn of(path: &Path) -> io::Result<StatFs> {
+        let c = cpath(path)?;
+        // SAFETY: valid C string and an out-parameter of the right type.
+        let mut v: libc::statvfs = unsafe { std::mem::zeroed() };
+        if unsafe { libc::statvfs(c.as_ptr(), &mut v) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(StatFs {
+            bsize: v.f_bsize as u64,
+            frsize: v.f_frsize as u64,
+            blocks: v.f_blocks as u64,
+            bfree: v.f_bfree as u64,
+            bavail: v.f_bavail as u64,
+            files: v.f_files as u64,
+            ffree: v.f_ffree as u64,
+            namemax: v.f_namemax as u64,
+        })
+    }
 }
 
 /// How a diff line names a path: root is `.`, bytes that are not printable UTF-8 are `\xNN`.
@@ -305,6 +343,7 @@ impl Entry {
             size: md.size(),
             nlink: md.nlink(),
             blocks: md.blocks(),
+            blksize: md.blksize(),
             rdev: md.rdev(),
             atime: Time {
                 sec: md.atime(),
@@ -378,7 +417,10 @@ impl Manifest {
             }
             entries.insert(rel, entry);
         }
-        Ok(Manifest { entries })
+        Ok(Manifest {
+            entries,
+            statfs: StatFs::of(root).ok(),
+        })
     }
 
     pub fn len(&self) -> usize {
@@ -416,8 +458,8 @@ impl fmt::Display for EntryLine<'_> {
         let (p, e) = (self.0, self.1);
         write!(
             f,
-            "{} {:?} mode={:o} uid={} gid={} size={} nlink={} blocks={} ino={} dev={} rdev={} atime={} mtime={} ctime={}",
-            display_path(p), e.kind, e.mode, e.uid, e.gid, e.size, e.nlink, e.blocks, e.ino, e.dev,
+            "{} {:?} mode={:o} uid={} gid={} size={} nlink={} blocks={} blksize={} ino={} dev={} rdev={} atime={} mtime={} ctime={}",
+            display_path(p), e.kind, e.mode, e.uid, e.gid, e.size, e.nlink, e.blocks, e.blksize, e.ino, e.dev,
             e.rdev, e.atime, e.mtime, e.ctime
         )?;
         if let Some(h) = &e.sha256 {
@@ -510,6 +552,11 @@ pub struct CompareRules {
     /// Compare d_ino of readdir entries (low bits, as st_ino). Default true. Note the
     /// kernel reports a subvolume entry's d_ino as the subvolume id, not 256.
     pub compare_dirent_ino: bool,
+    /// Compare statvfs of the root (`df`). Default false: the kernel's free-space figures
+    /// (f_bfree, f_bavail) come from its in-memory space accounting (global block reserve,
+    /// per-profile unallocated space), a formula of their own; turn this on to work on `df`
+    /// parity.
+    pub compare_statfs: bool,
 }
 
 impl Default for CompareRules {
@@ -523,6 +570,7 @@ impl Default for CompareRules {
             compare_atime: true,
             compare_dirent_type: true,
             compare_dirent_ino: true,
+            compare_statfs: false,
         }
     }
 }
@@ -563,6 +611,12 @@ fn bytes_diff(a: &[u8], b: &[u8]) -> String {
 
 fn diff_manifests(k: &Manifest, o: &Manifest, rules: &CompareRules) -> Vec<String> {
     let mut out = Vec::new();
+    if rules.compare_statfs && k.statfs != o.statfs {
+        out.push(format!(
+            "statfs: kernel={:?} other={:?}",
+            k.statfs, o.statfs
+        ));
+    }
     let is_placeholder = |e: &Entry| e.kind == Kind::Dir && rules.placeholder_ino == Some(e.ino);
 
     // Walk both key sets in order, so lines come out sorted by path.
@@ -717,6 +771,7 @@ fn diff_entry(
     field("size", k.size.to_string(), o.size.to_string());
     field("nlink", k.nlink.to_string(), o.nlink.to_string());
     field("blocks", k.blocks.to_string(), o.blocks.to_string());
+    field("blksize", k.blksize.to_string(), o.blksize.to_string());
     field("rdev", format!("{:#x}", k.rdev), format!("{:#x}", o.rdev));
     let oino = rules.inode_numbers.low(o.ino);
     if k.ino != oino {
@@ -896,6 +951,7 @@ mod tests {
     fn manifest(items: Vec<(&[u8], Entry)>) -> Manifest {
         Manifest {
             entries: items.into_iter().map(|(p, e)| (p.to_vec(), e)).collect(),
+            statfs: None,
         }
     }
 
@@ -974,6 +1030,7 @@ mod tests {
         a.gid = 6;
         a.size = 6;
         a.blocks = 16;
+        a.blksize = 512;
         a.rdev = 1;
         a.mtime.nsec += 1;
         a.atime.sec = 3;
@@ -986,6 +1043,7 @@ mod tests {
             "gid",
             "size",
             "blocks",
+            "blksize",
             "rdev",
             "mtime",
             "atime",
@@ -1030,8 +1088,10 @@ mod tests {
                 .any(|l| l.starts_with("sv/c: ino: kernel=257 other=300")),
             "{d:#?}"
         );
-        let mut rules = CompareRules::default();
-        rules.compare_dev = true;
+        let rules = CompareRules {
+            compare_dev: true,
+            ..CompareRules::default()
+        };
         let d = Manifest::diff(&k, &oleo_tree(), &rules);
         assert!(d.iter().any(|l| l.starts_with("a: dev:")), "{d:#?}");
     }
@@ -1170,6 +1230,30 @@ mod tests {
                 "a: xattr \"trusted.t\" only in other (1 bytes)",
             ]
         );
+    }
+
+    #[test]
+    fn statfs_is_compared_only_when_asked() {
+        let mut k = kernel_tree();
+        let mut o = oleo_tree();
+        k.statfs = Some(StatFs {
+            bsize: 4096,
+            bfree: 10,
+            ..StatFs::default()
+        });
+        o.statfs = Some(StatFs {
+            bsize: 4096,
+            bfree: 11,
+            ..StatFs::default()
+        });
+        assert!(Manifest::diff(&k, &o, &CompareRules::default()).is_empty());
+        let rules = CompareRules {
+            compare_statfs: true,
+            ..CompareRules::default()
+        };
+        let d = Manifest::diff(&k, &o, &rules);
+        assert_eq!(d.len(), 1);
+        assert!(d[0].starts_with("statfs: "), "{d:?}");
     }
 
     #[test]

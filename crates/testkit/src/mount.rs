@@ -320,6 +320,17 @@ impl OleoMount {
         mountpoint: &Path,
         opts: &[&str],
     ) -> io::Result<OleoMount> {
+        Self::mount_with_timeout(oleo_bin, image, mountpoint, opts, mount_timeout())
+    }
+
+    /// [`OleoMount::mount`] with an explicit wait limit.
+    pub fn mount_with_timeout(
+        oleo_bin: &Path,
+        image: &Path,
+        mountpoint: &Path,
+        opts: &[&str],
+        timeout: Duration,
+    ) -> io::Result<OleoMount> {
         static N: AtomicU64 = AtomicU64::new(0);
         std::fs::create_dir_all(mountpoint)?;
         let log = std::env::temp_dir().join(format!(
@@ -354,14 +365,22 @@ impl OleoMount {
             mounted: false,
         };
 
-        let deadline = Instant::now() + mount_timeout();
+        let deadline = Instant::now() + timeout;
+        let mut launcher_done = false;
+        let mut probe: Option<mpsc::Receiver<io::Result<()>>> = None;
         loop {
-            if let Some(info) = mount_at(mountpoint).filter(|i| i.fstype.starts_with("fuse")) {
-                m.mounted = true;
-                m.conn = Some(((info.dev.0 as u64) << 20) | info.dev.1 as u64);
-                return Ok(m);
+            if !m.mounted {
+                if let Some(info) = mount_at(mountpoint).filter(|i| i.fstype.starts_with("fuse")) {
+                    // From here on, drop unmounts (and aborts if it must).
+                    m.mounted = true;
+                    m.conn = Some(((info.dev.0 as u64) << 20) | info.dev.1 as u64);
+                }
             }
-            if let Some(st) = m.child.as_mut().unwrap().try_wait()? {
+            let exited = match m.child.as_mut() {
+                Some(c) => c.try_wait()?,
+                None => None,
+            };
+            if let Some(st) = exited {
                 m.child = None;
                 if !st.success() {
                     return Err(io::Error::other(format!(
@@ -369,15 +388,48 @@ impl OleoMount {
                         m.log_text()
                     )));
                 }
-                // Parent exited after forking the daemon; keep waiting for the mount.
+                // A daemonizing oleo exits once its mount is ready.
+                launcher_done = true;
+            }
+            if m.mounted {
+                if launcher_done {
+                    return Ok(m);
+                }
+                // Still running: a foreground oleo, or a daemon that is not done yet. Being in
+                // mountinfo is not enough (the server may not answer yet, or ever): ready
+                // once a stat of the root is answered. The probe runs in a thread because
+                // it blocks until the server replies.
+                let rx = probe.get_or_insert_with(|| {
+                    let (tx, rx) = mpsc::channel();
+                    let mp = mountpoint.to_path_buf();
+                    std::thread::spawn(move || {
+                        let _ = tx.send(std::fs::metadata(&mp).map(|_| ()));
+                    });
+                    rx
+                });
+                match rx.try_recv() {
+                    Ok(Ok(())) => return Ok(m),
+                    Ok(Err(e)) => {
+                        return Err(io::Error::other(format!(
+                            "{described}: stat of the mounted root failed: {e}; its output:\n{}",
+                            m.log_text()
+                        )))
+                    }
+                    Err(_) => {}
+                }
             }
             if Instant::now() >= deadline {
+                let what = if m.mounted {
+                    "mounted, but the root was not answered"
+                } else {
+                    "no FUSE mount"
+                };
                 return Err(io::Error::new(
                     io::ErrorKind::TimedOut,
                     format!(
-                        "{described}: no FUSE mount at {} after {:?}; its output:\n{}",
+                        "{described}: {what} at {} after {:?}; its output:\n{}",
                         mountpoint.display(),
-                        mount_timeout(),
+                        timeout,
                         m.log_text()
                     ),
                 ));
@@ -431,31 +483,35 @@ impl OleoMount {
     }
 
     fn do_unmount(&mut self) -> io::Result<()> {
-        if !self.mounted {
-            return Ok(());
-        }
-        self.mounted = false;
-        let mp = self.mountpoint.as_os_str();
-        let ok = matches!(
-            run_with_timeout(&mut command("fusermount3", &[OsStr::new("-u"), mp]), Duration::from_secs(15)),
-            Ok(st) if st.success()
-        );
-        let result = if ok && mount_at(&self.mountpoint).is_none() {
-            Ok(())
-        } else {
-            self.abort();
-            let _ = run_with_timeout(
-                &mut command("umount", &[OsStr::new("-l"), mp]),
-                Duration::from_secs(10),
+        let was_mounted = std::mem::take(&mut self.mounted);
+        let mut result = Ok(());
+        if was_mounted {
+            let mp = self.mountpoint.as_os_str();
+            let ok = matches!(
+                run_with_timeout(&mut command("fusermount3", &[OsStr::new("-u"), mp]), Duration::from_secs(15)),
+                Ok(st) if st.success()
             );
-            Err(io::Error::other(format!(
-                "fusermount3 -u {} failed; aborted the connection and detached lazily",
-                self.mountpoint.display()
-            )))
-        };
-        // A foreground oleo exits once unmounted; give it a moment, then make sure.
+            if !ok || mount_at(&self.mountpoint).is_some() {
+                self.abort();
+                let _ = run_with_timeout(
+                    &mut command("umount", &[OsStr::new("-l"), mp]),
+                    Duration::from_secs(10),
+                );
+                result = Err(io::Error::other(format!(
+                    "fusermount3 -u {} failed; aborted the connection and detached lazily",
+                    self.mountpoint.display()
+                )));
+            }
+        }
+        // A foreground oleo exits once unmounted: give it a moment, then make sure. One that
+        // never mounted is killed at once.
         if let Some(mut child) = self.child.take() {
-            let until = Instant::now() + Duration::from_secs(5);
+            let until = Instant::now()
+                + if was_mounted {
+                    Duration::from_secs(5)
+                } else {
+                    Duration::ZERO
+                };
             while Instant::now() < until {
                 if let Ok(Some(_)) = child.try_wait() {
                     break;
@@ -500,7 +556,7 @@ fn abort_fuse_connection(id: u64) {
     let dir = Path::new("/sys/fs/fuse/connections");
     if !dir.join(id.to_string()).exists() {
         let _ = run_with_timeout(
-            &mut Command::new("mount")
+            Command::new("mount")
                 .args(["-t", "fusectl", "fusectl"])
                 .arg(dir),
             Duration::from_secs(5),
@@ -522,6 +578,65 @@ mod tests {
             PathBuf::from("/tmp/a b\\c")
         );
         assert_eq!(unescape_mountinfo(r"/x\04"), PathBuf::from(r"/x\04"));
+    }
+
+    fn script(dir: &Path, name: &str, body: &str) -> PathBuf {
+        use std::os::unix::fs::PermissionsExt;
+        let p = dir.join(name);
+        std::fs::write(&p, format!("#!/bin/sh\n{body}\n")).unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+        p
+    }
+
+    #[test]
+    fn failed_oleo_mount_reports_its_output() {
+        let t = crate::TempDir::new("mount-unit").unwrap();
+        let bin = script(
+            t.path(),
+            "fails",
+            "echo \"args: $*\"; echo boom >&2; exit 3",
+        );
+        let err = OleoMount::mount(&bin, Path::new("/img"), &t.join("mp"), &["subvol=x"])
+            .err()
+            .expect("must fail");
+        let msg = err.to_string();
+        assert!(
+            msg.contains("boom") && msg.contains("args: mount -o ro,subvol=x /img"),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn oleo_mount_that_never_appears_times_out() {
+        let t = crate::TempDir::new("mount-unit").unwrap();
+        // Exits successfully without mounting, like a daemonizing parent whose child died.
+        let bin = script(t.path(), "nomount", "exit 0");
+        let start = Instant::now();
+        let err = OleoMount::mount_with_timeout(
+            &bin,
+            Path::new("/img"),
+            &t.join("mp"),
+            &[],
+            Duration::from_millis(300),
+        )
+        .err()
+        .expect("must time out");
+        assert_eq!(err.kind(), io::ErrorKind::TimedOut, "{err}");
+        assert!(start.elapsed() < Duration::from_secs(5));
+        // A foreground process that hangs is killed, not waited for.
+        let bin = script(t.path(), "hangs", "exec sleep 1000");
+        let start = Instant::now();
+        let err = OleoMount::mount_with_timeout(
+            &bin,
+            Path::new("/img"),
+            &t.join("mp"),
+            &[],
+            Duration::from_millis(300),
+        )
+        .err()
+        .expect("must time out");
+        assert_eq!(err.kind(), io::ErrorKind::TimedOut, "{err}");
+        assert!(start.elapsed() < Duration::from_secs(10));
     }
 
     #[test]

