@@ -6,4 +6,5 @@ cd "$(dirname "$0")/.."
 source scripts/setup.sh
 export PATH="$HOME/.cargo/bin:$PATH"
 cargo build --workspace --all-targets
+bash scripts/fuzz.sh 15
 cargo test --workspace -- --test-threads=2
