@@ -23,6 +23,28 @@ if ! command -v cargo >/dev/null 2>&1; then
     export PATH="$HOME/.cargo/bin:$PATH"
 fi
 
+# Debian 12's btrfs-progs (6.2) cannot make block-group-tree images; the tests then use a
+# newer mkfs.btrfs unpacked from bookworm-backports beside it (not installed over it: the
+# format digest was verified against 6.2's output).
+bpo=/opt/btrfs-progs-bpo
+if ! mkfs.btrfs -O list-all 2>&1 | grep -q block-group-tree && [ ! -x "$bpo/sbin/mkfs.btrfs" ]; then
+    . /etc/os-release
+    if [ "${VERSION_CODENAME:-}" = bookworm ]; then
+        echo "setup: unpacking btrfs-progs from bookworm-backports into $bpo"
+        cat > /etc/apt/sources.list.d/bookworm-backports.sources <<'SRC'
+Types: deb
+URIs: http://deb.debian.org/debian
+Suites: bookworm-backports
+Components: main
+Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
+SRC
+        apt-get update -qq
+        tmp=$(mktemp -d)
+        (cd "$tmp" && apt-get download -qq btrfs-progs/bookworm-backports && dpkg-deb -x btrfs-progs_*.deb "$bpo")
+        rm -rf "$tmp"
+    fi
+fi
+
 # The kernel pieces the tests compare against.
 modprobe btrfs 2>/dev/null || true
 modprobe fuse 2>/dev/null || true

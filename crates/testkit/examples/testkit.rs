@@ -3,7 +3,7 @@
 //! ```text
 //! cargo run -p oleo-testkit --example testkit -- build OUT.img [SEED] [--pending-log] [--basic] [MKFS ARGS...]
 //! cargo run -p oleo-testkit --example testkit -- dump DIR          # one line per path
-//! cargo run -p oleo-testkit --example testkit -- diff KERNEL_DIR OTHER_DIR   # OTHER = oleo mount
+//! cargo run -p oleo-testkit --example testkit -- diff KERNEL_DIR OLEO_DIR [--all]
 //! cargo run -p oleo-testkit --example testkit -- stats IMAGE       # extent kinds on disk
 //! ```
 
@@ -14,7 +14,7 @@ use oleo_testkit::*;
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let usage = "usage: testkit build OUT.img [SEED] [--pending-log] [--basic] [MKFS ARGS...] | dump DIR | diff KERNEL_DIR OLEO_DIR | stats IMAGE";
+    let usage = "usage: testkit build OUT.img [SEED] [--pending-log] [--basic] [MKFS ARGS...] | dump DIR | diff KERNEL_DIR OLEO_DIR [--all] | stats IMAGE";
     let result = match args.first().map(String::as_str) {
         Some("build") if args.len() >= 2 => {
             let out = Path::new(&args[1]);
@@ -44,10 +44,17 @@ fn main() -> ExitCode {
         Some("dump") if args.len() == 2 => {
             Manifest::capture(Path::new(&args[1])).map(|m| print!("{}", m.dump()))
         }
-        Some("diff") if args.len() == 3 => (|| {
+        Some("diff") if args.len() >= 3 => (|| {
             let k = Manifest::capture(Path::new(&args[1]))?;
             let o = Manifest::capture(Path::new(&args[2]))?;
-            let d = Manifest::diff(&k, &o, &CompareRules::default());
+            // --all: also the comparisons that are off by default (data map, statfs).
+            let all = args[3..].iter().any(|a| a == "--all");
+            let rules = CompareRules {
+                compare_data_map: all,
+                compare_statfs: all,
+                ..CompareRules::default()
+            };
+            let d = Manifest::diff(&k, &o, &rules);
             for l in &d {
                 println!("{l}");
             }

@@ -107,6 +107,11 @@ pub struct Entry {
     pub dev: u64,
     /// sha256 of the contents (regular files that could be read).
     pub sha256: Option<[u8; 32]>,
+    /// Data ranges `[start, end)` per SEEK_DATA/SEEK_HOLE (regular files); see
+    /// `CompareRules::compare_data_map`.
+    pub data_map: Option<Vec<(u64, u64)>>,
+    /// Why `data_map` could not be taken (kept apart from `errors`, which are always compared).
+    pub data_map_error: Option<String>,
     /// readlink (symlinks).
     pub target: Option<Vec<u8>>,
     /// Every xattr name and value (llistxattr / lgetxattr).
@@ -231,8 +236,7 @@ fn errno_name(e: &io::Error) -> String {
     }
 }
 
-fn hash_file(path: &Path) -> io::Result<[u8; 32]> {
-    let mut f = File::open(path)?;
+fn hash_file(f: &mut File) -> io::Result<[u8; 32]> {
     let mut h = Sha256::new();
     let mut buf = vec![0u8; 1 << 20];
     loop {
@@ -245,6 +249,40 @@ fn hash_file(path: &Path) -> io::Result<[u8; 32]> {
         h.update(&buf[..n]);
     }
     Ok(h.finalize().into())
+}
+
+/// The data ranges of a file as lseek(SEEK_DATA / SEEK_HOLE) reports them.
+fn data_map(f: &File) -> io::Result<Vec<(u64, u64)>> {
+    use std::os::fd::AsRawFd;
+    let fd = f.as_raw_fd();
+    let mut map = Vec::new();
+    let mut pos: libc::off_t = 0;
+    loop {
+        // SAFETY: valid fd.
+        let data = unsafe { libc::lseek(fd, pos, libc::SEEK_DATA) };
+        if data < 0 {
+            let e = io::Error::last_os_error();
+            if e.raw_os_error() == Some(libc::ENXIO) {
+                break; // no data at or after pos
+            }
+            return Err(e);
+        }
+        // SAFETY: valid fd.
+        let hole = unsafe { libc::lseek(fd, data, libc::SEEK_HOLE) };
+        if hole < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        map.push((data as u64, hole as u64));
+        if hole <= data {
+            break; // cannot happen, but never loop forever on a confused filesystem
+        }
+        pos = hole;
+    }
+    // SAFETY: valid fd; back to the start for reading.
+    if unsafe { libc::lseek(fd, 0, libc::SEEK_SET) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(map)
 }
 
 /// Calls a listxattr/getxattr-style function, growing the buffer until it fits.
@@ -362,9 +400,18 @@ impl Entry {
             ..Entry::default()
         };
         match e.kind {
-            Kind::File => match hash_file(path) {
-                Ok(h) => e.sha256 = Some(h),
-                Err(err) => e.errors.push(format!("read: {}", errno_name(&err))),
+            Kind::File => match File::open(path) {
+                Ok(mut f) => {
+                    match data_map(&f) {
+                        Ok(m) => e.data_map = Some(m),
+                        Err(err) => e.data_map_error = Some(errno_name(&err)),
+                    }
+                    match hash_file(&mut f) {
+                        Ok(h) => e.sha256 = Some(h),
+                        Err(err) => e.errors.push(format!("read: {}", errno_name(&err))),
+                    }
+                }
+                Err(err) => e.errors.push(format!("open: {}", errno_name(&err))),
             },
             Kind::Symlink => match std::fs::read_link(path) {
                 Ok(t) => e.target = Some(t.into_os_string().into_vec()),
@@ -552,6 +599,15 @@ pub struct CompareRules {
     /// Compare d_ino of readdir entries (low bits, as st_ino). Default true. Note the
     /// kernel reports a subvolume entry's d_ino as the subvolume id, not 256.
     pub compare_dirent_ino: bool,
+    /// Accept oleo's d_ino for subvolume entries being the entry's st_ino (256, or 2 for a
+    /// placeholder) where the kernel reports the subvolume id. Default true: fuser's
+    /// readdirplus derives d_ino from the node id, so oleo cannot report the kernel's quirk.
+    pub subvolume_dirent_ino_is_st_ino: bool,
+    /// Compare the SEEK_DATA/SEEK_HOLE map of regular files (what `cp --sparse`, `tar -S`
+    /// and backup tools see). Default false: without FUSE lseek support the kernel treats a
+    /// FUSE file as all data, so this needs oleo to implement lseek. The kernel's btrfs
+    /// reports prealloc (unwritten) extents as holes and rounds to sectors.
+    pub compare_data_map: bool,
     /// Compare statvfs of the root (`df`). Default false: the kernel's free-space figures
     /// (f_bfree, f_bavail) come from its in-memory space accounting (global block reserve,
     /// per-profile unallocated space), a formula of their own; turn this on to work on `df`
@@ -570,6 +626,8 @@ impl Default for CompareRules {
             compare_atime: true,
             compare_dirent_type: true,
             compare_dirent_ino: true,
+            subvolume_dirent_ino_is_st_ino: true,
+            compare_data_map: false,
             compare_statfs: false,
         }
     }
@@ -577,10 +635,14 @@ impl Default for CompareRules {
 
 impl CompareRules {
     /// For comparing two kernel mounts of the same image (e.g. to prove capture is
-    /// deterministic): inode identity is (st_dev, st_ino) on both sides.
+    /// deterministic): inode identity is (st_dev, st_ino) on both sides, and the data map
+    /// and statfs are compared too.
     pub fn kernel_vs_kernel() -> Self {
         CompareRules {
             inode_numbers: InodeNumbers::Kernel,
+            subvolume_dirent_ino_is_st_ino: false,
+            compare_data_map: true,
+            compare_statfs: true,
             ..CompareRules::default()
         }
     }
@@ -793,6 +855,26 @@ fn diff_entry(
     }
     let sha = |h: &Option<[u8; 32]>| h.map_or("none".to_string(), |h| hex(&h));
     field("content sha256", sha(&k.sha256), sha(&o.sha256));
+    if rules.compare_data_map && (k.data_map != o.data_map || k.data_map_error != o.data_map_error)
+    {
+        let show = |m: &Option<Vec<(u64, u64)>>, err: &Option<String>| match (m, err) {
+            (_, Some(e)) => format!("error {e}"),
+            (Some(m), None) => {
+                let mut s: Vec<String> =
+                    m.iter().take(8).map(|(a, b)| format!("{a}..{b}")).collect();
+                if m.len() > 8 {
+                    s.push(format!("... ({} ranges)", m.len()));
+                }
+                format!("[{}]", s.join(", "))
+            }
+            (None, None) => "none".into(),
+        };
+        out.push(format!(
+            "{path}: data map: kernel={} other={}",
+            show(&k.data_map, &k.data_map_error),
+            show(&o.data_map, &o.data_map_error)
+        ));
+    }
     if k.target != o.target {
         let t = |t: &Option<Vec<u8>>| {
             t.as_deref()
@@ -886,7 +968,13 @@ fn diff_listing(
                 kd.kind, od.kind
             ));
         }
-        if rules.compare_dirent_ino && kd.ino != rules.inode_numbers.low(od.ino) {
+        let other_low = rules.inode_numbers.low(od.ino);
+        // The kernel gives a subvolume entry the subvolume id as d_ino. oleo cannot: fuser's
+        // readdirplus uses one number for both the node id and d_ino, so oleo's d_ino is
+        // the entry's st_ino (256 for a subvolume root, 2 for a placeholder).
+        let subvolume_entry =
+            rules.subvolume_dirent_ino_is_st_ino && (other_low == 256 || other_low == 2);
+        if rules.compare_dirent_ino && kd.ino != other_low && !subvolume_entry {
             out.push(format!(
                 "{path}: readdir: \"{n}\" d_ino: kernel={} other={} (raw {:#x})",
                 kd.ino,
@@ -1233,6 +1321,23 @@ mod tests {
     }
 
     #[test]
+    fn data_map_is_compared_only_when_asked() {
+        let mut k = kernel_tree();
+        let mut o = oleo_tree();
+        k.entries.get_mut(b"a".as_slice()).unwrap().data_map = Some(vec![(0, 4096), (8192, 12288)]);
+        o.entries.get_mut(b"a".as_slice()).unwrap().data_map = Some(vec![(0, 12288)]);
+        assert!(Manifest::diff(&k, &o, &CompareRules::default()).is_empty());
+        let rules = CompareRules {
+            compare_data_map: true,
+            ..CompareRules::default()
+        };
+        assert_eq!(
+            Manifest::diff(&k, &o, &rules),
+            vec!["a: data map: kernel=[0..4096, 8192..12288] other=[0..12288]"]
+        );
+    }
+
+    #[test]
     fn statfs_is_compared_only_when_asked() {
         let mut k = kernel_tree();
         let mut o = oleo_tree();
@@ -1298,9 +1403,11 @@ mod tests {
             Some(b"f".as_slice())
         );
         assert_eq!(a.get(b"f").unwrap().sha256.unwrap()[..2], [0x2c, 0xf2]);
-        // The host filesystem may update atimes as capture reads files (relatime).
+        // The host filesystem may update atimes as capture reads files (relatime), and others
+        // write to it meanwhile (statfs).
         let rules = CompareRules {
             compare_atime: false,
+            compare_statfs: false,
             ..CompareRules::kernel_vs_kernel()
         };
         assert_eq!(Manifest::diff(&a, &b, &rules), Vec::<String>::new());
