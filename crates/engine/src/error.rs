@@ -20,6 +20,9 @@ pub enum Error {
     ReadOnly,
     #[error("value too large for the given buffer")]
     Range,
+    /// lseek's SEEK_DATA/SEEK_HOLE past the end of the file, or no data after the offset.
+    #[error("no data or hole at or after that offset")]
+    NoSuchOffset,
     #[error("unsupported: {0}")]
     Unsupported(String),
     #[error("io error: {0}")]
@@ -58,6 +61,7 @@ impl Error {
             Error::NoXattr => libc::ENODATA,
             Error::ReadOnly => libc::EROFS,
             Error::Range => libc::ERANGE,
+            Error::NoSuchOffset => libc::ENXIO,
             Error::Unsupported(_) => libc::EOPNOTSUPP,
             Error::Io(e) => e.raw_os_error().unwrap_or(libc::EIO),
             Error::Corrupt { .. } => libc::EUCLEAN,

@@ -8,6 +8,7 @@ use oleo_format::compression::decompress;
 use oleo_format::items::{Compression, FileExtent, FileExtentBody, INODE_FLAG_NODATASUM};
 use oleo_format::key::{item, objectid, Key};
 use quick_cache::Weighter;
+use std::ops::ControlFlow;
 use std::sync::Arc;
 
 /// Decompressed extents are weighed by their size in the cache.
@@ -69,6 +70,23 @@ impl Filesystem {
 
     /// The EXTENT_DATA items that overlap `[start, end)`, in file order.
     fn mappings(&self, id: InodeId, start: u64, end: u64) -> Result<Vec<Mapping>> {
+        let mut out = Vec::new();
+        self.for_each_mapping(id, start, end, &mut |m| {
+            out.push(m);
+            ControlFlow::Continue(())
+        })?;
+        Ok(out)
+    }
+
+    /// Calls `f` with each EXTENT_DATA item overlapping `[start, end)`, in file order, until
+    /// it breaks.
+    fn for_each_mapping(
+        &self,
+        id: InodeId,
+        start: u64,
+        end: u64,
+        f: &mut dyn FnMut(Mapping) -> ControlFlow<()>,
+    ) -> Result<()> {
         let tree = self.tree_of(id)?;
         let mut cur = Cursor::search(
             self.io(),
@@ -83,7 +101,6 @@ impl Filesystem {
                 _ => cur.next()?,
             }
         }
-        let mut out = Vec::new();
         while let Some((key, body)) = cur.item()? {
             if key.objectid != id.ino || key.item_type != item::EXTENT_DATA || key.offset >= end {
                 break;
@@ -106,16 +123,61 @@ impl Filesystem {
                     offset,
                 },
             };
-            out.push(Mapping {
+            let m = Mapping {
                 file_start: key.offset,
                 file_len: fe.file_len(),
                 compression: fe.compression,
                 ram_bytes: fe.ram_bytes,
                 kind,
-            });
+            };
+            if f(m).is_break() {
+                break;
+            }
             cur.next()?;
         }
-        Ok(out)
+        Ok(())
+    }
+
+    /// lseek(2)'s SEEK_DATA (`data` true) and SEEK_HOLE from `offset`. As in the kernel,
+    /// holes and prealloc (unwritten) ranges are holes, and there is a hole at end of file.
+    pub fn seek_data_hole(&self, id: InodeId, offset: u64, data: bool) -> Result<u64> {
+        let attr = self.getattr(id)?;
+        if attr.kind == FileKind::Dir {
+            return Err(Error::IsDir);
+        }
+        let size = attr.size;
+        if offset >= size {
+            return Err(Error::NoSuchOffset);
+        }
+        let sector = self.sb.sectorsize as u64;
+        let mut found = None;
+        // Sector-rounded data ranges; whatever lies between them is hole.
+        let mut pos = offset;
+        self.for_each_mapping(id, offset, size, &mut |m| {
+            if matches!(m.kind, MappingKind::Zero) {
+                return ControlFlow::Continue(());
+            }
+            let start = m.file_start - m.file_start % sector;
+            let end = m.file_start.saturating_add(m.file_len).div_ceil(sector).saturating_mul(sector);
+            if end <= pos {
+                return ControlFlow::Continue(());
+            }
+            if data {
+                found = Some(start.max(pos));
+                return ControlFlow::Break(());
+            }
+            if start > pos {
+                found = Some(pos);
+                return ControlFlow::Break(());
+            }
+            pos = end;
+            ControlFlow::Continue(())
+        })?;
+        match (data, found) {
+            (_, Some(at)) if at < size => Ok(at),
+            (true, _) => Err(Error::NoSuchOffset),
+            (false, _) => Ok(pos.min(size)),
+        }
     }
 
     /// Fills `dst` with file bytes starting at file offset `pos`, all within mapping `m`.

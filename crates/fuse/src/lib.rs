@@ -13,7 +13,7 @@ mod nodeid;
 use fuser::{
     Errno, FileAttr, FileHandle, FileType, FopenFlags, Generation, INodeNo, InitFlags,
     KernelConfig, LockOwner, OpenFlags, ReplyAttr, ReplyData, ReplyDirectory, ReplyDirectoryPlus,
-    ReplyEntry, ReplyOpen, ReplyStatfs, ReplyXattr, Request,
+    ReplyEntry, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyXattr, Request,
 };
 use nodeid::NodeIds;
 use oleo::{Attr, Error, FileKind, Filesystem, InodeId};
@@ -201,6 +201,22 @@ impl fuser::Filesystem for OleoFuse {
             .and_then(|id| self.fs.read(id, offset, size).map_err(errno))
         {
             Ok(data) => reply.data(&data),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn lseek(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: i64, whence: i32, reply: ReplyLseek) {
+        let Ok(from) = u64::try_from(offset) else {
+            return reply.error(Errno::EINVAL);
+        };
+        // The kernel answers SEEK_SET/CUR/END itself; only the extent-aware ones come here.
+        let data = match whence {
+            libc::SEEK_DATA => true,
+            libc::SEEK_HOLE => false,
+            _ => return reply.error(Errno::EINVAL),
+        };
+        match self.id(ino).and_then(|id| self.fs.seek_data_hole(id, from, data).map_err(errno)) {
+            Ok(at) => reply.offset(at as i64),
             Err(e) => reply.error(e),
         }
     }

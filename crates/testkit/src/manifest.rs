@@ -604,9 +604,9 @@ pub struct CompareRules {
     /// readdirplus derives d_ino from the node id, so oleo cannot report the kernel's quirk.
     pub subvolume_dirent_ino_is_st_ino: bool,
     /// Compare the SEEK_DATA/SEEK_HOLE map of regular files (what `cp --sparse`, `tar -S`
-    /// and backup tools see). Default false: without FUSE lseek support the kernel treats a
-    /// FUSE file as all data, so this needs oleo to implement lseek. The kernel's btrfs
-    /// reports prealloc (unwritten) extents as holes and rounds to sectors.
+    /// and backup tools see). Default true. The kernel's btrfs reports prealloc (unwritten)
+    /// extents as holes and rounds to sectors; oleo answers SEEK_DATA/SEEK_HOLE through
+    /// FUSE lseek.
     pub compare_data_map: bool,
     /// Compare statvfs of the root (`df`). Default false: the kernel's free-space figures
     /// (f_bfree, f_bavail) come from its in-memory space accounting (global block reserve,
@@ -627,7 +627,7 @@ impl Default for CompareRules {
             compare_dirent_type: true,
             compare_dirent_ino: true,
             subvolume_dirent_ino_is_st_ino: true,
-            compare_data_map: false,
+            compare_data_map: true,
             compare_statfs: false,
         }
     }
