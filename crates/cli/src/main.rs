@@ -3,6 +3,7 @@
 mod dump_super;
 mod dump_tree;
 mod logging;
+mod mkfs;
 mod mount;
 
 use clap::{Parser, Subcommand};
@@ -33,6 +34,8 @@ enum Command {
     },
     /// Print tree blocks and their items.
     DumpTree(dump_tree::DumpTreeArgs),
+    /// Create a new btrfs on an image file or block device.
+    Mkfs(mkfs::MkfsArgs),
 }
 
 fn main() -> ExitCode {
@@ -56,6 +59,7 @@ fn main() -> ExitCode {
         Command::Mount(m) => return mount::run(m),
         Command::DumpSuper { image, mirror } => dump_super::run(&image, mirror),
         Command::DumpTree(a) => dump_tree::run(&a),
+        Command::Mkfs(a) => mkfs::run(&a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -11,6 +11,7 @@ pub mod disk_io;
 pub mod error;
 mod file;
 pub mod fs;
+pub mod mkfs;
 mod inode;
 mod inspect;
 mod subvolume;

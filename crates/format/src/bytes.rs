@@ -52,3 +52,45 @@ pub fn uuid_string(uuid: &[u8; 16]) -> String {
         h[10..16].concat()
     )
 }
+
+// Writers: the inverse of the accessors above. They append to a Vec, so a writer can never
+// index out of bounds; callers that need a fixed-size structure check the final length.
+
+pub fn put_u8(out: &mut Vec<u8>, v: u8) {
+    out.push(v);
+}
+
+pub fn put_u16(out: &mut Vec<u8>, v: u16) {
+    out.extend_from_slice(&v.to_le_bytes());
+}
+
+pub fn put_u32(out: &mut Vec<u8>, v: u32) {
+    out.extend_from_slice(&v.to_le_bytes());
+}
+
+pub fn put_u64(out: &mut Vec<u8>, v: u64) {
+    out.extend_from_slice(&v.to_le_bytes());
+}
+
+pub fn put_i64(out: &mut Vec<u8>, v: i64) {
+    out.extend_from_slice(&v.to_le_bytes());
+}
+
+/// Appends `n` zero bytes (reserved and padding fields).
+pub fn put_zeros(out: &mut Vec<u8>, n: usize) {
+    out.resize(out.len() + n, 0);
+}
+
+/// Overwrites `buf[off..off+src.len()]`, or a `Truncated` error instead of panicking.
+pub fn put_at(buf: &mut [u8], off: usize, src: &[u8]) -> Result<()> {
+    let have = buf.len();
+    off.checked_add(src.len())
+        .and_then(|end| buf.get_mut(off..end))
+        .ok_or(FormatError::Truncated {
+            offset: off,
+            need: src.len(),
+            have,
+        })?
+        .copy_from_slice(src);
+    Ok(())
+}

@@ -11,12 +11,17 @@ pub mod csum;
 pub mod error;
 pub mod items;
 pub mod key;
+pub mod leaf_builder;
 pub mod superblock;
 pub mod tree_block;
 pub mod validate;
 
+#[cfg(test)]
+mod serialize_tests;
+
 pub use csum::CsumType;
 pub use error::{FormatError, Result};
 pub use key::Key;
+pub use leaf_builder::{LeafBuilder, NodeBuilder};
 pub use superblock::Superblock;
 pub use tree_block::{Header, TreeBlock};

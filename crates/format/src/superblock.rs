@@ -1,6 +1,8 @@
 //! The superblock: where everything starts.
 
-use crate::bytes::{array, slice, u16_at, u32_at, u64_at, u8_at};
+use crate::bytes::{
+    array, put_u16, put_u32, put_u64, put_u8, put_zeros, slice, u16_at, u32_at, u64_at, u8_at,
+};
 use crate::csum::CsumType;
 use crate::error::{FormatError, Result};
 use crate::invalid;
@@ -12,6 +14,13 @@ pub const SUPER_PRIMARY_OFFSET: u64 = 0x10000;
 pub const MAGIC: u64 = 0x4D5F_5366_5248_425F; // "_BHRfS_M"
 pub const SYS_CHUNK_ARRAY_MAX: usize = 2048;
 pub const NUM_BACKUP_ROOTS: usize = 4;
+/// The label field: up to 255 bytes plus a terminating NUL.
+pub const LABEL_SIZE: usize = 256;
+/// Superblock flag set by mkfs and the kernel on every copy they write.
+pub const SUPER_FLAG_WRITTEN: u64 = 1 << 0;
+/// Offsets of the areas written by `to_bytes`.
+const SYS_CHUNK_ARRAY_OFFSET: usize = 811;
+const BACKUP_ROOTS_OFFSET: usize = 2859;
 
 /// Physical offset of superblock copy `mirror` (0, 1, 2).
 pub fn mirror_offset(mirror: usize) -> u64 {
@@ -160,6 +169,41 @@ impl BackupRoot {
             dev_root_level: u8_at(b, 156)?,
             csum_root_level: u8_at(b, 157)?,
         })
+    }
+
+    /// Appends the 168-byte record.
+    pub fn write_into(&self, out: &mut Vec<u8>) {
+        for v in [
+            self.tree_root,
+            self.tree_root_gen,
+            self.chunk_root,
+            self.chunk_root_gen,
+            self.extent_root,
+            self.extent_root_gen,
+            self.fs_root,
+            self.fs_root_gen,
+            self.dev_root,
+            self.dev_root_gen,
+            self.csum_root,
+            self.csum_root_gen,
+            self.total_bytes,
+            self.bytes_used,
+            self.num_devices,
+        ] {
+            put_u64(out, v);
+        }
+        put_zeros(out, 32);
+        for v in [
+            self.tree_root_level,
+            self.chunk_root_level,
+            self.extent_root_level,
+            self.fs_root_level,
+            self.dev_root_level,
+            self.csum_root_level,
+        ] {
+            put_u8(out, v);
+        }
+        put_zeros(out, 10);
     }
 }
 
@@ -316,6 +360,98 @@ impl Superblock {
         Ok(())
     }
 
+    /// The 4096-byte on-disk form of this copy, checksummed with `csum_type_raw`. `csum` and
+    /// `magic` are ignored (recomputed / the constant); `sys_chunk_array_size` is taken from
+    /// `sys_chunk_array`. Writes nothing that `parse` would reject on the way back.
+    pub fn to_bytes(&self) -> Result<Vec<u8>> {
+        let csum_type = CsumType::from_raw(self.csum_type_raw)?;
+        if self.label.len() >= LABEL_SIZE || self.label.contains(&0) {
+            invalid!("label must be at most {} bytes without NUL", LABEL_SIZE - 1);
+        }
+        if self.sys_chunk_array.len() > SYS_CHUNK_ARRAY_MAX {
+            invalid!(
+                "sys_chunk_array of {} bytes exceeds {}",
+                self.sys_chunk_array.len(),
+                SYS_CHUNK_ARRAY_MAX
+            );
+        }
+        let mut o = Vec::with_capacity(SUPER_INFO_SIZE);
+        put_zeros(&mut o, 32); // csum, filled below
+        o.extend_from_slice(&self.fsid);
+        put_u64(&mut o, self.bytenr);
+        put_u64(&mut o, self.flags);
+        put_u64(&mut o, MAGIC);
+        put_u64(&mut o, self.generation);
+        put_u64(&mut o, self.root);
+        put_u64(&mut o, self.chunk_root);
+        put_u64(&mut o, self.log_root);
+        put_u64(&mut o, 0); // log_root_transid: unused
+        put_u64(&mut o, self.total_bytes);
+        put_u64(&mut o, self.bytes_used);
+        put_u64(&mut o, self.root_dir_objectid);
+        put_u64(&mut o, self.num_devices);
+        put_u32(&mut o, self.sectorsize);
+        put_u32(&mut o, self.nodesize);
+        put_u32(&mut o, self.leafsize);
+        put_u32(&mut o, self.stripesize);
+        put_u32(&mut o, self.sys_chunk_array.len() as u32);
+        put_u64(&mut o, self.chunk_root_generation);
+        put_u64(&mut o, self.compat_flags);
+        put_u64(&mut o, self.compat_ro_flags);
+        put_u64(&mut o, self.incompat_flags);
+        put_u16(&mut o, self.csum_type_raw);
+        put_u8(&mut o, self.root_level);
+        put_u8(&mut o, self.chunk_root_level);
+        put_u8(&mut o, self.log_root_level);
+        self.dev_item.write_into(&mut o);
+        o.extend_from_slice(&self.label);
+        put_zeros(&mut o, LABEL_SIZE - self.label.len());
+        put_u64(&mut o, self.cache_generation);
+        put_u64(&mut o, self.uuid_tree_generation);
+        o.extend_from_slice(&self.metadata_uuid);
+        // nr_global_roots, remap_root, remap_root_generation, remap_root_level, reserved.
+        pad_to(&mut o, SYS_CHUNK_ARRAY_OFFSET)?;
+        o.extend_from_slice(&self.sys_chunk_array);
+        pad_to(&mut o, BACKUP_ROOTS_OFFSET)?;
+        for i in 0..NUM_BACKUP_ROOTS {
+            match self.backup_roots.get(i) {
+                Some(b) => b.write_into(&mut o),
+                None => put_zeros(&mut o, BackupRoot::SIZE),
+            }
+        }
+        pad_to(&mut o, SUPER_INFO_SIZE)?;
+        if o.len() != SUPER_INFO_SIZE {
+            invalid!("superblock serialized to {} bytes", o.len());
+        }
+        let digest = csum_type.compute(&o[32..]);
+        o[..32].copy_from_slice(&digest);
+        Ok(o)
+    }
+
+    /// Builds a sys_chunk_array from SYSTEM chunks (logical start, chunk).
+    pub fn encode_sys_chunks(chunks: &[(u64, ChunkItem)]) -> Result<Vec<u8>> {
+        let mut out = Vec::new();
+        for (logical, chunk) in chunks {
+            out.extend_from_slice(
+                &Key::new(
+                    crate::key::objectid::FIRST_CHUNK_TREE,
+                    item::CHUNK_ITEM,
+                    *logical,
+                )
+                .to_bytes(),
+            );
+            chunk.write_into(&mut out)?;
+        }
+        if out.len() > SYS_CHUNK_ARRAY_MAX {
+            invalid!(
+                "SYSTEM chunks need {} bytes, the array holds {}",
+                out.len(),
+                SYS_CHUNK_ARRAY_MAX
+            );
+        }
+        Ok(out)
+    }
+
     pub fn csum_type(&self) -> CsumType {
         // Checked in parse().
         CsumType::from_raw(self.csum_type_raw).unwrap_or(CsumType::Crc32c)
@@ -364,6 +500,18 @@ impl Superblock {
         }
         Ok(out)
     }
+}
+
+/// Zero-fills `o` up to `off`; an error if it is already past it (a layout bug).
+fn pad_to(o: &mut Vec<u8>, off: usize) -> Result<()> {
+    if o.len() > off {
+        invalid!(
+            "superblock field area overran offset {off} ({} bytes)",
+            o.len()
+        );
+    }
+    o.resize(off, 0);
+    Ok(())
 }
 
 #[cfg(test)]

@@ -1,7 +1,8 @@
 //! Tree blocks: the header every node and leaf starts with, and read-only views of both.
 //! Accessors are bounds-checked; `validate` decides whether a block is fit to use.
 
-use crate::bytes::{array, slice, u32_at, u64_at, u8_at};
+use crate::bytes::{array, put_at, slice, u32_at, u64_at, u8_at};
+use crate::csum::CsumType;
 use crate::error::Result;
 use crate::key::{Key, KEY_SIZE};
 
@@ -47,6 +48,33 @@ impl Header {
     pub fn backref_rev(&self) -> u64 {
         self.flags >> BACKREF_REV_SHIFT
     }
+
+    /// The flags of a freshly written block: WRITTEN, mixed backref revision.
+    pub const fn new_block_flags() -> u64 {
+        HEADER_FLAG_WRITTEN | (MIXED_BACKREF_REV << BACKREF_REV_SHIFT)
+    }
+
+    /// Writes the header fields into the first 101 bytes of `block` (csum included as is;
+    /// see `write_csum` to fill it).
+    pub fn write_into(&self, block: &mut [u8]) -> Result<()> {
+        put_at(block, 0, &self.csum)?;
+        put_at(block, 32, &self.fsid)?;
+        put_at(block, 48, &self.bytenr.to_le_bytes())?;
+        put_at(block, 56, &self.flags.to_le_bytes())?;
+        put_at(block, 64, &self.chunk_tree_uuid)?;
+        put_at(block, 80, &self.generation.to_le_bytes())?;
+        put_at(block, 88, &self.owner.to_le_bytes())?;
+        put_at(block, 96, &self.nritems.to_le_bytes())?;
+        put_at(block, 100, &[self.level])
+    }
+}
+
+/// Computes the checksum of a tree block (or superblock) over bytes `[32, len)` and stores it
+/// in the 32-byte csum field at offset 0.
+pub fn write_csum(block: &mut [u8], csum_type: CsumType) -> Result<()> {
+    let body = slice(block, 32, block.len().saturating_sub(32))?;
+    let digest = csum_type.compute(body);
+    put_at(block, 0, &digest)
 }
 
 /// A leaf item header: its key and where its body lies.
@@ -64,6 +92,16 @@ pub struct KeyPtr {
     pub key: Key,
     pub blockptr: u64,
     pub generation: u64,
+}
+
+impl KeyPtr {
+    pub fn to_bytes(&self) -> [u8; KEY_PTR_SIZE] {
+        let mut b = [0u8; KEY_PTR_SIZE];
+        b[..KEY_SIZE].copy_from_slice(&self.key.to_bytes());
+        b[KEY_SIZE..KEY_SIZE + 8].copy_from_slice(&self.blockptr.to_le_bytes());
+        b[KEY_SIZE + 8..].copy_from_slice(&self.generation.to_le_bytes());
+        b
+    }
 }
 
 /// A view of one tree block's bytes.

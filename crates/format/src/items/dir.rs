@@ -1,6 +1,6 @@
 //! The directory-entry format shared by DIR_ITEM, DIR_INDEX and XATTR_ITEM.
 
-use crate::bytes::{slice, u16_at, u64_at, u8_at};
+use crate::bytes::{put_u16, put_u64, put_u8, slice, u16_at, u64_at, u8_at};
 use crate::error::Result;
 use crate::key::Key;
 
@@ -33,6 +33,21 @@ impl FileType {
             _ => FileType::Unknown,
         }
     }
+
+    /// The on-disk type byte (0 for `Unknown`, which is invalid on disk).
+    pub fn raw(self) -> u8 {
+        match self {
+            FileType::Unknown => 0,
+            FileType::RegFile => 1,
+            FileType::Dir => 2,
+            FileType::ChrDev => 3,
+            FileType::BlkDev => 4,
+            FileType::Fifo => 5,
+            FileType::Sock => 6,
+            FileType::Symlink => 7,
+            FileType::Xattr => 8,
+        }
+    }
 }
 
 /// One entry: a directory entry (location = target's key) or an xattr (data = value).
@@ -48,6 +63,32 @@ pub struct DirEntryItem<'a> {
 impl DirEntryItem<'_> {
     pub fn kind(&self) -> FileType {
         FileType::from_raw(self.file_type)
+    }
+
+    /// On-disk size of this entry (header, name, data).
+    pub fn encoded_len(&self) -> usize {
+        DIR_ENTRY_HEADER + self.name.len() + self.data.len()
+    }
+
+    /// Appends one entry. DIR_ITEM / XATTR_ITEM bodies may hold several entries back to back
+    /// (name hash collisions); a DIR_INDEX body holds exactly one.
+    pub fn write_into(&self, out: &mut Vec<u8>) -> Result<()> {
+        let name_len = crate::items::name_len(self.name)?;
+        let data_len = crate::items::name_len(self.data)?;
+        out.extend_from_slice(&self.location.to_bytes());
+        put_u64(out, self.transid);
+        put_u16(out, data_len);
+        put_u16(out, name_len);
+        put_u8(out, self.file_type);
+        out.extend_from_slice(self.name);
+        out.extend_from_slice(self.data);
+        Ok(())
+    }
+
+    pub fn to_bytes(&self) -> Result<Vec<u8>> {
+        let mut out = Vec::with_capacity(self.encoded_len());
+        self.write_into(&mut out)?;
+        Ok(out)
     }
 }
 

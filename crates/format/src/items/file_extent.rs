@@ -1,6 +1,6 @@
 //! EXTENT_DATA: how a file's byte range maps to inline bytes, a disk extent, or a hole.
 
-use crate::bytes::{slice, u16_at, u64_at, u8_at};
+use crate::bytes::{put_u16, put_u64, put_u8, slice, u16_at, u64_at, u8_at};
 use crate::error::Result;
 use crate::invalid;
 
@@ -24,6 +24,15 @@ impl Compression {
             3 => Compression::Zstd,
             other => invalid!("unknown compression type {other}"),
         })
+    }
+
+    pub fn raw(self) -> u8 {
+        match self {
+            Compression::None => 0,
+            Compression::Zlib => 1,
+            Compression::Lzo => 2,
+            Compression::Zstd => 3,
+        }
     }
 
     pub fn name(self) -> &'static str {
@@ -105,5 +114,39 @@ impl<'a> FileExtent<'a> {
             FileExtentBody::Inline { .. } => self.ram_bytes,
             FileExtentBody::Extent { num_bytes, .. } => num_bytes,
         }
+    }
+
+    /// Appends the item: 21-byte header, then inline data or the 32-byte extent part.
+    pub fn write_into(&self, out: &mut Vec<u8>) {
+        put_u64(out, self.generation);
+        put_u64(out, self.ram_bytes);
+        put_u8(out, self.compression.raw());
+        put_u8(out, 0); // encryption
+        put_u16(out, 0); // other_encoding
+        match self.body {
+            FileExtentBody::Inline { data } => {
+                put_u8(out, 0);
+                out.extend_from_slice(data);
+            }
+            FileExtentBody::Extent {
+                prealloc,
+                disk_bytenr,
+                disk_num_bytes,
+                offset,
+                num_bytes,
+            } => {
+                put_u8(out, if prealloc { 2 } else { 1 });
+                put_u64(out, disk_bytenr);
+                put_u64(out, disk_num_bytes);
+                put_u64(out, offset);
+                put_u64(out, num_bytes);
+            }
+        }
+    }
+
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        self.write_into(&mut out);
+        out
     }
 }

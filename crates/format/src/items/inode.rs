@@ -1,13 +1,18 @@
 //! INODE_ITEM, INODE_REF and INODE_EXTREF.
 
-use crate::bytes::{i64_at, slice, u16_at, u32_at, u64_at};
+use crate::bytes::{
+    i64_at, put_i64, put_u16, put_u32, put_u64, put_zeros, slice, u16_at, u32_at, u64_at,
+};
 use crate::error::Result;
 use crate::invalid;
+use crate::items::name_len;
 
 pub const INODE_ITEM_SIZE: usize = 160;
 
 pub const INODE_FLAG_NODATASUM: u64 = 0x1;
 pub const INODE_FLAG_NODATACOW: u64 = 0x2;
+/// Only in a ROOT_ITEM's embedded inode: the root item has the v2 fields initialised.
+pub const INODE_FLAG_ROOT_ITEM_INIT: u64 = 0x8000_0000;
 /// All inode flag bits the kernel knows (low 32 bits) plus VERITY in the high half.
 pub const INODE_FLAGS_KNOWN: u64 = 0x1
     | 0x2
@@ -36,6 +41,11 @@ impl Timespec {
             sec: i64_at(b, off)?,
             nsec: u32_at(b, off + 8)?,
         })
+    }
+
+    pub fn write_into(&self, out: &mut Vec<u8>) {
+        put_i64(out, self.sec);
+        put_u32(out, self.nsec);
     }
 }
 
@@ -85,6 +95,32 @@ impl InodeItem {
             otime: Timespec::parse(b, 148)?,
         })
     }
+
+    /// Appends the 160-byte on-disk form.
+    pub fn write_into(&self, out: &mut Vec<u8>) {
+        put_u64(out, self.generation);
+        put_u64(out, self.transid);
+        put_u64(out, self.size);
+        put_u64(out, self.nbytes);
+        put_u64(out, self.block_group);
+        put_u32(out, self.nlink);
+        put_u32(out, self.uid);
+        put_u32(out, self.gid);
+        put_u32(out, self.mode);
+        put_u64(out, self.rdev);
+        put_u64(out, self.flags);
+        put_u64(out, self.sequence);
+        put_zeros(out, 32);
+        for t in [&self.atime, &self.ctime, &self.mtime, &self.otime] {
+            t.write_into(out);
+        }
+    }
+
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(Self::SIZE);
+        self.write_into(&mut out);
+        out
+    }
 }
 
 /// One name of an inode in its parent directory (an INODE_REF entry).
@@ -105,6 +141,24 @@ impl InodeRef {
             let name = slice(b, off + 10, len)?.to_vec();
             out.push(InodeRef { index, name });
             off += 10 + len;
+        }
+        Ok(out)
+    }
+
+    /// Appends one entry. Names longer than u16 cannot be represented: an error.
+    pub fn write_into(&self, out: &mut Vec<u8>) -> Result<()> {
+        let len = name_len(&self.name)?;
+        put_u64(out, self.index);
+        put_u16(out, len);
+        out.extend_from_slice(&self.name);
+        Ok(())
+    }
+
+    /// The body of an INODE_REF item holding `refs` (the inverse of `parse_all`).
+    pub fn to_bytes_all(refs: &[InodeRef]) -> Result<Vec<u8>> {
+        let mut out = Vec::new();
+        for r in refs {
+            r.write_into(&mut out)?;
         }
         Ok(out)
     }
@@ -133,6 +187,24 @@ impl InodeExtref {
                 name,
             });
             off += 18 + len;
+        }
+        Ok(out)
+    }
+
+    pub fn write_into(&self, out: &mut Vec<u8>) -> Result<()> {
+        let len = name_len(&self.name)?;
+        put_u64(out, self.parent);
+        put_u64(out, self.index);
+        put_u16(out, len);
+        out.extend_from_slice(&self.name);
+        Ok(())
+    }
+
+    /// The body of an INODE_EXTREF item holding `refs`.
+    pub fn to_bytes_all(refs: &[InodeExtref]) -> Result<Vec<u8>> {
+        let mut out = Vec::new();
+        for r in refs {
+            r.write_into(&mut out)?;
         }
         Ok(out)
     }

@@ -1,9 +1,11 @@
 //! ROOT_ITEM, ROOT_REF and ROOT_BACKREF.
 
-use crate::bytes::{array, slice, u16_at, u32_at, u64_at, u8_at};
+use crate::bytes::{
+    array, put_u16, put_u32, put_u64, put_u8, put_zeros, slice, u16_at, u32_at, u64_at, u8_at,
+};
 use crate::error::Result;
 use crate::invalid;
-use crate::items::inode::Timespec;
+use crate::items::inode::{InodeItem, Timespec};
 use crate::key::Key;
 
 pub const ROOT_SUBVOL_RDONLY: u64 = 1 << 0;
@@ -12,6 +14,8 @@ pub const ROOT_ITEM_SIZE: usize = 439;
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct RootItem {
+    /// The embedded legacy inode (unused by the kernel, but written; see the format notes).
+    pub inode: InodeItem,
     pub generation: u64,
     pub root_dirid: u64,
     pub bytenr: u64,
@@ -32,6 +36,8 @@ pub struct RootItem {
     pub rtransid: u64,
     pub ctime: Timespec,
     pub otime: Timespec,
+    pub stime: Timespec,
+    pub rtime: Timespec,
 }
 
 impl RootItem {
@@ -45,6 +51,7 @@ impl RootItem {
             );
         }
         let mut r = RootItem {
+            inode: InodeItem::parse(b)?,
             generation: u64_at(b, 160)?,
             root_dirid: u64_at(b, 168)?,
             bytenr: u64_at(b, 176)?,
@@ -70,9 +77,45 @@ impl RootItem {
                 r.rtransid = u64_at(b, 319)?;
                 r.ctime = Timespec::parse(b, 327)?;
                 r.otime = Timespec::parse(b, 339)?;
+                r.stime = Timespec::parse(b, 351)?;
+                r.rtime = Timespec::parse(b, 363)?;
             }
         }
         Ok(r)
+    }
+
+    /// Appends the full 439-byte form (never the legacy 239-byte one).
+    pub fn write_into(&self, out: &mut Vec<u8>) {
+        self.inode.write_into(out);
+        put_u64(out, self.generation);
+        put_u64(out, self.root_dirid);
+        put_u64(out, self.bytenr);
+        put_u64(out, 0); // byte_limit: unused
+        put_u64(out, self.bytes_used);
+        put_u64(out, self.last_snapshot);
+        put_u64(out, self.flags);
+        put_u32(out, self.refs);
+        out.extend_from_slice(&self.drop_progress.to_bytes());
+        put_u8(out, self.drop_level);
+        put_u8(out, self.level);
+        put_u64(out, self.generation_v2);
+        out.extend_from_slice(&self.uuid);
+        out.extend_from_slice(&self.parent_uuid);
+        out.extend_from_slice(&self.received_uuid);
+        put_u64(out, self.ctransid);
+        put_u64(out, self.otransid);
+        put_u64(out, self.stransid);
+        put_u64(out, self.rtransid);
+        for t in [&self.ctime, &self.otime, &self.stime, &self.rtime] {
+            t.write_into(out);
+        }
+        put_zeros(out, 64);
+    }
+
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(ROOT_ITEM_SIZE);
+        self.write_into(&mut out);
+        out
     }
 }
 
@@ -93,5 +136,15 @@ impl RootRef {
             sequence: u64_at(b, 8)?,
             name: slice(b, 18, len)?.to_vec(),
         })
+    }
+
+    pub fn to_bytes(&self) -> Result<Vec<u8>> {
+        let len = crate::items::name_len(&self.name)?;
+        let mut out = Vec::with_capacity(18 + self.name.len());
+        put_u64(&mut out, self.dirid);
+        put_u64(&mut out, self.sequence);
+        put_u16(&mut out, len);
+        out.extend_from_slice(&self.name);
+        Ok(out)
     }
 }

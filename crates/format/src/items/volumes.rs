@@ -1,6 +1,6 @@
 //! Chunk, device, dev-extent, block-group and free-space-info items.
 
-use crate::bytes::{array, u16_at, u32_at, u64_at, u8_at};
+use crate::bytes::{array, put_u16, put_u32, put_u64, put_u8, u16_at, u32_at, u64_at, u8_at};
 use crate::error::Result;
 use crate::invalid;
 
@@ -48,6 +48,14 @@ pub struct Stripe {
     pub devid: u64,
     pub offset: u64,
     pub dev_uuid: [u8; 16],
+}
+
+impl Stripe {
+    pub fn write_into(&self, out: &mut Vec<u8>) {
+        put_u64(out, self.devid);
+        put_u64(out, self.offset);
+        out.extend_from_slice(&self.dev_uuid);
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -104,6 +112,33 @@ impl ChunkItem {
             stripes,
         })
     }
+
+    /// Appends the item. `num_stripes` is written as the length of `stripes` (the field is
+    /// only there for parsing); more than u16::MAX stripes is an error.
+    pub fn write_into(&self, out: &mut Vec<u8>) -> Result<()> {
+        let Ok(n) = u16::try_from(self.stripes.len()) else {
+            invalid!("chunk with {} stripes", self.stripes.len());
+        };
+        put_u64(out, self.length);
+        put_u64(out, self.owner);
+        put_u64(out, self.stripe_len);
+        put_u64(out, self.chunk_type);
+        put_u32(out, self.io_align);
+        put_u32(out, self.io_width);
+        put_u32(out, self.sector_size);
+        put_u16(out, n);
+        put_u16(out, self.sub_stripes);
+        for s in &self.stripes {
+            s.write_into(out);
+        }
+        Ok(())
+    }
+
+    pub fn to_bytes(&self) -> Result<Vec<u8>> {
+        let mut out = Vec::with_capacity(Self::size_for(self.stripes.len()));
+        self.write_into(&mut out)?;
+        Ok(out)
+    }
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -145,6 +180,29 @@ impl DevItem {
             fsid: array(b, 82)?,
         })
     }
+
+    pub fn write_into(&self, out: &mut Vec<u8>) {
+        put_u64(out, self.devid);
+        put_u64(out, self.total_bytes);
+        put_u64(out, self.bytes_used);
+        put_u32(out, self.io_align);
+        put_u32(out, self.io_width);
+        put_u32(out, self.sector_size);
+        put_u64(out, self.dev_type);
+        put_u64(out, self.generation);
+        put_u64(out, self.start_offset);
+        put_u32(out, self.dev_group);
+        put_u8(out, self.seek_speed);
+        put_u8(out, self.bandwidth);
+        out.extend_from_slice(&self.uuid);
+        out.extend_from_slice(&self.fsid);
+    }
+
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(Self::SIZE);
+        self.write_into(&mut out);
+        out
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -157,6 +215,8 @@ pub struct DevExtent {
 }
 
 impl DevExtent {
+    pub const SIZE: usize = 48;
+
     pub fn parse(b: &[u8]) -> Result<DevExtent> {
         Ok(DevExtent {
             chunk_tree: u64_at(b, 0)?,
@@ -165,6 +225,16 @@ impl DevExtent {
             length: u64_at(b, 24)?,
             chunk_tree_uuid: array(b, 32)?,
         })
+    }
+
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(Self::SIZE);
+        put_u64(&mut out, self.chunk_tree);
+        put_u64(&mut out, self.chunk_objectid);
+        put_u64(&mut out, self.chunk_offset);
+        put_u64(&mut out, self.length);
+        out.extend_from_slice(&self.chunk_tree_uuid);
+        out
     }
 }
 
@@ -176,12 +246,22 @@ pub struct BlockGroupItem {
 }
 
 impl BlockGroupItem {
+    pub const SIZE: usize = 24;
+
     pub fn parse(b: &[u8]) -> Result<BlockGroupItem> {
         Ok(BlockGroupItem {
             used: u64_at(b, 0)?,
             chunk_objectid: u64_at(b, 8)?,
             flags: u64_at(b, 16)?,
         })
+    }
+
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(Self::SIZE);
+        put_u64(&mut out, self.used);
+        put_u64(&mut out, self.chunk_objectid);
+        put_u64(&mut out, self.flags);
+        out
     }
 }
 
@@ -191,7 +271,19 @@ pub struct FreeSpaceInfo {
     pub flags: u32,
 }
 
+/// FREE_SPACE_INFO flag: the block group's free space is described by bitmaps.
+pub const FREE_SPACE_USING_BITMAPS: u32 = 1 << 0;
+
 impl FreeSpaceInfo {
+    pub const SIZE: usize = 8;
+
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(Self::SIZE);
+        put_u32(&mut out, self.extent_count);
+        put_u32(&mut out, self.flags);
+        out
+    }
+
     pub fn parse(b: &[u8]) -> Result<FreeSpaceInfo> {
         Ok(FreeSpaceInfo {
             extent_count: u32_at(b, 0)?,
