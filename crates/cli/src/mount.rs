@@ -62,6 +62,18 @@ const IGNORED: &[&str] = &[
     "rescue=nologreplay",
 ];
 
+/// btrfs's own mount options that only steer writing, allocation or recovery: accepted so an
+/// fstab line written for the kernel works, and ignored by a read-only mount. Options with a
+/// value are matched by name.
+const BTRFS_WRITE_SIDE: &[&str] = &[
+    "ssd", "nossd", "ssd_spread", "nossd_spread", "discard", "nodiscard", "compress", "compress-force",
+    "space_cache", "nospace_cache", "clear_cache", "autodefrag", "noautodefrag", "commit", "nodatacow",
+    "datacow", "nodatasum", "datasum", "skip_balance", "acl", "noacl", "barrier", "nobarrier",
+    "flushoncommit", "noflushoncommit", "thread_pool", "user_subvol_rm_allowed", "max_inline",
+    "metadata_ratio", "fatal_errors", "enospc_debug", "noenospc_debug", "treelog", "notreelog",
+    "usebackuproot", "norecovery", "rescue",
+];
+
 fn parse_size(s: &str) -> Option<u64> {
     let (num, mult) = match s.chars().last()?.to_ascii_uppercase() {
         'K' => (&s[..s.len() - 1], 1u64 << 10),
@@ -119,6 +131,7 @@ fn plan(options: &[String], explicit_rw_refused: bool) -> Result<Plan, String> {
                     .ok_or(format!("threads={v}: 1..256"))?
             }
             _ if IGNORED.contains(&opt) || name.starts_with("x-") || name == "comment" => {}
+            _ if BTRFS_WRITE_SIDE.contains(&name) => log::info!("ignoring {opt}: it only matters when writing"),
             _ => return Err(format!("unknown mount option {opt:?}")),
         }
     }
