@@ -6,5 +6,17 @@ cd "$(dirname "$0")/.."
 source scripts/setup.sh
 export PATH="$HOME/.cargo/bin:$PATH"
 cargo build --workspace --all-targets
+cargo build --release -p oleo-cli
 bash scripts/fuzz.sh 15
-cargo test --workspace -- --test-threads=2
+
+# The benchmark harness, end to end in quick mode (no performance assertions).
+bash bench/setup.sh
+/usr/bin/python3 -m pytest -q bench/tests
+
+# Everything else; the closing line sums every test binary's results.
+log=$(mktemp)
+status=0
+cargo test --workspace --all-targets -- --test-threads=2 2>&1 | tee "$log" || status=$?
+awk '/^test result:/ { p += $4; f += $6 } END { printf "total: %d passed, %d failed\n", p, f }' "$log"
+rm -f "$log"
+exit $status

@@ -1,0 +1,1 @@
+"""oleo benchmark harness (entry point: bench/run). See bench/README.md."""

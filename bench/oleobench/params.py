@@ -1,0 +1,100 @@
+"""Workload sizes: one preset per scale, any field overridable with --set KEY=VALUE.
+
+`full` is the seeds scaled to a 2-core / 24 GiB machine; `original` is the sizes the
+seed patches used (for a bigger box); `quick` is a few seconds per workload, for the
+test suite. Change a preset here, not in the workloads.
+"""
+
+import dataclasses
+from dataclasses import dataclass, field, fields
+
+# Seed 002's block-size mix, verbatim.
+SEED_BSSPLIT = "4k/20:8k/20:16k/20:32k/10:64k/10:128k/5:256k/5:512k/5:1m/5"
+
+
+@dataclass
+class Params:
+    reps: int = 3
+    timeout_s: int = 1800            # per measurement, including mkfs/mount/teardown
+
+    # seed 000: fio 64 KiB sequential buffered writes, fsync after each write
+    fsync_jobs: list = field(default_factory=lambda: [1, 4, 16])
+    fsync_total_mib: int = 256       # data written per job-count point, split over jobs
+    fsync_max_runtime_s: int = 120   # cap, so a very slow target still finishes
+
+    # seed 001: fs_mark -S 0 -s 0 -k, one thread per directory
+    fsmark_threads: int = 2
+    fsmark_files: int = 20000        # files per thread per loop (fs_mark -n)
+    fsmark_loops: int = 5            # fs_mark -L
+
+    # seed 002: fio randrw, O_DIRECT, io_uring, one preallocated shared file
+    uring_jobs: int = 2
+    uring_file_mib: int = 4096
+    uring_runtime_s: int = 20
+    uring_iodepth: int = 64
+    uring_bssplit: str = SEED_BSSPLIT
+
+    # seed 003: dbench
+    dbench_clients: list = field(default_factory=lambda: [1, 8, 32])
+    dbench_runtime_s: int = 20
+
+    # seed 004: buffered sequential fio writer in a subvolume, snapshot after a delay
+    snap_delay_s: float = 5.0
+    snap_file_mib: int = 8192
+    snap_max_runtime_s: int = 120    # fio is killed as soon as the snapshot returns
+
+    # read workloads, all on one prepared data set per filesystem family
+    seq_file_mib: int = 1024
+    rand_runtime_s: int = 10
+    walk_files: int = 100000
+    walk_dirs: int = 100
+
+
+PRESETS = {
+    "full": {},
+    "quick": dict(
+        reps=1, timeout_s=300,
+        fsync_jobs=[1, 4, 16], fsync_total_mib=32, fsync_max_runtime_s=5,
+        fsmark_files=500, fsmark_loops=2,
+        uring_file_mib=128, uring_runtime_s=2,
+        dbench_clients=[1, 8, 32], dbench_runtime_s=2,
+        snap_delay_s=2.0, snap_file_mib=512, snap_max_runtime_s=30,
+        seq_file_mib=64, rand_runtime_s=2, walk_files=2000, walk_dirs=20,
+    ),
+    # What the seed patches ran (seed 000: 32 GiB per point on a 16 GiB box; seed 001:
+    # 12 threads x 100k files x 10 loops; seed 002: 4 jobs, 8 GiB, 300 s; seed 003:
+    # dbench -t 30; seed 004: 64 GiB file, 120 s). Needs a big disk and many cores.
+    "original": dict(
+        timeout_s=7200,
+        fsync_jobs=[1, 2, 4, 8, 16, 32, 64], fsync_total_mib=32768, fsync_max_runtime_s=3600,
+        fsmark_threads=12, fsmark_files=100000, fsmark_loops=10,
+        uring_jobs=4, uring_file_mib=8192, uring_runtime_s=300,
+        dbench_clients=[1, 8, 16, 32, 128, 512], dbench_runtime_s=30,
+        snap_file_mib=65536, snap_max_runtime_s=120,
+    ),
+}
+
+
+def make_params(scale, overrides=()):
+    """Preset for SCALE, then KEY=VALUE overrides (lists as 1,4,16)."""
+    if scale not in PRESETS:
+        raise ValueError(f"unknown scale {scale!r}; choose from {', '.join(PRESETS)}")
+    p = dataclasses.replace(Params(), **PRESETS[scale])
+    types = {f.name: f for f in fields(Params)}
+    for item in overrides:
+        key, sep, val = item.partition("=")
+        key = key.strip().replace("-", "_")
+        if not sep or key not in types:
+            raise ValueError(f"--set {item!r}: expected KEY=VALUE with KEY one of {', '.join(types)}")
+        cur = getattr(p, key)
+        try:
+            if isinstance(cur, list):
+                new = [int(x) for x in val.split(",") if x.strip()]
+            elif isinstance(cur, bool):
+                new = val.lower() in ("1", "true", "yes", "on")
+            else:
+                new = type(cur)(val)
+        except ValueError as e:
+            raise ValueError(f"--set {item!r}: {e}") from None
+        setattr(p, key, new)
+    return p

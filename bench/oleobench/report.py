@@ -1,0 +1,152 @@
+"""report.md: one table per workload from results.jsonl.
+
+Rows are (variant, target); each metric shows the median with min-max over the
+repetitions and the ratio of medians to kernel btrfs. N/A cells point to a footnote
+with the reason, so a table never hides why a target has no number.
+"""
+
+import os
+import statistics
+
+from . import workloads as W
+
+BASELINE = "btrfs"
+
+
+def summarize(recs):
+    """{(workload, variant, target): {"ok": [rec], "na": [rec], "error": [rec]}}"""
+    groups = {}
+    for r in recs:
+        g = groups.setdefault((r["workload"], r.get("variant"), r["target"]),
+                              {"ok": [], "na": [], "error": []})
+        g[r["status"] if r["status"] in g else "error"].append(r)
+    return groups
+
+
+def stats(values):
+    values = [v for v in values if v is not None]
+    if not values:
+        return None
+    return statistics.median(values), min(values), max(values), len(values)
+
+
+def fmt(x):
+    if x is None:
+        return "—"
+    a = abs(x)
+    if a >= 1000:
+        return f"{x:,.0f}"
+    if a >= 100:
+        return f"{x:.0f}"
+    if a >= 10:
+        return f"{x:.1f}"
+    return f"{x:.2f}"
+
+
+def ordered(items, order):
+    pos = {n: i for i, n in enumerate(order)}
+    return sorted(items, key=lambda x: (pos.get(x, len(order)), str(x)))
+
+
+def workload_table(wcls, groups, target_order):
+    keys = [k for k in groups if k[0] == wcls.name]
+    if not keys:
+        return ""
+    variants = []
+    for k in keys:
+        if k[1] not in variants:
+            variants.append(k[1])
+    targets = ordered({k[2] for k in keys}, target_order)
+    metrics = list(wcls.metrics)
+    # fs_mark: one column per loop as well, since the seed reports files/s per loop
+    extra = sorted({m for k in keys for r in groups[k]["ok"] for m in r["metrics"]
+                    if m.startswith("loop") and m.endswith("_files_per_s")},
+                   key=lambda m: int(m[4:].split("_")[0]))
+    metrics += [W.Metric(m, f"loop {m[4:].split('_')[0]} files/s") for m in extra]
+    has_rss = any(r.get("peak_rss_kib") for k in keys for r in groups[k]["ok"])
+
+    head = ["target"] + ([wcls.variant_name] if wcls.variant_name else [])
+    for m in metrics:
+        head += [m.label + ("" if m.higher else " (lower is better)"), f"×{BASELINE}"]
+    if has_rss:
+        head.append("daemon peak RSS MiB")
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    notes = {}
+
+    def note(text):
+        if text not in notes:
+            notes[text] = len(notes) + 1
+        return f"[{notes[text]}]"
+
+    for v in variants:
+        base = groups.get((wcls.name, v, BASELINE), {"ok": []})["ok"]
+        for t in targets:
+            g = groups.get((wcls.name, v, t))
+            if g is None:
+                continue
+            row = [t] + ([v.split("=", 1)[1] if v else ""] if wcls.variant_name else [])
+            ok = g["ok"]
+            if not ok:
+                bad = (g["error"] + g["na"])[0]
+                label = "error" if g["error"] else "N/A"
+                row += [f"{label} {note(t + ': ' + str(bad['reason']))}", ""]
+                row += ["", ""] * (len(metrics) - 1)
+            else:
+                for m in metrics:
+                    s = stats(r["metrics"].get(m.key) for r in ok)
+                    b = stats(r["metrics"].get(m.key) for r in base)
+                    if s is None:
+                        row += ["—", ""]
+                        continue
+                    med, lo, hi, n = s
+                    cell = fmt(med) if n == 1 else f"{fmt(med)} ({fmt(lo)}–{fmt(hi)})"
+                    ratio = f"{med / b[0]:.2f}" if b and b[0] else ""
+                    row += [cell, ratio]
+                missing = g["na"] + g["error"]
+                if missing:
+                    why = note(t + ": " + str(missing[0]["reason"]))
+                    row[-2] += f" {len(ok)}/{len(ok) + len(missing)} ok {why}"
+            if has_rss:
+                rss = stats(r.get("peak_rss_kib") for r in ok)
+                row.append(fmt(rss[0] / 1024) if rss else "")
+            lines.append("| " + " | ".join(row) + " |")
+    out = "\n".join(lines) + "\n"
+    if notes:
+        out += "\n" + "\n".join(f"[{n}] {_md(text)}  " for text, n in notes.items()) + "\n"
+    return out
+
+
+def _md(text):
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def render(recs, meta):
+    groups = summarize(recs)
+    target_order = meta.get("targets") or []
+    out = ["# oleo benchmark results", ""]
+    if meta:
+        out.append(f"Run {meta.get('run_id', '?')}, scale `{meta.get('scale', '?')}`, "
+                   f"{meta.get('reps', '?')} repetition(s); "
+                   f"{meta.get('machine', {}).get('cpus', '?')} CPUs, "
+                   f"{meta.get('machine', {}).get('mem_GiB', '?')} GiB.")
+        v = meta.get("versions", {})
+        out.append("")
+        out.append("Versions: " + ", ".join(f"{k} {v[k]}" for k in sorted(v) if v[k]) + ".")
+        out.append("")
+    out.append(f"Median (min–max) over repetitions; ×{BASELINE} is the ratio of medians to "
+               "kernel btrfs. Cold cache for the read workloads. Every measurement ran on a "
+               "fresh filesystem.")
+    out.append("")
+    for wcls in W.ALL:
+        table = workload_table(wcls, groups, target_order)
+        if table:
+            seed = f" (seed {wcls.seed})" if wcls.seed else ""
+            out += [f"## {wcls.name}{seed}", "", table]
+    return "\n".join(out)
+
+
+def write(results_dir, recs, meta):
+    path = os.path.join(results_dir, "report.md")
+    with open(path, "w") as f:
+        f.write(render(recs, meta))
+    return path

@@ -1,0 +1,407 @@
+"""The filesystems under test and how each gets a fresh filesystem.
+
+Every measurement gets its own filesystem in a scratch directory: either a new empty
+one (`fresh`, for the write workloads) or a fresh copy of a prepared read data set
+(`from_dataset`). Read data sets are built once per run per filesystem family and
+shared: kernel btrfs, oleo and btrfs-fuse read byte-identical copies of one btrfs
+image; ext4 and fuse2fs of one ext4 image.
+
+A target that cannot do something raises NotApplicable with the reason.
+"""
+
+import os
+import shlex
+import subprocess
+import time
+
+from .sysutil import (NotApplicable, copy_sparse, kill_group, loop_attach, loop_detach,
+                      make_sparse, mount, mount_options, peak_rss_kib, read_tail, run, umount,
+                      wait_for_mount, which)
+
+MiB = 1 << 20
+GiB = 1 << 30
+
+# No lazy init: otherwise a kernel thread (or fuse2fs) zeroes inode tables during
+# the measurement.
+MKFS_EXT4 = ["mkfs.ext4", "-F", "-q", "-E", "lazy_itable_init=0,lazy_journal_init=0"]
+
+
+class FsSpec:
+    """What a workload asks of a fresh filesystem. btrfs options follow each seed's
+    script; the other filesystems use their mkfs defaults."""
+
+    def __init__(self, size_bytes, btrfs_mkfs=(), btrfs_mount="ssd"):
+        self.size_bytes = size_bytes
+        self.btrfs_mkfs = list(btrfs_mkfs)
+        self.btrfs_mount = btrfs_mount
+
+
+class Mounted:
+    """A mounted filesystem. `path` is where workloads work; `daemon` the FUSE
+    process whose peak RSS is recorded (None for kernel filesystems and raw)."""
+
+    def __init__(self, target, path, daemon=None, image=None, scratch=None):
+        self.target, self.path, self.daemon = target, path, daemon
+        self.image, self.scratch = image, scratch
+
+    def peak_rss_kib(self):
+        return peak_rss_kib(self.daemon.pid) if self.daemon is not None else None
+
+
+class Target:
+    name = "?"
+    family = None          # which read data set it reads (None: reads are N/A)
+    writable = True
+    snapshots = False
+    raw = False            # fio only, on a host file with O_DIRECT
+    needs = ()             # executables that must exist
+
+    def __init__(self, ctx):
+        self.ctx = ctx
+
+    def unavailable(self):
+        """Reason this target cannot run at all on this machine, or None."""
+        for tool in self.needs:
+            if not which(tool):
+                return f"{tool} not installed (run bench/run --setup)"
+        return None
+
+    def fresh(self, cl, scratch, spec):
+        raise NotApplicable(f"{self.name} is read-only")
+
+    def from_dataset(self, cl, scratch, golden):
+        raise NotApplicable(f"{self.name} has no read data set")
+
+    # building the shared read data set: only the family's owner does this
+    def build_golden(self, cl, scratch, spec):
+        raise NotImplementedError
+
+    def subvolume(self, m, name):
+        raise NotApplicable(f"{self.name} has no subvolumes/snapshots")
+
+    def snapshot_argv(self, m, src, dst):
+        raise NotApplicable(f"{self.name} has no subvolumes/snapshots")
+
+
+# ---------------------------------------------------------------- kernel filesystems
+
+def mkfs_btrfs(spec, dev):
+    return ["mkfs.btrfs", "-f", "-q"] + spec.btrfs_mkfs + [dev]
+
+
+class KernelTarget(Target):
+    """Kernel filesystem on a loop device (direct IO) over a sparse image file."""
+    fstype = None
+
+    def mkfs_argv(self, dev, spec):
+        raise NotImplementedError
+
+    def mount_opts(self, spec):
+        return None
+
+    def _attach_mount(self, cl, scratch, image, opts, spec=None):
+        dev = loop_attach(image)
+        cl.push(f"detach {dev}", loop_detach, dev)
+        if spec is not None:
+            run(self.mkfs_argv(dev, spec), timeout=600)
+        mnt = os.path.join(scratch, "mnt")
+        os.makedirs(mnt, exist_ok=True)
+        mount(dev, mnt, self.fstype, opts)
+        cl.push(f"umount {mnt}", umount, mnt)
+        return Mounted(self, mnt, image=image, scratch=scratch)
+
+    def fresh(self, cl, scratch, spec):
+        image = os.path.join(scratch, f"{self.name}.img")
+        make_sparse(image, spec.size_bytes)
+        return self._attach_mount(cl, scratch, image, self.mount_opts(spec), spec)
+
+    def build_golden(self, cl, scratch, spec):
+        return self.fresh(cl, scratch, spec)
+
+    def from_dataset(self, cl, scratch, golden):
+        image = os.path.join(scratch, f"{self.name}.img")
+        copy_sparse(golden, image)
+        # Read-only: the read workloads must not change the copy, and oleo and
+        # btrfs-fuse mount read-only too.
+        return self._attach_mount(cl, scratch, image, "ro")
+
+
+class Btrfs(KernelTarget):
+    name, fstype, family, snapshots = "btrfs", "btrfs", "btrfs", True
+    needs = ("mkfs.btrfs", "btrfs")
+
+    def mkfs_argv(self, dev, spec):
+        return mkfs_btrfs(spec, dev)
+
+    def mount_opts(self, spec):
+        return spec.btrfs_mount
+
+    def subvolume(self, m, name):
+        path = os.path.join(m.path, name)
+        run(["btrfs", "subvolume", "create", path], timeout=60)
+        return path
+
+    def snapshot_argv(self, m, src, dst):
+        return ["btrfs", "subvolume", "snapshot", "-r", src, dst]
+
+
+class Xfs(KernelTarget):
+    name, fstype, family = "xfs", "xfs", "xfs"
+    needs = ("mkfs.xfs",)
+
+    def mkfs_argv(self, dev, spec):
+        return ["mkfs.xfs", "-f", "-q", dev]
+
+
+class Ext4(KernelTarget):
+    name, fstype, family = "ext4", "ext4", "ext4"
+    needs = ("mkfs.ext4",)
+
+    def mkfs_argv(self, dev, spec):
+        return MKFS_EXT4 + [dev]
+
+
+# ---------------------------------------------------------------- FUSE daemons
+
+def spawn_fuse(cl, argv, mnt, log, what, timeout=60.0):
+    """Start a FUSE daemon in the foreground (so we own its pid for peak RSS and
+    can always stop it) and wait until its mount appears."""
+    os.makedirs(mnt, exist_ok=True)
+    logf = open(log, "ab")
+    proc = subprocess.Popen([str(a) for a in argv], stdout=logf, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL, start_new_session=True)
+    logf.close()
+    cl.push(f"stop {what}", stop_fuse, proc, mnt)
+    wait_for_mount(mnt, proc, timeout, what, log)
+    return proc
+
+
+def stop_fuse(proc, mnt):
+    try:
+        umount(mnt, fuse=True)
+    finally:
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            kill_group(proc)
+
+
+class Fuse2fs(Target):
+    name, family = "fuse2fs", "ext4"
+    needs = ("fuse2fs", "mkfs.ext4", "fusermount3")
+
+    def fresh(self, cl, scratch, spec):
+        image = os.path.join(scratch, "fuse2fs.img")
+        make_sparse(image, spec.size_bytes)
+        run(MKFS_EXT4 + [image], timeout=600)
+        return self._mount(cl, scratch, image, [])
+
+    def from_dataset(self, cl, scratch, golden):
+        image = os.path.join(scratch, "fuse2fs.img")
+        copy_sparse(golden, image)
+        return self._mount(cl, scratch, image, ["-o", "ro"])
+
+    def _mount(self, cl, scratch, image, opts):
+        mnt = os.path.join(scratch, "mnt")
+        proc = spawn_fuse(cl, ["fuse2fs", image, mnt, "-f"] + opts, mnt,
+                          os.path.join(scratch, "fuse2fs.log"), "fuse2fs")
+        return Mounted(self, mnt, daemon=proc, image=image, scratch=scratch)
+
+
+class BtrfsFuse(Target):
+    """rustutils' btrfs-fuse: read-only, so only the read workloads."""
+    name, family, writable = "btrfs-fuse", "btrfs", False
+
+    def unavailable(self):
+        if not self.ctx.btrfs_fuse_bin:
+            return "btrfs-fuse not installed (bench/run --setup runs cargo install btrfs-fuse)"
+        return None
+
+    def from_dataset(self, cl, scratch, golden):
+        image = os.path.join(scratch, "btrfs-fuse.img")
+        copy_sparse(golden, image)
+        mnt = os.path.join(scratch, "mnt")
+        argv = [self.ctx.btrfs_fuse_bin, "-f", image, mnt]  # -f: foreground, we own the pid
+        proc = spawn_fuse(cl, argv, mnt, os.path.join(scratch, "btrfs-fuse.log"), "btrfs-fuse")
+        return Mounted(self, mnt, daemon=proc, image=image, scratch=scratch)
+
+
+class Oleo(Target):
+    """oleo: reads the same btrfs image as the kernel. Write workloads try a
+    read-write mount of a mkfs.btrfs image; while oleo refuses rw, the reason it
+    printed is the N/A reason."""
+    name, family = "oleo", "btrfs"
+    snapshots = True   # tried through oleo's CLI; N/A while rw mounts are refused
+
+    def unavailable(self):
+        b = self.ctx.oleo_bin
+        if not (os.path.isfile(b) and os.access(b, os.X_OK)):
+            return f"oleo binary not found at {b} (cargo build --release -p oleo-cli, or --oleo PATH)"
+        return None
+
+    def _mount(self, cl, scratch, image, opts):
+        mnt = os.path.join(scratch, "mnt")
+        argv = [self.ctx.oleo_bin, "mount", "-f", "-o", opts, image, mnt]
+        proc = spawn_fuse(cl, argv, mnt, os.path.join(scratch, "oleo.log"), f"oleo mount -o {opts}")
+        if opts.startswith("rw") and "ro" in mount_options(mnt):
+            raise NotApplicable("oleo mount -o rw gave a read-only mount")
+        return Mounted(self, mnt, daemon=proc, image=image, scratch=scratch)
+
+    def fresh(self, cl, scratch, spec):
+        image = os.path.join(scratch, "oleo.img")
+        make_sparse(image, spec.size_bytes)
+        run(mkfs_btrfs(spec, image), timeout=600)
+        # -o rw explicitly: without it oleo mounts read-only rather than refusing.
+        # The seed's mount options go along (nodatacow matters to seed 002), except
+        # the allocator hint `ssd`.
+        opts = ["rw"] + [o for o in spec.btrfs_mount.split(",") if o and o != "ssd"]
+        return self._mount(cl, scratch, image, ",".join(opts))
+
+    def from_dataset(self, cl, scratch, golden):
+        image = os.path.join(scratch, "oleo.img")
+        copy_sparse(golden, image)
+        return self._mount(cl, scratch, image, "ro")
+
+    # Subvolumes through oleo's own CLI (FUSE cannot pass btrfs ioctls); the
+    # command lines are templates so they can follow oleo's CLI as it grows.
+    def subvolume(self, m, name):
+        path = os.path.join(m.path, name)
+        run(self._cmd(self.ctx.oleo_subvol_cmd, path=path, mnt=m.path, image=m.image), timeout=60)
+        return path
+
+    def snapshot_argv(self, m, src, dst):
+        return self._cmd(self.ctx.oleo_snapshot_cmd, src=src, dst=dst, mnt=m.path, image=m.image)
+
+    def _cmd(self, template, **kw):
+        return shlex.split(template.format(oleo=shlex.quote(self.ctx.oleo_bin),
+                                           **{k: shlex.quote(v) for k, v in kw.items()}))
+
+
+class ZfsFuse(Target):
+    """zfs-fuse with a pool on a file vdev. The daemon is a per-system singleton
+    and is started and stopped for every measurement, which also empties its ARC
+    (cold cache). The pool always mounts at WORK/zfs-mnt."""
+    name, family, snapshots = "zfs-fuse", "zfs", True
+    needs = ("zfs-fuse", "zpool", "zfs", "fusermount3")
+    pool = "oleobench"
+
+    def unavailable(self):
+        r = super().unavailable()
+        if r:
+            return r
+        mine = self._pidfile()
+        for pid in os.listdir("/proc"):
+            if pid.isdigit():
+                try:
+                    comm = open(f"/proc/{pid}/comm").read().strip()
+                except OSError:
+                    continue
+                if comm == "zfs-fuse" and not (os.path.exists(mine) and open(mine).read().strip() == pid):
+                    return f"a zfs-fuse daemon not started by the harness is running (pid {pid})"
+        return None
+
+    def _pidfile(self):
+        return os.path.join(self.ctx.work_dir, "zfs-fuse.pid")
+
+    def _mnt(self):
+        return os.path.join(self.ctx.work_dir, "zfs-mnt")
+
+    def _daemon(self, cl, scratch):
+        log = os.path.join(scratch, "zfs-fuse.log")
+        logf = open(log, "ab")
+        proc = subprocess.Popen(["zfs-fuse", "--no-daemon", "--no-kstat-mount"], stdout=logf,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
+        logf.close()
+        with open(self._pidfile(), "w") as f:
+            f.write(str(proc.pid))
+        cl.push("stop zfs-fuse", self._stop_daemon, proc)
+        deadline = time.time() + 30
+        while True:  # ready when zpool can talk to it
+            if proc.poll() is not None:
+                raise NotApplicable(f"zfs-fuse exited with status {proc.returncode}: {read_tail(log)}")
+            r = run(["zpool", "list", "-H", "-o", "name"], check=False, timeout=30)
+            if r.returncode == 0:
+                # A pool left in zfs-fuse's cache by an older harness or a manual
+                # run would block the name; ours are made with cachefile=none.
+                if self.pool in r.stdout.split():
+                    self._export()
+                return proc
+            if time.time() > deadline:
+                raise NotApplicable("zfs-fuse daemon did not answer zpool within 30 s")
+            time.sleep(0.2)
+
+    def _stop_daemon(self, proc):
+        try:
+            umount(self._mnt(), fuse=True)
+        finally:
+            kill_group(proc, grace=20)
+            try:
+                os.unlink(self._pidfile())
+            except OSError:
+                pass
+
+    def _export(self):
+        if run(["zpool", "export", self.pool], check=False, timeout=300).returncode != 0:
+            run(["zpool", "export", "-f", self.pool], check=False, timeout=300)
+
+    def fresh(self, cl, scratch, spec):
+        vdir = os.path.join(scratch, "vdev")
+        os.makedirs(vdir, exist_ok=True)
+        vdev = os.path.join(vdir, "vdev.img")
+        make_sparse(vdev, spec.size_bytes)
+        proc = self._daemon(cl, scratch)
+        os.makedirs(self._mnt(), exist_ok=True)
+        run(["zpool", "create", "-f", "-o", "cachefile=none", "-m", self._mnt(), self.pool, vdev],
+            timeout=300)
+        cl.push("export pool", self._export)
+        wait_for_mount(self._mnt(), None, 30, "zfs pool")
+        return Mounted(self, self._mnt(), daemon=proc, image=vdev, scratch=scratch)
+
+    def build_golden(self, cl, scratch, spec):
+        return self.fresh(cl, scratch, spec)
+
+    def from_dataset(self, cl, scratch, golden):
+        # `zpool import -d DIR` scans DIR, so the copy sits alone in its own dir.
+        vdir = os.path.join(scratch, "vdev")
+        os.makedirs(vdir, exist_ok=True)
+        vdev = os.path.join(vdir, "vdev.img")
+        copy_sparse(golden, vdev)
+        proc = self._daemon(cl, scratch)
+        os.makedirs(self._mnt(), exist_ok=True)
+        run(["zpool", "import", "-o", "cachefile=none", "-d", vdir, self.pool], timeout=300)
+        cl.push("export pool", self._export)
+        wait_for_mount(self._mnt(), None, 30, "zfs pool")
+        return Mounted(self, self._mnt(), daemon=proc, image=vdev, scratch=scratch)
+
+    def subvolume(self, m, name):
+        run(["zfs", "create", f"{self.pool}/{name}"], timeout=120)
+        path = os.path.join(m.path, name)
+        wait_for_mount(path, None, 30, "zfs dataset")
+        return path
+
+    def snapshot_argv(self, m, src, dst):
+        # zfs snapshots are always read-only; src is the dataset's mount path
+        return ["zfs", "snapshot", f"{self.pool}/{os.path.basename(src)}@{os.path.basename(dst)}"]
+
+
+class Raw(Target):
+    """The physical limit: fio with O_DIRECT on a plain file in the work dir."""
+    name, family, raw = "raw", "raw", True
+    needs = ("fio",)
+
+    def fresh(self, cl, scratch, spec):
+        path = os.path.join(scratch, "raw")
+        os.makedirs(path, exist_ok=True)
+        return Mounted(self, path, scratch=scratch)
+
+    build_golden = fresh
+
+    def from_dataset(self, cl, scratch, golden):
+        # O_DIRECT reads bypass the page cache, so the prepared file is read in
+        # place rather than copied.
+        return Mounted(self, golden, scratch=scratch)
+
+
+ALL = [Oleo, Btrfs, Xfs, Ext4, Fuse2fs, ZfsFuse, BtrfsFuse, Raw]
+NAMES = [t.name for t in ALL]

@@ -1,0 +1,325 @@
+"""The workloads: the five seeds plus three read workloads.
+
+Each workload declares its metrics (key, label, higher-is-better), its variants (the
+points of a sweep, e.g. fio job counts), which targets it cannot run on and why, and
+runs one measurement on a mounted target. Sizes come from Params only.
+"""
+
+import os
+import subprocess
+import time
+
+from . import tools
+from .sysutil import CmdError, kill_group, read_tail, run, which
+from .targets import GiB, MiB, FsSpec
+
+
+class Metric:
+    def __init__(self, key, label, higher_is_better=True):
+        self.key, self.label, self.higher = key, label, higher_is_better
+
+
+class Workload:
+    name = "?"
+    seed = None
+    kind = "write"              # "write": fresh empty fs; "read": copy of the read data set
+    metrics = []
+    needs_fs = True             # False: fio data workloads that also run on `raw`
+    variant_name = None         # e.g. "jobs"
+
+    def __init__(self, params):
+        self.p = params
+
+    def variants(self):
+        return [None]
+
+    def check(self, target):
+        """Static reason why TARGET cannot run this, or None."""
+        if target.raw and self.needs_fs:
+            return "raw is the disk limit for fio data workloads; this one needs a filesystem"
+        if self.kind == "write" and not target.writable:
+            return f"{target.name} is a read-only driver"
+        if self.kind == "read" and target.family is None:
+            return f"{target.name} has no read data set"
+        return None
+
+    def spec(self):
+        return FsSpec(self.image_bytes())
+
+    def image_bytes(self):
+        return 4 * GiB
+
+    def describe(self):
+        """Parameters recorded with every result line of this workload."""
+        return {}
+
+    def run(self, ctx, m, variant):
+        raise NotImplementedError
+
+    # fio helper: raw gets O_DIRECT, as it stands for the disk itself
+    def fio(self, ctx, m, opts, timeout, variant=None):
+        if m.target.raw:
+            opts = dict(opts, direct=1)
+        text = tools.fio_jobfile(self.name, opts)
+        ctx.save_job(self, m.target, variant, text)
+        # --readonly (command line only) makes fio refuse any write: the read data
+        # set stays as prepared, raw's included.
+        return tools.fio_totals(tools.run_fio(text, m.scratch, timeout, readonly=self.kind == "read"))
+
+
+class FsyncWrite(Workload):
+    name, seed, needs_fs, variant_name = "fsync-write", "000", False, "jobs"
+    metrics = [Metric("write_MiB_s", "write MiB/s")]
+
+    def variants(self):
+        return list(self.p.fsync_jobs)
+
+    def image_bytes(self):
+        return max(2 * GiB, 3 * self.p.fsync_total_mib * MiB)
+
+    def spec(self):
+        # seed 000: mkfs -d single -m single, mount -o ssd
+        return FsSpec(self.image_bytes(), ["-d", "single", "-m", "single"], "ssd")
+
+    def describe(self):
+        return {"total_MiB": self.p.fsync_total_mib, "bs": "64k", "fsync": 1}
+
+    def run(self, ctx, m, jobs):
+        per_job = max(1, self.p.fsync_total_mib // jobs)
+        t = self.fio(ctx, m, {
+            "rw": "write", "fsync": 1, "fallocate": "none", "group_reporting": 1,
+            "direct": 0, "bs": "64k", "ioengine": "sync", "size": f"{per_job}M",
+            "directory": m.path, "numjobs": jobs, "thread": True,
+            "runtime": self.p.fsync_max_runtime_s,
+        }, timeout=min(ctx.remaining(), self.p.fsync_max_runtime_s + 300), variant=f"jobs{jobs}")
+        return {"write_MiB_s": t["write"]["MiB_s"], "written_MiB": t["write"]["io_MiB"],
+                "runtime_s": t["runtime_s"]}
+
+
+class FsmarkCreate(Workload):
+    name, seed = "fsmark-create", "001"
+    metrics = [Metric("files_per_s", "files/s (all loops)")]
+
+    def describe(self):
+        return {"threads": self.p.fsmark_threads, "files_per_thread": self.p.fsmark_files,
+                "loops": self.p.fsmark_loops, "tool": "fs_mark -S 0 -s 0 -k"}
+
+    def check(self, target):
+        r = super().check(target)
+        if r is None and not which("fs_mark"):
+            r = "fs_mark not installed (run bench/run --setup; Debian package fsmark)"
+        return r
+
+    def image_bytes(self):
+        files = self.p.fsmark_threads * self.p.fsmark_files * self.p.fsmark_loops
+        return max(4 * GiB, files * 16 * 1024)
+
+    def run(self, ctx, m, _):
+        # Relative directory names, run from the mount: fs_mark refuses directory
+        # paths of 40 bytes or more.
+        dirs = []
+        for i in range(1, self.p.fsmark_threads + 1):
+            dirs += ["-d", f"d{i}"]
+        argv = ["fs_mark", "-S", "0", "-s", "0", "-k", "-t", self.p.fsmark_threads,
+                "-n", self.p.fsmark_files, "-L", self.p.fsmark_loops,
+                "-l", os.path.join(m.scratch, "fs_mark.log")] + dirs
+        r = run(argv, cwd=m.path, timeout=ctx.remaining())
+        rows = tools.parse_fs_mark(r.stdout)
+        if len(rows) != self.p.fsmark_loops:
+            raise CmdError(argv, r.returncode, r.stdout, f"expected {self.p.fsmark_loops} result rows, "
+                           f"got {len(rows)}: {r.stderr.strip()[-200:]}")
+        res = {f"loop{i + 1}_files_per_s": rate for i, (_, rate) in enumerate(rows)}
+        # Overall rate = all files over the summed loop times.
+        per_loop = self.p.fsmark_threads * self.p.fsmark_files
+        res["files_per_s"] = per_loop * len(rows) / sum(per_loop / rate for _, rate in rows)
+        return res
+
+
+class UringRandrw(Workload):
+    name, seed, needs_fs = "uring-randrw", "002", False
+    metrics = [Metric("read_MiB_s", "read MiB/s"), Metric("write_MiB_s", "write MiB/s")]
+
+    def image_bytes(self):
+        return max(2 * GiB, self.p.uring_file_mib * MiB * 5 // 4 + GiB)
+
+    def spec(self):
+        # seed 002: mkfs -R free-space-tree -O no-holes, mount -o ssd,nodatacow.
+        # (oleo gets the same mkfs; its rw mount options do not exist yet.)
+        return FsSpec(self.image_bytes(), ["-R", "free-space-tree", "-O", "no-holes"],
+                      "ssd,nodatacow")
+
+    def describe(self):
+        return {"jobs": self.p.uring_jobs, "file_MiB": self.p.uring_file_mib,
+                "runtime_s": self.p.uring_runtime_s, "iodepth": self.p.uring_iodepth,
+                "bssplit": self.p.uring_bssplit}
+
+    def run(self, ctx, m, _):
+        t = self.fio(ctx, m, {
+            "rw": "randrw", "fsync": 0, "fallocate": "posix", "group_reporting": 1,
+            "direct": 1, "ioengine": "io_uring", "iodepth": self.p.uring_iodepth,
+            "bssplit": self.p.uring_bssplit, "filesize": f"{self.p.uring_file_mib}M",
+            "runtime": self.p.uring_runtime_s, "time_based": True, "filename": "foobar",
+            "directory": m.path, "numjobs": self.p.uring_jobs, "thread": True,
+        }, timeout=ctx.remaining())
+        return {"read_MiB_s": t["read"]["MiB_s"], "write_MiB_s": t["write"]["MiB_s"],
+                "read_iops": t["read"]["iops"], "write_iops": t["write"]["iops"]}
+
+
+class Dbench(Workload):
+    name, seed, variant_name = "dbench", "003", "clients"
+    metrics = [Metric("MB_s", "MB/s"), Metric("max_latency_ms", "max latency ms", False)]
+
+    def variants(self):
+        return list(self.p.dbench_clients)
+
+    def check(self, target):
+        r = super().check(target)
+        if r is None and not which("dbench"):
+            r = "dbench not installed (run bench/run --setup)"
+        return r
+
+    def image_bytes(self):
+        return max(4 * GiB, max(self.p.dbench_clients) * 64 * MiB)
+
+    def describe(self):
+        return {"runtime_s": self.p.dbench_runtime_s, "loadfile": tools.dbench_loadfile()}
+
+    def run(self, ctx, m, clients):
+        argv = ["dbench", "-D", m.path, "-t", self.p.dbench_runtime_s]
+        lf = tools.dbench_loadfile()
+        if lf:
+            argv += ["-c", lf]
+        r = run(argv + [clients], cwd=m.scratch, timeout=ctx.remaining(), check=False)
+        try:
+            mbs, lat = tools.parse_dbench(r.stdout)
+        except ValueError:
+            raise CmdError(r.args, r.returncode, r.stdout, r.stderr) from None
+        if r.returncode != 0:
+            raise CmdError(r.args, r.returncode, r.stdout, r.stderr)
+        return {"MB_s": mbs, "max_latency_ms": lat}
+
+
+class SnapshotUnderWrite(Workload):
+    name, seed = "snapshot-under-write", "004"
+    metrics = [Metric("snapshot_s", "snapshot wall s", False)]
+
+    def check(self, target):
+        r = super().check(target)
+        if r is None and not target.snapshots:
+            r = f"{target.name} has no snapshots"
+        return r
+
+    def image_bytes(self):
+        return max(4 * GiB, self.p.snap_file_mib * MiB * 3 // 2 + 2 * GiB)
+
+    def describe(self):
+        return {"delay_s": self.p.snap_delay_s, "file_MiB": self.p.snap_file_mib,
+                "fio": "libaio iodepth=32 bs=4k rw=write buffered"}
+
+    def run(self, ctx, m, _):
+        sub = m.target.subvolume(m, "sub")
+        # seed 004's writer: buffered 4 KiB sequential writes, libaio QD32.
+        opts = {"ioengine": "libaio", "iodepth": 32, "bs": "4k", "rw": "write",
+                "size": f"{self.p.snap_file_mib}M", "direct": 0, "thread": True, "numjobs": 1,
+                "time_based": True, "runtime": self.p.snap_max_runtime_s,
+                "filename": os.path.join(sub, "testfile"), "group_reporting": 1}
+        text = tools.fio_jobfile(self.name, opts)
+        ctx.save_job(self, m.target, None, text)
+        job = os.path.join(m.scratch, "job.fio")
+        with open(job, "w") as f:
+            f.write(text)
+        log = open(os.path.join(m.scratch, "fio.out"), "wb")
+        fio = subprocess.Popen(["fio", job], stdout=log, stderr=subprocess.STDOUT,
+                               stdin=subprocess.DEVNULL, start_new_session=True)
+        log.close()
+        try:
+            time.sleep(self.p.snap_delay_s)
+            if fio.poll() is not None:
+                raise CmdError(["fio", job], fio.returncode, "",
+                               read_tail(os.path.join(m.scratch, "fio.out")))
+            dirty = _dirty_mib()
+            argv = m.target.snapshot_argv(m, sub, os.path.join(m.path, "snap"))
+            t0 = time.monotonic()
+            run(argv, timeout=ctx.remaining())
+            took = time.monotonic() - t0
+            if fio.poll() is not None and fio.returncode != 0:
+                raise CmdError(["fio", job], fio.returncode, "",
+                               read_tail(os.path.join(m.scratch, "fio.out")))
+        finally:
+            kill_group(fio, grace=30)
+        return {"snapshot_s": took, "dirty_MiB_at_snapshot": dirty}
+
+
+def _dirty_mib():
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("Dirty:"):
+                return int(line.split()[1]) / 1024
+    return None
+
+
+# ---------------------------------------------------------------- read workloads
+
+class SeqRead(Workload):
+    name, kind, needs_fs = "seq-read", "read", False
+    metrics = [Metric("read_MiB_s", "read MiB/s")]
+
+    def describe(self):
+        return {"file_MiB": self.p.seq_file_mib, "bs": "1M", "cache": "cold"}
+
+    def run(self, ctx, m, _):
+        t = self.fio(ctx, m, {
+            "rw": "read", "bs": "1M", "ioengine": "psync", "direct": 0,
+            "filename": os.path.join(m.path, "data", "seq.bin"),
+            "size": f"{self.p.seq_file_mib}M",
+        }, timeout=ctx.remaining())
+        return {"read_MiB_s": t["read"]["MiB_s"]}
+
+
+class RandRead(Workload):
+    name, kind, needs_fs = "rand-read", "read", False
+    metrics = [Metric("iops", "IOPS"), Metric("read_MiB_s", "read MiB/s")]
+
+    def describe(self):
+        return {"file_MiB": self.p.seq_file_mib, "bs": "4k", "runtime_s": self.p.rand_runtime_s,
+                "cache": "cold"}
+
+    def run(self, ctx, m, _):
+        t = self.fio(ctx, m, {
+            "rw": "randread", "bs": "4k", "ioengine": "psync", "direct": 0,
+            "filename": os.path.join(m.path, "data", "seq.bin"),
+            "size": f"{self.p.seq_file_mib}M", "time_based": True,
+            "runtime": self.p.rand_runtime_s,
+        }, timeout=ctx.remaining())
+        return {"iops": t["read"]["iops"], "read_MiB_s": t["read"]["MiB_s"]}
+
+
+class MetaWalk(Workload):
+    name, kind = "meta-walk", "read"
+    metrics = [Metric("files_per_s", "files/s"), Metric("elapsed_s", "elapsed s", False)]
+
+    def describe(self):
+        return {"files": self.p.walk_files, "dirs": self.p.walk_dirs, "cache": "cold",
+                "tool": "find -type f -printf (lstat per entry)"}
+
+    def run(self, ctx, m, _):
+        # find's -printf of inode and size forces an lstat of every entry.
+        argv = ["find", os.path.join(m.path, "tree"), "-type", "f", "-printf", "%i %s\n"]
+        t0 = time.monotonic()
+        r = run(argv, timeout=ctx.remaining())
+        took = time.monotonic() - t0
+        n = r.stdout.count("\n")
+        if n != self.p.walk_files:
+            raise CmdError(argv, 0, "", f"found {n} files, expected {self.p.walk_files}")
+        return {"files_per_s": n / took, "elapsed_s": took}
+
+
+ALL = [FsyncWrite, FsmarkCreate, UringRandrw, Dbench, SnapshotUnderWrite, SeqRead, RandRead,
+       MetaWalk]
+NAMES = [w.name for w in ALL]
+
+
+# ---------------------------------------------------------------- read data set
+
+def dataset_spec(p):
+    return FsSpec(max(2 * GiB, p.seq_file_mib * MiB * 2 + GiB))

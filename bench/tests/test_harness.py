@@ -1,0 +1,288 @@
+"""Tests of the benchmark harness itself. No performance assertions anywhere.
+
+The unit tests run anywhere. test_quick_end_to_end runs `bench/run --quick` for real: it
+needs root, loop devices and the tools from bench/setup.sh; it skips without them, and
+fails under CI=true like the project's other privileged tests.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+BENCH = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, BENCH)
+
+from oleobench import params as P  # noqa: E402
+from oleobench import report, runner, tools  # noqa: E402
+from oleobench import targets as T  # noqa: E402
+from oleobench import workloads as W  # noqa: E402
+
+FIO_JSON = """fio: some warning before the JSON
+{"fio version": "fio-3.33", "jobs": [
+ {"jobname": "a", "error": 0,
+  "read": {"bw_bytes": 1048576, "iops": 256.0, "io_bytes": 10485760, "runtime": 10000},
+  "write": {"bw_bytes": 3145728, "iops": 48.0, "io_bytes": 31457280, "runtime": 10000}},
+ {"jobname": "a", "error": 0,
+  "read": {"bw_bytes": 1048576, "iops": 256.0, "io_bytes": 10485760, "runtime": 9000},
+  "write": {"bw_bytes": 0, "iops": 0, "io_bytes": 0, "runtime": 0}}]}
+"""
+
+FSMARK_OUT = """
+#  fs_mark  -S  0  -s  0  -k  -t  2  -n  500  -L  2  -d  /m/d1  -d  /m/d2
+#	Version 3.3, 2 thread(s) starting at Sat Nov 21 12:21:44 2026
+
+FSUse%        Count         Size    Files/sec     App Overhead
+    71         1000            0      56705.4            11423
+    71         2000            0      24980.9            15689
+"""
+
+DBENCH_OUT = """   8     12345   401.23 MB/sec  execute   2 sec  latency 3.210 ms
+Operation      Count    AvgLat    MaxLat
+ ----------------------------------------
+ NTCreateX      12345     0.123    12.345
+
+Throughput 402.345 MB/sec  8 clients  8 procs  max_latency=17.125 ms
+"""
+
+
+def test_fio_parse_and_totals():
+    t = tools.fio_totals(tools.parse_fio_json(FIO_JSON))
+    assert t["read"]["MiB_s"] == pytest.approx(2.0)
+    assert t["write"]["MiB_s"] == pytest.approx(3.0)
+    assert t["read"]["iops"] == pytest.approx(512.0)
+    assert t["runtime_s"] == pytest.approx(10.0)
+
+
+def test_fio_jobfile_flags_and_values():
+    text = tools.fio_jobfile("x", {"rw": "write", "thread": True, "direct": 0, "skip": None})
+    assert text.splitlines() == ["[x]", "rw=write", "thread", "direct=0"]
+
+
+def test_fs_mark_rows():
+    assert tools.parse_fs_mark(FSMARK_OUT) == [(1000, 56705.4), (2000, 24980.9)]
+
+
+def test_dbench_closing_line():
+    assert tools.parse_dbench(DBENCH_OUT) == (402.345, 17.125)
+    with pytest.raises(ValueError):
+        tools.parse_dbench("no result here")
+
+
+def test_params_presets_and_overrides():
+    p = P.make_params("quick", ["fsync_jobs=1,2", "uring_runtime_s=7", "snap_delay_s=1.5"])
+    assert p.fsync_jobs == [1, 2] and p.uring_runtime_s == 7 and p.snap_delay_s == 1.5
+    assert P.make_params("full").reps == 3
+    assert P.make_params("original").fsmark_threads == 12
+    with pytest.raises(ValueError):
+        P.make_params("full", ["nonsense=1"])
+    with pytest.raises(ValueError):
+        P.make_params("huge")
+
+
+def test_plan_interleaves_and_rotates_targets():
+    p = P.make_params("quick", ["fsync_jobs=1,4"])
+    ws = [W.FsyncWrite(p), W.SeqRead(p)]
+    plan = runner.make_plan(ws, ["a", "b", "c"], 2)
+    assert len(plan) == 2 * (2 + 1) * 3
+    first = [t for r, w, v, t in plan if r == 1 and w.name == "fsync-write" and v == 1]
+    second = [t for r, w, v, t in plan if r == 2 and w.name == "fsync-write" and v == 1]
+    assert first == ["a", "b", "c"] and second == ["b", "c", "a"]
+    # round 1 finishes before round 2 starts
+    rounds = [r for r, *_ in plan]
+    assert rounds == sorted(rounds)
+
+
+class _FakeTarget:
+    def __init__(self, name, raw=False, writable=True, family="btrfs", snapshots=False):
+        self.name, self.raw, self.writable = name, raw, writable
+        self.family, self.snapshots = family, snapshots
+
+
+def test_static_not_applicable_reasons():
+    p = P.make_params("quick")
+    raw = _FakeTarget("raw", raw=True, family="raw")
+    ro = _FakeTarget("btrfs-fuse", writable=False)
+    assert W.FsyncWrite(p).check(raw) is None          # fio data workloads run on raw
+    assert "raw" in W.Dbench(p).check(raw)
+    assert "read-only" in W.FsyncWrite(p).check(ro)
+    assert W.SeqRead(p).check(ro) is None
+    assert "snapshots" in W.SnapshotUnderWrite(p).check(_FakeTarget("xfs", family="xfs"))
+    assert T.Oleo.snapshots and T.Oleo.writable  # tried on oleo: the mount says why not
+
+
+def _rec(w, v, t, status, metrics=None, reason=None, rss=None):
+    return {"workload": w, "variant": v, "target": t, "status": status,
+            "metrics": metrics or {}, "reason": reason, "peak_rss_kib": rss}
+
+
+def test_report_median_ratio_and_na_footnote():
+    recs = [
+        _rec("dbench", "clients=1", "btrfs", "ok", {"MB_s": 100.0, "max_latency_ms": 10.0}),
+        _rec("dbench", "clients=1", "btrfs", "ok", {"MB_s": 300.0, "max_latency_ms": 30.0}),
+        _rec("dbench", "clients=1", "btrfs", "ok", {"MB_s": 200.0, "max_latency_ms": 20.0}),
+        _rec("dbench", "clients=1", "zfs-fuse", "ok", {"MB_s": 50.0, "max_latency_ms": 40.0}, rss=204800),
+        _rec("dbench", "clients=1", "oleo", "na", reason="oleo: read-write mounts are not supported yet"),
+    ]
+    md = report.render(recs, {"targets": T.NAMES})
+    assert "## dbench (seed 003)" in md
+    row_btrfs = next(l for l in md.splitlines() if l.startswith("| btrfs |"))
+    assert "200 (100–300)" in row_btrfs and "| 1.00 |" in row_btrfs
+    row_zfs = next(l for l in md.splitlines() if l.startswith("| zfs-fuse |"))
+    assert "| 0.25 |" in row_zfs and "| 2.00 |" in row_zfs and "| 200 |" in row_zfs
+    row_oleo = next(l for l in md.splitlines() if l.startswith("| oleo |"))
+    assert "N/A [1]" in row_oleo
+    assert "[1] oleo: oleo: read-write mounts are not supported yet" in md
+    # oleo listed first: the target order of the run, not alphabetical
+    lines = md.splitlines()
+    assert lines.index(row_oleo) < lines.index(row_btrfs)
+
+
+def test_plots_written_when_matplotlib_present(tmp_path):
+    pytest.importorskip("matplotlib")
+    from oleobench import plots
+    recs = [_rec("seq-read", None, "btrfs", "ok", {"read_MiB_s": 500.0}),
+            _rec("seq-read", None, "oleo", "na", reason="x")]
+    out = plots.write(str(tmp_path), recs, {"targets": T.NAMES, "scale": "quick", "reps": 1})
+    assert [os.path.basename(p) for p in out] == ["seq-read.png"]
+    assert os.path.getsize(out[0]) > 1000
+
+
+def _e2e_prereqs():
+    if os.geteuid() != 0:
+        return "needs root"
+    missing = [t for t in ("fio", "dbench", "fs_mark", "mkfs.btrfs", "mkfs.xfs", "losetup")
+               if subprocess.run(["sh", "-c", f"command -v {t}"], capture_output=True).returncode]
+    if missing:
+        return f"missing tools {missing} (run bench/run --setup)"
+    if not os.path.exists("/dev/fuse"):
+        return "no /dev/fuse"
+    return None
+
+
+def test_quick_end_to_end(tmp_path):
+    why = _e2e_prereqs()
+    if why:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"bench quick run cannot run under CI: {why}")
+        pytest.skip(why)
+    results = tmp_path / "results"
+    work = tmp_path / "work"
+    r = subprocess.run([os.path.join(BENCH, "run"), "--quick", "--results", str(results),
+                        "--work-dir", str(work)], capture_output=True, text=True, timeout=3600)
+    assert r.returncode == 0, r.stderr[-4000:]
+
+    recs = [json.loads(l) for l in (results / "results.jsonl").read_text().splitlines() if l.strip()]
+    p = P.make_params("quick")
+    expected = {(w.name, None if v is None else f"{w.variant_name}={v}", t)
+                for w in (cls(p) for cls in W.ALL) for v in w.variants() for t in T.NAMES}
+    got = {(x["workload"], x["variant"], x["target"]) for x in recs}
+    assert got == expected
+    assert len(recs) == len(expected)
+    for x in recs:
+        assert x["status"] in ("ok", "na"), x
+        if x["status"] == "na":
+            assert x["reason"], x
+        else:
+            assert x["metrics"] and all(isinstance(v, (int, float)) for v in x["metrics"].values()), x
+
+    # Kernel btrfs is the reference: it must produce a number wherever it applies.
+    btrfs = [x for x in recs if x["target"] == "btrfs"]
+    assert all(x["status"] == "ok" for x in btrfs), [x for x in btrfs if x["status"] != "ok"]
+    # Static N/As carry their reason.
+    na = {(x["workload"], x["target"]): x["reason"] for x in recs if x["status"] == "na"}
+    assert "read-only" in na[("fsync-write", "btrfs-fuse")]
+    assert "snapshots" in na[("snapshot-under-write", "xfs")]
+    # FUSE daemons report peak RSS when they ran.
+    for x in recs:
+        if x["status"] == "ok" and x["target"] in ("fuse2fs", "zfs-fuse", "btrfs-fuse", "oleo"):
+            assert x["peak_rss_kib"], x
+
+    meta = json.loads((results / "meta.json").read_text())
+    for tool in ("kernel", "fio", "dbench", "fs_mark"):
+        assert meta["versions"].get(tool), tool
+    md = (results / "report.md").read_text()
+    for cls in W.ALL:
+        assert f"## {cls.name}" in md
+    try:
+        import matplotlib  # noqa: F401
+        have_mpl = True
+    except ImportError:
+        have_mpl = subprocess.run(["/usr/bin/python3", "-c", "import matplotlib"]).returncode == 0
+    if have_mpl:
+        assert sorted(os.listdir(results / "plots")) == sorted(f"{c.name}.png" for c in W.ALL)
+
+    # Nothing left mounted or attached under the work dir.
+    real = os.path.realpath(work)
+    with open("/proc/self/mountinfo") as f:
+        assert not [l for l in f if real in l.split()[4]]
+    loops = subprocess.run(["losetup", "-l", "-n", "-O", "BACK-FILE"], capture_output=True, text=True).stdout
+    assert real not in loops
+    assert not [n for n in os.listdir(work) if n.startswith("m")]
+
+
+class _Ctx:
+    """Just enough of runner.Context for runner.measure."""
+
+    def __init__(self, work_dir, p):
+        self.work_dir, self.p, self.deadline = str(work_dir), p, None
+
+    def unavailable(self, target):
+        return None
+
+
+class _Mounted:
+    def __init__(self, path):
+        self.path, self.scratch = path, path
+
+    def peak_rss_kib(self):
+        return 1234
+
+
+class _ScriptedTarget(_FakeTarget):
+    def __init__(self, torn_down):
+        super().__init__("btrfs")
+        self.torn_down = torn_down
+
+    def fresh(self, cl, scratch, spec):
+        cl.push("teardown", self.torn_down.append, scratch)
+        return _Mounted(scratch)
+
+
+def _measure_with(tmp_path, monkeypatch, behaviour):
+    from oleobench.sysutil import CmdError, NotApplicable
+    monkeypatch.setattr(runner, "drop_caches", lambda: None)
+    p = P.make_params("quick")
+    torn_down = []
+    ctx = _Ctx(tmp_path, p)
+    ctx.targets = {"btrfs": _ScriptedTarget(torn_down)}
+
+    class W1(W.FsyncWrite):
+        def run(self, ctx, m, variant):
+            if behaviour == "ok":
+                return {"write_MiB_s": 1.0}
+            if behaviour == "na":
+                raise NotApplicable("cannot")
+            if behaviour == "cmd":
+                raise CmdError(["fio", "--output=x", "/w/job.fio"], 1, "", "fio: bad things")
+            raise ZeroDivisionError("bug")
+
+    rec = runner.measure(ctx, 1, 1, W1(p), 4, "btrfs")
+    return rec, torn_down
+
+
+@pytest.mark.parametrize("behaviour,status", [("ok", "ok"), ("na", "na"), ("cmd", "na"), ("bug", "error")])
+def test_measure_statuses_and_teardown(tmp_path, monkeypatch, behaviour, status):
+    rec, torn_down = _measure_with(tmp_path, monkeypatch, behaviour)
+    assert rec["status"] == status
+    assert rec["variant"] == "jobs=4"
+    assert len(torn_down) == 1                       # the cleanup stack ran in every case
+    assert not os.path.exists(torn_down[0])          # and the scratch dir is gone
+    if status == "ok":
+        assert rec["metrics"] == {"write_MiB_s": 1.0} and rec["peak_rss_kib"] == 1234
+    else:
+        assert rec["reason"]
+    if behaviour == "cmd":
+        assert rec["reason"].startswith("fio exited 1: fio: bad things")
