@@ -8,6 +8,9 @@ pub type Result<T> = std::result::Result<T, Error>;
 pub enum Error {
     #[error("no such file or directory")]
     NotFound,
+    /// An item (or name) with that key already exists.
+    #[error("already exists")]
+    AlreadyExists,
     #[error("not a directory")]
     NotDir,
     #[error("is a directory")]
@@ -55,6 +58,7 @@ impl Error {
     pub fn errno(&self) -> i32 {
         match self {
             Error::NotFound => libc::ENOENT,
+            Error::AlreadyExists => libc::EEXIST,
             Error::NotDir => libc::ENOTDIR,
             Error::IsDir => libc::EISDIR,
             Error::InvalidArgument(_) => libc::EINVAL,

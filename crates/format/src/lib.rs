@@ -14,6 +14,7 @@ pub mod key;
 pub mod leaf_builder;
 pub mod superblock;
 pub mod tree_block;
+pub mod tree_mut;
 pub mod validate;
 
 #[cfg(test)]

@@ -6,6 +6,32 @@ use oleo_format::key::Key;
 use oleo_format::TreeBlock;
 use std::ops::ControlFlow;
 
+/// Where the read side gets tree blocks from: the disk (`DiskIo`), or a store that also
+/// holds the blocks a transaction has changed but not yet written.
+pub trait BlockSource {
+    /// The block at `bytenr`, checked against what the pointer that led to it promises
+    /// (`None`: nothing promised).
+    fn read_tree_block(
+        &self,
+        bytenr: u64,
+        level: Option<u8>,
+        generation: Option<u64>,
+        first_key: Option<Key>,
+    ) -> Result<Block>;
+}
+
+impl BlockSource for DiskIo {
+    fn read_tree_block(
+        &self,
+        bytenr: u64,
+        level: Option<u8>,
+        generation: Option<u64>,
+        first_key: Option<Key>,
+    ) -> Result<Block> {
+        DiskIo::read_tree_block(self, bytenr, level, generation, first_key)
+    }
+}
+
 /// Where a tree starts: the root block and what its pointer promises about it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TreeRoot {
@@ -24,15 +50,15 @@ fn fmt_err(bytenr: u64) -> impl Fn(oleo_format::FormatError) -> Error {
 }
 
 /// A position in a tree: the blocks from root to leaf and the slot taken in each.
-pub struct Cursor<'a> {
-    io: &'a DiskIo,
+pub struct Cursor<'a, S: BlockSource + ?Sized = DiskIo> {
+    io: &'a S,
     path: Vec<(Block, usize)>,
     exhausted: bool,
 }
 
-impl<'a> Cursor<'a> {
+impl<'a, S: BlockSource + ?Sized> Cursor<'a, S> {
     /// Positions at the first item whose key is >= `key`.
-    pub fn search(io: &'a DiskIo, root: &TreeRoot, key: &Key) -> Result<Cursor<'a>> {
+    pub fn search(io: &'a S, root: &TreeRoot, key: &Key) -> Result<Cursor<'a, S>> {
         let mut cur = Cursor {
             io,
             path: Vec::with_capacity(root.level as usize + 1),
@@ -193,8 +219,8 @@ impl<'a> Cursor<'a> {
 }
 
 /// Calls `f` for each item with `min <= key <= max`, in order, until it breaks.
-pub fn for_each_in_range(
-    io: &DiskIo,
+pub fn for_each_in_range<S: BlockSource + ?Sized>(
+    io: &S,
     root: &TreeRoot,
     min: Key,
     max: Key,
@@ -214,7 +240,11 @@ pub fn for_each_in_range(
 }
 
 /// The body of the item with exactly this key.
-pub fn lookup(io: &DiskIo, root: &TreeRoot, key: &Key) -> Result<Option<Vec<u8>>> {
+pub fn lookup<S: BlockSource + ?Sized>(
+    io: &S,
+    root: &TreeRoot,
+    key: &Key,
+) -> Result<Option<Vec<u8>>> {
     let cur = Cursor::search(io, root, key)?;
     Ok(match cur.item()? {
         Some((k, data)) if k == *key => Some(data.to_vec()),
@@ -223,7 +253,11 @@ pub fn lookup(io: &DiskIo, root: &TreeRoot, key: &Key) -> Result<Option<Vec<u8>>
 }
 
 /// The last item whose key is <= `key` and whose objectid and type equal `key`'s.
-pub fn lookup_le(io: &DiskIo, root: &TreeRoot, key: &Key) -> Result<Option<(Key, Vec<u8>)>> {
+pub fn lookup_le<S: BlockSource + ?Sized>(
+    io: &S,
+    root: &TreeRoot,
+    key: &Key,
+) -> Result<Option<(Key, Vec<u8>)>> {
     let mut cur = Cursor::search(io, root, key)?;
     if let Some((k, data)) = cur.item()? {
         if k == *key {
