@@ -1321,20 +1321,20 @@ mod tests {
     }
 
     #[test]
-    fn data_map_is_compared_only_when_asked() {
+    fn data_map_is_compared_unless_turned_off() {
         let mut k = kernel_tree();
         let mut o = oleo_tree();
         k.entries.get_mut(b"a".as_slice()).unwrap().data_map = Some(vec![(0, 4096), (8192, 12288)]);
         o.entries.get_mut(b"a".as_slice()).unwrap().data_map = Some(vec![(0, 12288)]);
-        assert!(Manifest::diff(&k, &o, &CompareRules::default()).is_empty());
-        let rules = CompareRules {
-            compare_data_map: true,
-            ..CompareRules::default()
-        };
         assert_eq!(
-            Manifest::diff(&k, &o, &rules),
+            Manifest::diff(&k, &o, &CompareRules::default()),
             vec!["a: data map: kernel=[0..4096, 8192..12288] other=[0..12288]"]
         );
+        let rules = CompareRules {
+            compare_data_map: false,
+            ..CompareRules::default()
+        };
+        assert!(Manifest::diff(&k, &o, &rules).is_empty());
     }
 
     #[test]
