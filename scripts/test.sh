@@ -16,7 +16,7 @@ bash bench/setup.sh
 # Everything else; the closing line sums every test binary's results.
 log=$(mktemp)
 status=0
-cargo test --workspace --all-targets -- --test-threads=2 2>&1 | tee "$log" || status=$?
+cargo test --workspace --all-targets --no-fail-fast -- --test-threads=2 2>&1 | tee "$log" || status=$?
 awk '/^test result:/ { p += $4; f += $6 } END { printf "total: %d passed, %d failed\n", p, f }' "$log"
 rm -f "$log"
 exit $status
