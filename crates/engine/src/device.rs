@@ -1,26 +1,108 @@
 //! Block devices: where bytes physically live. For now one image file or block device,
-//! read with positional reads so many threads can read at once without a lock.
+//! read with positional reads so many threads can read at once without a lock. Opened
+//! read-write, it also takes positional writes and cache flushes (fdatasync).
 
 use crate::error::{Error, Result};
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 pub struct Device {
     file: File,
     size: u64,
+    writable: bool,
+    /// Writes left before an injected failure (tests of crash consistency); MAX: never.
+    write_budget: AtomicU64,
+    writes: AtomicU64,
+    flushes: AtomicU64,
 }
 
 impl Device {
     pub fn open(path: &Path) -> Result<Device> {
-        let file = File::open(path)?;
+        Device::with_file(File::open(path)?, false)
+    }
+
+    /// Opens for reading and writing: the transaction layer writes through it.
+    pub fn open_rw(path: &Path) -> Result<Device> {
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path)?;
+        Device::with_file(file, true)
+    }
+
+    fn with_file(file: File, writable: bool) -> Result<Device> {
         // Block devices report size 0 in metadata: seek to the end instead.
         let size = {
             use std::io::{Seek, SeekFrom};
             let mut f = &file;
             f.seek(SeekFrom::End(0))?
         };
-        Ok(Device { file, size })
+        Ok(Device {
+            file,
+            size,
+            writable,
+            write_budget: AtomicU64::new(u64::MAX),
+            writes: AtomicU64::new(0),
+            flushes: AtomicU64::new(0),
+        })
+    }
+
+    pub fn is_writable(&self) -> bool {
+        self.writable
+    }
+
+    /// Writes and flushes done so far (to prove a commit flushes exactly where it must).
+    pub fn io_counts(&self) -> (u64, u64) {
+        (
+            self.writes.load(Ordering::Relaxed),
+            self.flushes.load(Ordering::Relaxed),
+        )
+    }
+
+    /// Makes every write after the next `writes` fail with an I/O error, as a dying disk
+    /// would: the tests use it to prove an interrupted commit leaves the old state intact.
+    pub fn fail_writes_after(&self, writes: u64) {
+        self.write_budget.store(writes, Ordering::SeqCst);
+    }
+
+    /// Writes all of `buf` at `offset`; never past the end of the device.
+    pub fn write_all_at(&self, buf: &[u8], offset: u64) -> Result<()> {
+        if !self.writable {
+            return Err(Error::ReadOnly);
+        }
+        let end = offset.checked_add(buf.len() as u64);
+        if end.is_none_or(|e| e > self.size) {
+            return Err(Error::InvalidArgument(format!(
+                "write of {} bytes at physical {offset} past the end of the device ({} bytes)",
+                buf.len(),
+                self.size
+            )));
+        }
+        let budget = self.write_budget.load(Ordering::SeqCst);
+        if budget == 0 {
+            return Err(Error::Io(std::io::Error::other("injected write failure")));
+        }
+        if budget != u64::MAX {
+            self.write_budget.store(budget - 1, Ordering::SeqCst);
+        }
+        self.file.write_all_at(buf, offset)?;
+        self.writes.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Waits until every write so far is on stable storage (a cache flush).
+    pub fn flush(&self) -> Result<()> {
+        if !self.writable {
+            return Err(Error::ReadOnly);
+        }
+        if self.write_budget.load(Ordering::SeqCst) == 0 {
+            return Err(Error::Io(std::io::Error::other("injected flush failure")));
+        }
+        self.file.sync_data()?;
+        self.flushes.fetch_add(1, Ordering::Relaxed);
+        Ok(())
     }
 
     pub fn size(&self) -> u64 {

@@ -79,6 +79,49 @@ impl DiskIo {
         Ok(())
     }
 
+    /// Writes `buf` at `logical` to every copy (all DUP/RAID1 mirrors). The cached block at
+    /// `logical`, if any, is dropped: the address may hold a new block now.
+    pub fn write_logical(&self, logical: u64, buf: &[u8]) -> Result<()> {
+        let profile = self
+            .chunks
+            .lookup(logical)
+            .map(|(_, c)| c.chunk_type & oleo_format::items::block_group::PROFILE_MASK)
+            .ok_or_else(|| Error::corrupt(logical, "logical address is not in any chunk"))?;
+        use oleo_format::items::block_group as bg;
+        if profile & (bg::RAID5 | bg::RAID6) != 0 {
+            return Err(Error::Unsupported(
+                "writing to RAID5/6 chunks is not supported".into(),
+            ));
+        }
+        self.cache.remove(&logical);
+        for mirror in 0..self.num_mirrors(logical).max(1) {
+            let mut done = 0usize;
+            for piece in self.chunks.map(logical, buf.len() as u64, mirror)? {
+                if piece.devid != self.devid {
+                    return Err(Error::Unsupported(format!(
+                        "logical {logical} lives on device {} which is not open",
+                        piece.devid
+                    )));
+                }
+                let len = piece.len as usize;
+                self.device
+                    .write_all_at(&buf[done..done + len], piece.physical)?;
+                done += len;
+            }
+        }
+        Ok(())
+    }
+
+    /// Forgets the cached copy of the block at `bytenr`.
+    pub fn invalidate(&self, bytenr: u64) {
+        self.cache.remove(&bytenr);
+    }
+
+    /// A cache flush of the device.
+    pub fn flush(&self) -> Result<()> {
+        self.device.flush()
+    }
+
     pub fn num_mirrors(&self, logical: u64) -> usize {
         self.chunks.num_mirrors(logical)
     }

@@ -117,7 +117,7 @@ pub struct StatFs {
 
 #[derive(Clone, Debug)]
 pub struct OpenOptions {
-    /// Only read-only opening exists for now.
+    /// False opens the device read-write, for transactions (see `Filesystem::open_rw`).
     pub read_only: bool,
     /// Open this subvolume (path from the top level), like btrfs's `subvol=`.
     pub subvol: Option<Vec<u8>>,
@@ -154,15 +154,26 @@ pub struct Filesystem {
 }
 
 impl Filesystem {
-    /// Opens an image file or block device read-only.
+    /// Opens an image file or block device writable: changes go through
+    /// [`Filesystem::start_transaction`] (items only for now).
+    pub fn open_rw(path: impl AsRef<Path>, options: OpenOptions) -> Result<Filesystem> {
+        Filesystem::open(
+            path,
+            OpenOptions {
+                read_only: false,
+                ..options
+            },
+        )
+    }
+
+    /// Opens an image file or block device (read-only unless `options.read_only` is false).
     pub fn open(path: impl AsRef<Path>, options: OpenOptions) -> Result<Filesystem> {
         let path = path.as_ref();
-        if !options.read_only {
-            return Err(Error::Unsupported(
-                "writing is not supported yet: open read-only".into(),
-            ));
-        }
-        let device = Device::open(path)?;
+        let device = if options.read_only {
+            Device::open(path)?
+        } else {
+            Device::open_rw(path)?
+        };
         let sb = read_superblock(&device)?;
         check_features(&sb)?;
         let ctx = FsContext {
@@ -296,6 +307,30 @@ impl Filesystem {
 
     pub(crate) fn io(&self) -> &DiskIo {
         &self.io
+    }
+
+    /// Makes a commit's superblock the in-memory state: new roots, and every cache that
+    /// may hold the previous generation's view dropped.
+    pub(crate) fn committed(&mut self, mut sb: Superblock, root_tree: TreeRoot) -> Result<()> {
+        sb.bytenr = superblock::SUPER_PRIMARY_OFFSET;
+        self.io.ctx.super_generation = sb.generation;
+        self.root_tree = root_tree;
+        self.sb = sb;
+        self.subvol_roots.write().clear();
+        self.inodes.clear();
+        self.extents.clear();
+        self.csum_tree = self.read_root_item(objectid::CSUM_TREE)?.map(|(r, _)| r);
+        Ok(())
+    }
+
+    /// (writes, flushes) issued to the device since it was opened.
+    pub fn io_counts(&self) -> (u64, u64) {
+        self.io.device().io_counts()
+    }
+
+    /// Makes every later write to the device fail after `writes` more (crash tests).
+    pub fn fail_writes_after(&self, writes: u64) {
+        self.io.device().fail_writes_after(writes);
     }
 }
 

@@ -4,17 +4,21 @@
 //! kernel driver. Modules follow the kernel's fs/btrfs naming: a btrfs developer should
 //! find each concept in the file named after it.
 
+pub mod block_group;
 pub mod ctree;
 pub mod device;
 mod dir;
+pub mod extent_tree;
 pub mod disk_io;
 pub mod error;
 mod file;
+pub mod free_space;
 pub mod fs;
 pub mod mkfs;
 mod inode;
 mod inspect;
 mod subvolume;
+pub mod transaction;
 pub mod volumes;
 mod xattr;
 
@@ -24,3 +28,4 @@ pub use fs::{
     Attr, DirEntry, FileKind, Filesystem, InodeId, OpenOptions, StatFs, SubvolumeInfo, Timespec,
 };
 pub use oleo_format as format;
+pub use transaction::Transaction;

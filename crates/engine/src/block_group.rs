@@ -1,0 +1,244 @@
+//! Block groups as a transaction sees them: which metadata/system block groups exist, how
+//! many bytes each has in use (BLOCK_GROUP_ITEM.used), their free ranges, and where a new
+//! tree block may go. Space freed in this transaction stays pinned: the last committed
+//! trees may still point at it until the new superblock is on disk.
+
+use crate::ctree::{self, BlockSource, TreeRoot};
+use crate::error::{Error, Result};
+use crate::free_space::FreeSpace;
+use crate::transaction::Transaction;
+use crate::volumes::ChunkMap;
+use oleo_format::items::{block_group as bg, BlockGroupItem};
+use oleo_format::key::{item, Key};
+use oleo_format::superblock;
+use std::collections::BTreeMap;
+
+/// Where the kernel never puts an extent: a superblock copy (a 64 KiB stripe each) and the
+/// first MiB of the device.
+const SUPER_STRIPE: u64 = 64 * 1024;
+const RESERVED_START: u64 = 1024 * 1024;
+const SUPER_MIRRORS: usize = 3;
+
+pub(crate) struct BlockGroup {
+    pub length: u64,
+    pub flags: u64,
+    pub used: u64,
+    used_on_disk: u64,
+    free: FreeSpace,
+    /// Logical ranges never to allocate from (superblock copies).
+    avoid: Vec<(u64, u64)>,
+    /// False when we cannot tell where the superblock copies land (striped profiles).
+    allocatable: bool,
+}
+
+pub(crate) struct BlockGroups {
+    groups: BTreeMap<u64, BlockGroup>,
+    /// Freed in this transaction: start -> length. Never reused before the commit.
+    pinned: BTreeMap<u64, u64>,
+    /// Per block group type, where the last allocation ended.
+    cursor: BTreeMap<u64, u64>,
+    /// Net change of all `used` counters (for the superblock's bytes_used).
+    pub used_delta: i128,
+}
+
+impl BlockGroups {
+    /// Loads every block group that can hold tree blocks (METADATA or SYSTEM, mixed too)
+    /// from `items` (the extent tree, or the block group tree) and the free space tree.
+    pub(crate) fn load<S: BlockSource + ?Sized>(
+        io: &S,
+        chunks: &ChunkMap,
+        items: &TreeRoot,
+        fst: &TreeRoot,
+        sectorsize: u64,
+    ) -> Result<BlockGroups> {
+        let mut groups = BTreeMap::new();
+        for (&start, chunk) in chunks.chunks() {
+            if chunk.chunk_type & (bg::METADATA | bg::SYSTEM) == 0 {
+                continue;
+            }
+            let key = Key::new(start, item::BLOCK_GROUP_ITEM, chunk.length);
+            let body = ctree::lookup(io, items, &key)?
+                .ok_or_else(|| Error::Unusable(format!("chunk {start} has no block group item")))?;
+            let bgi = BlockGroupItem::parse(&body).map_err(|e| Error::corrupt(0, e.to_string()))?;
+            let free = FreeSpace::load(io, fst, start, chunk.length, sectorsize)?;
+            let (avoid, allocatable) = super_ranges(start, chunk);
+            groups.insert(
+                start,
+                BlockGroup {
+                    length: chunk.length,
+                    flags: bgi.flags,
+                    used: bgi.used,
+                    used_on_disk: bgi.used,
+                    free,
+                    avoid,
+                    allocatable,
+                },
+            );
+        }
+        Ok(BlockGroups {
+            groups,
+            pinned: BTreeMap::new(),
+            cursor: BTreeMap::new(),
+            used_delta: 0,
+        })
+    }
+
+    fn group_of(&mut self, bytenr: u64, len: u64) -> Result<(u64, &mut BlockGroup)> {
+        self.groups
+            .range_mut(..=bytenr)
+            .next_back()
+            .filter(|(&s, g)| bytenr.checked_add(len).is_some_and(|e| e <= s + g.length))
+            .map(|(&s, g)| (s, g))
+            .ok_or_else(|| {
+                Error::corrupt(bytenr, "tree block is not inside a metadata block group")
+            })
+    }
+
+    /// A free, unpinned, `len`-aligned range of `len` bytes in a block group of type `kind`
+    /// (METADATA or SYSTEM); marked used.
+    pub(crate) fn alloc(&mut self, kind: u64, len: u64) -> Result<u64> {
+        // Next fit: continue after the last allocation, so a transaction's blocks end up
+        // together and the search does not walk this transaction's pinned blocks again.
+        let from = self.cursor.get(&kind).copied().unwrap_or(0);
+        let found = self
+            .find(kind, len, from)
+            .or_else(|| self.find(kind, len, 0));
+        let (start, bytenr) = found.ok_or_else(|| {
+            Error::Unsupported(
+                "no free space for a tree block (allocating new chunks is not supported yet)"
+                    .into(),
+            )
+        })?;
+        let g = self
+            .groups
+            .get_mut(&start)
+            .ok_or_else(|| Error::corrupt(bytenr, "block group vanished"))?;
+        g.free.remove(bytenr, len)?;
+        g.used += len;
+        self.cursor.insert(kind, bytenr + len);
+        self.used_delta += len as i128;
+        Ok(bytenr)
+    }
+
+    /// The first fitting place at or after `from`: (block group start, address).
+    fn find(&self, kind: u64, len: u64, from: u64) -> Option<(u64, u64)> {
+        for (&start, g) in self.groups.range(..) {
+            if g.flags & kind == 0
+                || !g.allocatable
+                || g.length.saturating_sub(g.used) < len
+                || start + g.length <= from
+            {
+                continue;
+            }
+            for (s, l) in g.free.ranges() {
+                let end = s + l;
+                if end <= from {
+                    continue;
+                }
+                let mut cand = s.max(from).next_multiple_of(len);
+                while cand + len <= end {
+                    match blocked(&g.avoid, &self.pinned, cand, len) {
+                        Some(skip) => cand = skip.next_multiple_of(len),
+                        None => return Some((start, cand)),
+                    }
+                }
+            }
+        }
+        None
+    }
+
+    /// Returns `[bytenr, bytenr + len)` to its block group; it stays pinned (not reusable)
+    /// until the transaction ends.
+    pub(crate) fn free(&mut self, bytenr: u64, len: u64) -> Result<()> {
+        let (_, g) = self.group_of(bytenr, len)?;
+        g.used = g
+            .used
+            .checked_sub(len)
+            .ok_or_else(|| Error::corrupt(bytenr, "block group used would go below zero"))?;
+        g.free.add(bytenr, len)?;
+        self.used_delta -= len as i128;
+        self.pinned.insert(bytenr, len);
+        Ok(())
+    }
+
+    /// Block groups whose free space differs from the tree: (start, length).
+    pub(crate) fn unsynced_free_space(&self) -> Vec<(u64, u64)> {
+        self.groups
+            .iter()
+            .filter(|(_, g)| g.free.needs_sync())
+            .map(|(&s, g)| (s, g.length))
+            .collect()
+    }
+
+    pub(crate) fn free_space(&self, start: u64) -> Option<&FreeSpace> {
+        self.groups.get(&start).map(|g| &g.free)
+    }
+
+    pub(crate) fn free_space_mut(&mut self, start: u64) -> Option<&mut FreeSpace> {
+        self.groups.get_mut(&start).map(|g| &mut g.free)
+    }
+}
+
+/// The first blocked byte's end if `[cand, cand + len)` hits a superblock range or a
+/// pinned range: allocation resumes there.
+fn blocked(avoid: &[(u64, u64)], pinned: &BTreeMap<u64, u64>, cand: u64, len: u64) -> Option<u64> {
+    for &(s, l) in avoid {
+        if s < cand + len && s + l > cand {
+            return Some(s + l);
+        }
+    }
+    pinned
+        .range(..cand + len)
+        .next_back()
+        .filter(|(&s, &l)| s + l > cand)
+        .map(|(&s, &l)| s + l)
+}
+
+/// Logical ranges of the block group at `start` that hold superblock copies (or the first
+/// MiB of the device), and whether we could work that out.
+fn super_ranges(start: u64, chunk: &oleo_format::items::ChunkItem) -> (Vec<(u64, u64)>, bool) {
+    let mut out = Vec::new();
+    if start < RESERVED_START {
+        out.push((start, RESERVED_START - start));
+    }
+    let profile = chunk.chunk_type & bg::PROFILE_MASK;
+    if profile & (bg::RAID0 | bg::RAID10 | bg::RAID5 | bg::RAID6) != 0 {
+        return (out, false);
+    }
+    // Single, DUP and RAID1*: each stripe is a plain copy of the whole chunk.
+    for stripe in &chunk.stripes {
+        let phys_end = stripe.offset.saturating_add(chunk.length);
+        for mirror in 0..SUPER_MIRRORS {
+            let off = superblock::mirror_offset(mirror);
+            let (lo, hi) = (off.max(stripe.offset), (off + SUPER_STRIPE).min(phys_end));
+            if lo < hi {
+                out.push((start + (lo - stripe.offset), hi - lo));
+            }
+        }
+    }
+    (out, true)
+}
+
+/// Writes every changed `used` counter into its BLOCK_GROUP_ITEM. Returns true if it
+/// changed anything.
+pub(crate) fn sync(txn: &mut Transaction<'_>, items_tree: u64) -> Result<bool> {
+    let todo: Vec<(u64, u64, u64)> = txn
+        .block_groups
+        .groups
+        .iter()
+        .filter(|(_, g)| g.used != g.used_on_disk)
+        .map(|(&s, g)| (s, g.length, g.used))
+        .collect();
+    for &(start, length, used) in &todo {
+        let key = Key::new(start, item::BLOCK_GROUP_ITEM, length);
+        txn.update_item(items_tree, &key, |body| {
+            if body.len() >= 8 {
+                body[..8].copy_from_slice(&used.to_le_bytes());
+            }
+        })?;
+        if let Some(g) = txn.block_groups.groups.get_mut(&start) {
+            g.used_on_disk = used;
+        }
+    }
+    Ok(!todo.is_empty())
+}

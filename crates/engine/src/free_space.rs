@@ -1,0 +1,306 @@
+//! The free space tree (tree 10): per block group, a FREE_SPACE_INFO item and one
+//! FREE_SPACE_EXTENT item per maximal free range. A transaction keeps each touched block
+//! group's free ranges in memory (`FreeSpace`), changes them on every allocation and free,
+//! and at commit rewrites only the items that differ from what the tree holds.
+
+use crate::ctree::{self, BlockSource, TreeRoot};
+use crate::error::{Error, Result};
+use crate::transaction::Transaction;
+use oleo_format::items::{FreeSpaceInfo, FREE_SPACE_USING_BITMAPS};
+use oleo_format::key::{item, objectid, Key};
+use std::collections::BTreeMap;
+use std::ops::ControlFlow;
+
+/// Free ranges of one block group: start -> length, merged maximally.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct FreeSpace {
+    ranges: BTreeMap<u64, u64>,
+    /// What the tree holds (as of the last sync): the diff against `ranges` is the work.
+    on_disk: BTreeMap<u64, u64>,
+    /// The block group keeps bitmaps: the FREE_SPACE_BITMAP items (start, length) that tile
+    /// it. We keep the representation the kernel chose (switching is policy only).
+    bitmaps: Option<Vec<(u64, u64)>>,
+    sectorsize: u64,
+}
+
+impl FreeSpace {
+    /// Reads the block group `[start, start + length)` from the free space tree.
+    pub(crate) fn load<S: BlockSource + ?Sized>(
+        io: &S,
+        fst: &TreeRoot,
+        start: u64,
+        length: u64,
+        sectorsize: u64,
+    ) -> Result<FreeSpace> {
+        let info_key = Key::new(start, item::FREE_SPACE_INFO, length);
+        let info = ctree::lookup(io, fst, &info_key)?.ok_or_else(|| {
+            Error::Unusable(format!(
+                "block group {start} has no FREE_SPACE_INFO in the free space tree"
+            ))
+        })?;
+        let info = FreeSpaceInfo::parse(&info).map_err(|e| Error::corrupt(0, e.to_string()))?;
+        let using_bitmaps = info.flags & FREE_SPACE_USING_BITMAPS != 0;
+        let mut bitmaps = Vec::new();
+        let mut ranges = BTreeMap::new();
+        // A free run open at the end of the previous bitmap: (start, length).
+        let mut run: Option<(u64, u64)> = None;
+        let end = start.saturating_add(length);
+        let mut bad = None;
+        ctree::for_each_in_range(
+            io,
+            fst,
+            Key::new(start, item::FREE_SPACE_EXTENT, 0),
+            Key::new(end.saturating_sub(1), item::FREE_SPACE_BITMAP, u64::MAX),
+            |key, body| {
+                let want = if using_bitmaps {
+                    item::FREE_SPACE_BITMAP
+                } else {
+                    item::FREE_SPACE_EXTENT
+                };
+                if key.item_type != want
+                    || key.objectid.checked_add(key.offset).is_none_or(|e| e > end)
+                    || key.offset == 0
+                {
+                    bad = Some(key);
+                    return Ok(ControlFlow::Break(()));
+                }
+                if !using_bitmaps {
+                    ranges.insert(key.objectid, key.offset);
+                    return Ok(ControlFlow::Continue(()));
+                }
+                let bits = key.offset / sectorsize;
+                if key.offset % sectorsize != 0 || (body.len() as u64) * 8 < bits {
+                    bad = Some(key);
+                    return Ok(ControlFlow::Break(()));
+                }
+                bitmaps.push((key.objectid, key.offset));
+                for i in 0..bits {
+                    let addr = key.objectid + i * sectorsize;
+                    let free = body[(i / 8) as usize] & (1 << (i % 8)) != 0;
+                    run = match (run, free) {
+                        (Some((s, l)), true) if s + l == addr => Some((s, l + sectorsize)),
+                        (Some((s, l)), true) => {
+                            ranges.insert(s, l);
+                            Some((addr, sectorsize))
+                        }
+                        (None, true) => Some((addr, sectorsize)),
+                        (Some((s, l)), false) => {
+                            ranges.insert(s, l);
+                            None
+                        }
+                        (None, false) => None,
+                    };
+                }
+                Ok(ControlFlow::Continue(()))
+            },
+        )?;
+        if let Some((s, l)) = run {
+            ranges.insert(s, l);
+        }
+        if let Some(key) = bad {
+            return Err(Error::Unsupported(format!(
+                "free space item {key:?} of block group {start} is out of range or malformed"
+            )));
+        }
+        if using_bitmaps && bitmaps.iter().map(|b| b.1).sum::<u64>() != length {
+            return Err(Error::Unsupported(format!(
+                "the free space bitmaps of block group {start} do not tile it"
+            )));
+        }
+        if ranges.len() != info.extent_count as usize {
+            return Err(Error::corrupt(
+                0,
+                format!(
+                    "block group {start}: FREE_SPACE_INFO counts {} extents, the tree has {}",
+                    info.extent_count,
+                    ranges.len()
+                ),
+            ));
+        }
+        Ok(FreeSpace {
+            on_disk: ranges.clone(),
+            ranges,
+            bitmaps: using_bitmaps.then_some(bitmaps),
+            sectorsize,
+        })
+    }
+
+    pub(crate) fn ranges(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+        self.ranges.iter().map(|(&s, &l)| (s, l))
+    }
+
+    /// Marks `[start, start + len)` used; it must lie inside one free range.
+    pub(crate) fn remove(&mut self, start: u64, len: u64) -> Result<()> {
+        let (&s, &l) = self
+            .ranges
+            .range(..=start)
+            .next_back()
+            .filter(|(&s, &l)| s + l >= start + len)
+            .ok_or_else(|| {
+                Error::corrupt(start, "allocating space the free space tree says is used")
+            })?;
+        self.ranges.remove(&s);
+        if start > s {
+            self.ranges.insert(s, start - s);
+        }
+        if s + l > start + len {
+            self.ranges.insert(start + len, s + l - start - len);
+        }
+        Ok(())
+    }
+
+    /// Marks `[start, start + len)` free, merging with its neighbours.
+    pub(crate) fn add(&mut self, start: u64, len: u64) -> Result<()> {
+        let end = start + len;
+        let mut new_start = start;
+        let mut new_end = end;
+        if let Some((&s, &l)) = self.ranges.range(..end).next_back() {
+            if s + l > start {
+                return Err(Error::corrupt(start, "freeing space that is already free"));
+            }
+            if s + l == start {
+                new_start = s;
+                self.ranges.remove(&s);
+            }
+        }
+        if let Some(&l) = self.ranges.get(&end) {
+            new_end = end + l;
+            self.ranges.remove(&end);
+        }
+        self.ranges.insert(new_start, new_end - new_start);
+        Ok(())
+    }
+
+    fn is_synced(&self) -> bool {
+        self.ranges == self.on_disk
+    }
+}
+
+/// Brings the free space tree in line with every block group's in-memory ranges. Returns
+/// true if it changed anything (the changes may have allocated blocks: run it again).
+pub(crate) fn sync(txn: &mut Transaction<'_>) -> Result<bool> {
+    let mut changed = false;
+    for (start, length) in txn.block_groups.unsynced_free_space() {
+        let Some(target) = txn.block_groups.free_space(start).cloned() else {
+            continue;
+        };
+        if let Some(bitmaps) = &target.bitmaps {
+            for &(s, l) in bitmaps {
+                let want = bitmap_of(&target.ranges, s, l, target.sectorsize);
+                if want != bitmap_of(&target.on_disk, s, l, target.sectorsize) {
+                    let key = Key::new(s, item::FREE_SPACE_BITMAP, l);
+                    txn.update_item(objectid::FREE_SPACE_TREE, &key, |body| {
+                        if body.len() == want.len() {
+                            body.copy_from_slice(&want);
+                        }
+                    })?;
+                }
+            }
+        }
+        let mut deletes = Vec::new();
+        let mut inserts = Vec::new();
+        let extents = target.bitmaps.is_none();
+        for (&s, &l) in &target.on_disk {
+            if target.ranges.get(&s) != Some(&l) {
+                deletes.push(Key::new(s, item::FREE_SPACE_EXTENT, l));
+            }
+        }
+        for (&s, &l) in &target.ranges {
+            if target.on_disk.get(&s) != Some(&l) {
+                inserts.push(Key::new(s, item::FREE_SPACE_EXTENT, l));
+            }
+        }
+        if !extents {
+            deletes.clear();
+            inserts.clear();
+        }
+        for key in &deletes {
+            txn.delete_item(objectid::FREE_SPACE_TREE, key)?;
+        }
+        for key in &inserts {
+            txn.insert_item(objectid::FREE_SPACE_TREE, *key, &[])?;
+        }
+        let count = u32::try_from(target.ranges.len())
+            .map_err(|_| Error::Unsupported("too many free space extents".into()))?;
+        let info_key = Key::new(start, item::FREE_SPACE_INFO, length);
+        txn.update_item(objectid::FREE_SPACE_TREE, &info_key, |body| {
+            if body.len() >= 4 {
+                body[..4].copy_from_slice(&count.to_le_bytes());
+            }
+        })?;
+        if let Some(fs) = txn.block_groups.free_space_mut(start) {
+            fs.on_disk = target.ranges;
+        }
+        changed = true;
+    }
+    Ok(changed)
+}
+
+impl FreeSpace {
+    pub(crate) fn needs_sync(&self) -> bool {
+        !self.is_synced()
+    }
+}
+
+/// The FREE_SPACE_BITMAP body for `[start, start + len)`: bit i set = sector i free.
+fn bitmap_of(ranges: &BTreeMap<u64, u64>, start: u64, len: u64, sectorsize: u64) -> Vec<u8> {
+    let bits = len / sectorsize;
+    let mut out = vec![0u8; bits.div_ceil(8) as usize];
+    let end = start + len;
+    let first = ranges
+        .range(..=start)
+        .next_back()
+        .map(|(&s, _)| s)
+        .unwrap_or(start);
+    for (&s, &l) in ranges.range(first..end) {
+        let (lo, hi) = (s.max(start), (s + l).min(end));
+        let mut a = lo;
+        while a < hi {
+            let i = (a - start) / sectorsize;
+            out[(i / 8) as usize] |= 1 << (i % 8);
+            a += sectorsize;
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn space(ranges: &[(u64, u64)]) -> FreeSpace {
+        let ranges: BTreeMap<u64, u64> = ranges.iter().copied().collect();
+        FreeSpace {
+            on_disk: ranges.clone(),
+            ranges,
+            bitmaps: None,
+            sectorsize: 4096,
+        }
+    }
+
+    #[test]
+    fn remove_splits_and_add_merges() {
+        let mut fs = space(&[(0, 65536)]);
+        fs.remove(16384, 16384).unwrap();
+        assert_eq!(fs.ranges().collect::<Vec<_>>(), [(0, 16384), (32768, 32768)]);
+        assert!(fs.needs_sync());
+        assert!(fs.remove(20480, 4096).is_err(), "space already used");
+        assert!(fs.add(8192, 4096).is_err(), "space already free");
+        fs.add(16384, 16384).unwrap();
+        assert_eq!(fs.ranges().collect::<Vec<_>>(), [(0, 65536)]);
+        assert!(!fs.needs_sync());
+        fs.remove(0, 4096).unwrap();
+        fs.remove(61440, 4096).unwrap();
+        assert_eq!(fs.ranges().collect::<Vec<_>>(), [(4096, 57344)]);
+    }
+
+    #[test]
+    fn bitmap_bits_are_lsb_first() {
+        let ranges: BTreeMap<u64, u64> = [(4096, 8192), (40960, 4096)].into_iter().collect();
+        let bm = bitmap_of(&ranges, 0, 16 * 4096, 4096);
+        assert_eq!(bm, [0b0000_0110, 0b0000_0100]);
+        // A window that starts inside a free range.
+        let bm = bitmap_of(&ranges, 8192, 8 * 4096, 4096);
+        assert_eq!(bm, [0b0000_0001]);
+    }
+}

@@ -1,0 +1,634 @@
+//! A write transaction: generation T = last committed + 1. It holds every tree block changed
+//! in T in memory (the `BlockStore` the B-tree write side works on), allocates new tree
+//! blocks from metadata (system for the chunk tree) block groups, and on `commit` brings the
+//! bookkeeping to a fixpoint (extent items, block group `used`, free space tree, ROOT_ITEMs),
+//! writes the blocks to every copy, flushes, and only then writes the superblocks.
+//!
+//! Until the superblock is written nothing on disk refers to the new blocks: they go to space
+//! that is free in the last commit, and space freed in T is never reused within T.
+
+use crate::block_group::{self, BlockGroups};
+use crate::ctree::{self, finalize_block, BlockSource, BlockStore, TreeRoot};
+use crate::disk_io::Block;
+use crate::error::{Error, Result};
+use crate::extent_tree::{self, DelayedRefs};
+use crate::free_space;
+use crate::fs::Filesystem;
+use oleo_format::items::block_group as bg;
+use oleo_format::key::{item, objectid, Key};
+use oleo_format::superblock::{self, compat_ro, incompat, BackupRoot, SUPER_INFO_SIZE};
+use oleo_format::TreeBlock;
+use std::collections::BTreeMap;
+use std::ops::ControlFlow;
+
+/// ROOT_ITEM field offsets the commit rewrites.
+const RI_GENERATION: usize = 160;
+const RI_BYTENR: usize = 176;
+const RI_LEVEL: usize = 238;
+const RI_GENERATION_V2: usize = 239;
+const RI_BYTES_USED: usize = 192;
+const RI_CTRANSID: usize = 295;
+const RI_CTIME: usize = 327;
+
+fn put(b: &mut [u8], off: usize, v: u64) {
+    b[off..off + 8].copy_from_slice(&v.to_le_bytes());
+}
+
+fn u64_at(b: &[u8], off: usize) -> u64 {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(&b[off..off + 8]);
+    u64::from_le_bytes(a)
+}
+
+/// Wall-clock time as (seconds, nanoseconds).
+fn now() -> (u64, u32) {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| (d.as_secs(), d.subsec_nanos()))
+        .unwrap_or((0, 0))
+}
+
+/// Rounds of the commit fixpoint before we call it a bug rather than slow convergence.
+const MAX_COMMIT_ROUNDS: usize = 64;
+
+pub struct Transaction<'a> {
+    fs: &'a mut Filesystem,
+    pub(crate) transid: u64,
+    nodesize: u32,
+    chunk_tree_uuid: [u8; 16],
+    dirty: BTreeMap<u64, Vec<u8>>,
+    /// Current root of every tree touched in T.
+    roots: BTreeMap<u64, TreeRoot>,
+    /// The root as its ROOT_ITEM (or the superblock) records it, and that item's key.
+    recorded: BTreeMap<u64, (TreeRoot, Key)>,
+    pub(crate) block_groups: BlockGroups,
+    pub(crate) refs: DelayedRefs,
+    /// Per tree, bytes of tree blocks allocated minus freed (ROOT_ITEM.bytes_used).
+    used_delta: BTreeMap<u64, i64>,
+    /// The tree holding BLOCK_GROUP_ITEMs: the extent tree or the block group tree.
+    bg_items_tree: u64,
+    /// Set when a change failed half-way: the trees may be inconsistent, so no commit.
+    poisoned: Option<String>,
+}
+
+impl Filesystem {
+    /// Starts transaction `generation + 1`. The filesystem must have been opened writable.
+    pub fn start_transaction(&mut self) -> Result<Transaction<'_>> {
+        Transaction::start(self)
+    }
+
+    /// Runs `f` in a new transaction and commits it if `f` succeeds; returns the committed
+    /// generation and what `f` returned.
+    pub fn with_transaction<R>(
+        &mut self,
+        f: impl FnOnce(&mut Transaction<'_>) -> Result<R>,
+    ) -> Result<(u64, R)> {
+        let mut txn = self.start_transaction()?;
+        let r = f(&mut txn)?;
+        let generation = txn.commit()?;
+        Ok((generation, r))
+    }
+}
+
+fn check_writable(fs: &Filesystem) -> Result<()> {
+    let sb = &fs.sb;
+    if !fs.io.device().is_writable() {
+        return Err(Error::ReadOnly);
+    }
+    if sb.log_root != 0 {
+        return Err(Error::Unsupported(
+            "the filesystem has an unreplayed log tree; mount it with the kernel first".into(),
+        ));
+    }
+    if !sb.has_incompat(incompat::SKINNY_METADATA) {
+        return Err(Error::Unsupported(
+            "writing needs skinny metadata extent items (mkfs -O skinny-metadata)".into(),
+        ));
+    }
+    if !sb.has_compat_ro(compat_ro::FREE_SPACE_TREE)
+        || !sb.has_compat_ro(compat_ro::FREE_SPACE_TREE_VALID)
+    {
+        return Err(Error::Unsupported(
+            "writing needs the free space tree (space_cache=v2); this filesystem uses v1".into(),
+        ));
+    }
+    if sb.has_incompat(incompat::EXTENT_TREE_V2)
+        || sb.has_incompat(incompat::ZONED)
+        || sb.has_incompat(incompat::RAID_STRIPE_TREE)
+        || sb.has_incompat(incompat::SIMPLE_QUOTA)
+        || sb.has_incompat(incompat::REMAP_TREE)
+    {
+        return Err(Error::Unsupported(
+            "writing to filesystems with extent-tree-v2, zoned, raid-stripe-tree, simple quota or remap tree is not supported".into(),
+        ));
+    }
+    Ok(())
+}
+
+impl<'a> Transaction<'a> {
+    fn start(fs: &'a mut Filesystem) -> Result<Transaction<'a>> {
+        check_writable(fs)?;
+        let transid = fs
+            .sb
+            .generation
+            .checked_add(1)
+            .ok_or_else(|| Error::Unusable("generation overflows".into()))?;
+        let bg_items_tree = if fs.sb.has_compat_ro(compat_ro::BLOCK_GROUP_TREE) {
+            objectid::BLOCK_GROUP_TREE
+        } else {
+            objectid::EXTENT_TREE
+        };
+        // Quota groups count tree blocks per subvolume: we do not keep them up to date.
+        match load_root(fs, objectid::QUOTA_TREE) {
+            Err(Error::NotFound) => {}
+            Ok(_) => {
+                return Err(Error::Unsupported(
+                    "writing to filesystems with quotas enabled is not supported yet".into(),
+                ))
+            }
+            Err(e) => return Err(e),
+        }
+        let (items_root, _) = load_root(fs, bg_items_tree)?;
+        let (fst_root, _) = load_root(fs, objectid::FREE_SPACE_TREE)?;
+        let block_groups = BlockGroups::load(
+            &fs.io,
+            fs.io.chunks(),
+            &items_root,
+            &fst_root,
+            u64::from(fs.sb.sectorsize),
+        )?;
+        let nodesize = fs.sb.nodesize;
+        // New blocks carry the chunk tree uuid every existing header has.
+        let chunk_tree_uuid = {
+            let rt = fs.root_tree;
+            let b = fs
+                .io
+                .read_tree_block(rt.bytenr, Some(rt.level), Some(rt.generation), None)?;
+            TreeBlock::new(&b)
+                .and_then(|tb| tb.header())
+                .map_err(|e| Error::corrupt(rt.bytenr, e.to_string()))?
+                .chunk_tree_uuid
+        };
+        Ok(Transaction {
+            fs,
+            transid,
+            nodesize,
+            chunk_tree_uuid,
+            dirty: BTreeMap::new(),
+            roots: BTreeMap::new(),
+            recorded: BTreeMap::new(),
+            block_groups,
+            refs: DelayedRefs::default(),
+            used_delta: BTreeMap::new(),
+            bg_items_tree,
+            poisoned: None,
+        })
+    }
+
+    pub fn generation(&self) -> u64 {
+        self.transid
+    }
+
+    /// The filesystem as last committed (reads do not see this transaction's changes).
+    pub fn filesystem(&self) -> &Filesystem {
+        self.fs
+    }
+
+    /// The current root of tree `tree` (as changed in this transaction).
+    pub fn root(&mut self, tree: u64) -> Result<TreeRoot> {
+        if let Some(r) = self.roots.get(&tree) {
+            return Ok(*r);
+        }
+        let (root, key) = load_root(self.fs, tree)?;
+        self.roots.insert(tree, root);
+        self.recorded.insert(tree, (root, key));
+        Ok(root)
+    }
+
+    fn usable(&self) -> Result<()> {
+        match &self.poisoned {
+            Some(why) => Err(Error::Unsupported(format!(
+                "the transaction failed earlier ({why}); it cannot continue"
+            ))),
+            None => Ok(()),
+        }
+    }
+
+    /// Runs a write-side B-tree operation on tree `tree`, keeping its moved root.
+    fn with_root<R>(
+        &mut self,
+        tree: u64,
+        f: impl FnOnce(&mut Self, &mut TreeRoot) -> Result<R>,
+    ) -> Result<R> {
+        self.usable()?;
+        let mut root = self.root(tree)?;
+        let r = f(self, &mut root);
+        self.roots.insert(tree, root);
+        match r {
+            // A missing or taken key leaves the tree consistent (at most its path copied).
+            Err(e) if !matches!(e, Error::NotFound | Error::AlreadyExists) => {
+                self.poisoned = Some(e.to_string());
+                Err(e)
+            }
+            r => r,
+        }
+    }
+
+    pub fn insert_item(&mut self, tree: u64, key: Key, data: &[u8]) -> Result<()> {
+        self.with_root(tree, |s, r| ctree::insert_item(s, r, key, data))
+    }
+
+    /// Inserts items with strictly increasing keys.
+    pub fn insert_items(&mut self, tree: u64, items: &[(Key, &[u8])]) -> Result<()> {
+        self.with_root(tree, |s, r| ctree::insert_items(s, r, items))
+    }
+
+    pub fn delete_item(&mut self, tree: u64, key: &Key) -> Result<()> {
+        self.with_root(tree, |s, r| ctree::delete_item(s, r, key))
+    }
+
+    /// Changes the body of an existing item in place.
+    pub fn update_item<R>(
+        &mut self,
+        tree: u64,
+        key: &Key,
+        f: impl FnOnce(&mut [u8]) -> R,
+    ) -> Result<R> {
+        self.with_root(tree, |s, r| ctree::update_item(s, r, key, f))
+    }
+
+    /// The item with this key as this transaction sees it.
+    pub fn lookup(&mut self, tree: u64, key: &Key) -> Result<Option<Vec<u8>>> {
+        let root = self.root(tree)?;
+        ctree::lookup(&*self, &root, key)
+    }
+
+    /// Calls `f` for every item with `min <= key <= max`, as this transaction sees them.
+    pub fn for_each_in_range(
+        &mut self,
+        tree: u64,
+        min: Key,
+        max: Key,
+        f: impl FnMut(Key, &[u8]) -> Result<ControlFlow<()>>,
+    ) -> Result<()> {
+        let root = self.root(tree)?;
+        ctree::for_each_in_range(&*self, &root, min, max, f)
+    }
+
+    /// Writes changed roots into their ROOT_ITEMs. True if any changed.
+    fn update_root_items(&mut self) -> Result<bool> {
+        let todo: Vec<(u64, TreeRoot, Key, i64)> = self
+            .roots
+            .iter()
+            .filter(|(&id, _)| id != objectid::ROOT_TREE && id != objectid::CHUNK_TREE)
+            .filter_map(|(&id, r)| {
+                let delta = self.used_delta.get(&id).copied().unwrap_or(0);
+                match self.recorded.get(&id) {
+                    Some((rec, key)) if rec != r || delta != 0 => Some((id, *r, *key, delta)),
+                    _ => None,
+                }
+            })
+            .collect();
+        let now = now();
+        for &(id, r, key, delta) in &todo {
+            let subvolume = id == objectid::FS_TREE
+                || (objectid::FIRST_FREE..=objectid::LAST_FREE).contains(&id);
+            let transid = self.transid;
+            let ok = self.update_item(objectid::ROOT_TREE, &key, |b| {
+                if b.len() < RI_CTIME + 12 {
+                    return false;
+                }
+                // Fields past the legacy size count only while generation_v2 matches
+                // generation: an item an old kernel wrote has stale ones, zeroed as the
+                // kernel does when it reads such an item.
+                if u64_at(b, RI_GENERATION_V2) != u64_at(b, RI_GENERATION) {
+                    b[RI_GENERATION_V2..].fill(0);
+                }
+                put(b, RI_GENERATION, r.generation);
+                put(b, RI_BYTENR, r.bytenr);
+                b[RI_LEVEL] = r.level;
+                put(b, RI_GENERATION_V2, r.generation);
+                let used = u64_at(b, RI_BYTES_USED).saturating_add_signed(delta);
+                put(b, RI_BYTES_USED, used);
+                // A subvolume's content changed in this transaction.
+                if subvolume {
+                    put(b, RI_CTRANSID, transid);
+                    put(b, RI_CTIME, now.0);
+                    b[RI_CTIME + 8..RI_CTIME + 12].copy_from_slice(&now.1.to_le_bytes());
+                }
+                true
+            })?;
+            if !ok {
+                return Err(Error::Unsupported(format!(
+                    "tree {id} has a legacy 239-byte ROOT_ITEM; rewriting it is not supported"
+                )));
+            }
+            self.recorded.insert(id, (r, key));
+            self.used_delta.remove(&id);
+        }
+        Ok(!todo.is_empty())
+    }
+
+    /// Commits: bookkeeping to a fixpoint, blocks to disk, flush, superblocks, flush.
+    /// Returns the new generation. On error before the superblock write the disk still
+    /// shows the previous generation.
+    pub fn commit(mut self) -> Result<u64> {
+        self.usable()?;
+        // The root tree is copied in every commit: its root carries the new generation.
+        let (_, ext_key) = self.recorded_key(objectid::EXTENT_TREE)?;
+        self.update_item(objectid::ROOT_TREE, &ext_key, |_| ())?;
+        let mut settled = false;
+        for _ in 0..MAX_COMMIT_ROUNDS {
+            let mut changed = extent_tree::run_delayed_refs(&mut self)?;
+            let bg_tree = self.bg_items_tree;
+            changed |= block_group::sync(&mut self, bg_tree)?;
+            changed |= free_space::sync(&mut self)?;
+            changed |= self.update_root_items()?;
+            if !changed && self.refs.is_empty() {
+                settled = true;
+                break;
+            }
+        }
+        if !settled {
+            return Err(Error::Unsupported(
+                "commit bookkeeping did not reach a fixpoint".into(),
+            ));
+        }
+        let root_tree = self.root(objectid::ROOT_TREE)?;
+        if root_tree.generation != self.transid {
+            return Err(Error::corrupt(
+                root_tree.bytenr,
+                "the root tree was not copied in this commit",
+            ));
+        }
+        let sb = self.new_superblock(root_tree)?;
+        self.write_blocks()?;
+        self.fs.io.flush()?;
+        write_superblocks(self.fs, &sb)?;
+        self.fs.io.flush()?;
+        self.fs.committed(sb, root_tree)?;
+        Ok(self.transid)
+    }
+
+    fn recorded_key(&mut self, tree: u64) -> Result<(TreeRoot, Key)> {
+        self.root(tree)?;
+        self.recorded
+            .get(&tree)
+            .copied()
+            .ok_or_else(|| Error::corrupt(0, format!("tree {tree} has no recorded root")))
+    }
+
+    fn write_blocks(&mut self) -> Result<()> {
+        let csum = self.fs.sb.csum_type();
+        for (&bytenr, block) in self.dirty.iter_mut() {
+            finalize_block(block, csum)?;
+            self.fs.io.write_logical(bytenr, block)?;
+        }
+        Ok(())
+    }
+
+    fn new_superblock(&mut self, root_tree: TreeRoot) -> Result<superblock::Superblock> {
+        let old = &self.fs.sb;
+        let mut sb = old.clone();
+        sb.generation = self.transid;
+        sb.root = root_tree.bytenr;
+        sb.root_level = root_tree.level;
+        if let Some(chunk) = self.roots.get(&objectid::CHUNK_TREE) {
+            if chunk.bytenr != old.chunk_root {
+                sb.chunk_root = chunk.bytenr;
+                sb.chunk_root_level = chunk.level;
+                sb.chunk_root_generation = chunk.generation;
+            }
+        }
+        let used = old.bytes_used as i128 + self.block_groups.used_delta;
+        sb.bytes_used = u64::try_from(used)
+            .map_err(|_| Error::corrupt(0, "superblock bytes_used would go negative"))?;
+        // The kernel keeps uuid_tree_generation at the committed generation once the uuid
+        // tree is known good (it rescans the tree at mount otherwise).
+        if old.uuid_tree_generation == old.generation {
+            sb.uuid_tree_generation = self.transid;
+        }
+        let backup = self.backup_root(&sb)?;
+        sb.backup_roots
+            .resize(superblock::NUM_BACKUP_ROOTS, BackupRoot::default());
+        let newest = sb
+            .backup_roots
+            .iter()
+            .enumerate()
+            .max_by_key(|(_, b)| b.tree_root_gen)
+            .map(|(i, _)| i)
+            .unwrap_or(superblock::NUM_BACKUP_ROOTS - 1);
+        let slot = (newest + 1) % superblock::NUM_BACKUP_ROOTS;
+        sb.backup_roots[slot] = backup;
+        Ok(sb)
+    }
+
+    /// The backup root record of this commit (the ring slot after the newest).
+    fn backup_root(&mut self, sb: &superblock::Superblock) -> Result<BackupRoot> {
+        let mut get = |id: u64| -> Result<TreeRoot> {
+            match self.root(id) {
+                Ok(r) => Ok(r),
+                Err(Error::NotFound) => Ok(TreeRoot {
+                    id,
+                    bytenr: 0,
+                    level: 0,
+                    generation: 0,
+                }),
+                Err(e) => Err(e),
+            }
+        };
+        let extent = get(objectid::EXTENT_TREE)?;
+        let fs_root = get(objectid::FS_TREE)?;
+        let dev = get(objectid::DEV_TREE)?;
+        let csum = get(objectid::CSUM_TREE)?;
+        Ok(BackupRoot {
+            tree_root: sb.root,
+            tree_root_gen: sb.generation,
+            chunk_root: sb.chunk_root,
+            chunk_root_gen: sb.chunk_root_generation,
+            extent_root: extent.bytenr,
+            extent_root_gen: extent.generation,
+            fs_root: fs_root.bytenr,
+            fs_root_gen: fs_root.generation,
+            dev_root: dev.bytenr,
+            dev_root_gen: dev.generation,
+            csum_root: csum.bytenr,
+            csum_root_gen: csum.generation,
+            total_bytes: sb.total_bytes,
+            bytes_used: sb.bytes_used,
+            num_devices: sb.num_devices,
+            tree_root_level: sb.root_level,
+            chunk_root_level: sb.chunk_root_level,
+            extent_root_level: extent.level,
+            fs_root_level: fs_root.level,
+            dev_root_level: dev.level,
+            csum_root_level: csum.level,
+        })
+    }
+}
+
+/// Writes the superblock to every copy that fits on the device, each with its own bytenr.
+fn write_superblocks(fs: &Filesystem, sb: &superblock::Superblock) -> Result<()> {
+    let size = fs.io.device().size();
+    for mirror in 0..3 {
+        let off = superblock::mirror_offset(mirror);
+        if off + SUPER_INFO_SIZE as u64 > size {
+            break;
+        }
+        let mut copy = sb.clone();
+        copy.bytenr = off;
+        let bytes = copy
+            .to_bytes()
+            .map_err(|e| Error::corrupt(off, format!("superblock: {e}")))?;
+        fs.io.device().write_all_at(&bytes, off)?;
+    }
+    Ok(())
+}
+
+/// The committed root of tree `tree` and the key of the item recording it (the superblock
+/// records the root and chunk trees: their key is a placeholder).
+fn load_root(fs: &Filesystem, tree: u64) -> Result<(TreeRoot, Key)> {
+    match tree {
+        objectid::ROOT_TREE => Ok((fs.root_tree, Key::MIN)),
+        objectid::CHUNK_TREE => Ok((
+            TreeRoot {
+                id: tree,
+                bytenr: fs.sb.chunk_root,
+                level: fs.sb.chunk_root_level,
+                generation: fs.sb.chunk_root_generation,
+            },
+            Key::MIN,
+        )),
+        _ => {
+            let mut found = None;
+            ctree::for_each_in_range(
+                &fs.io,
+                &fs.root_tree,
+                Key::new(tree, item::ROOT_ITEM, 0),
+                Key::new(tree, item::ROOT_ITEM, u64::MAX),
+                |key, data| {
+                    let ri = oleo_format::items::RootItem::parse(data)
+                        .map_err(|e| Error::corrupt(0, format!("root item {key:?}: {e}")))?;
+                    found = Some((
+                        TreeRoot {
+                            id: tree,
+                            bytenr: ri.bytenr,
+                            level: ri.level,
+                            generation: ri.generation,
+                        },
+                        key,
+                    ));
+                    Ok(ControlFlow::Break(()))
+                },
+            )?;
+            found.ok_or(Error::NotFound)
+        }
+    }
+}
+
+/// What the pointer to a dirty block promises must hold (it is not checksummed yet).
+fn check_promises(
+    block: &[u8],
+    bytenr: u64,
+    level: Option<u8>,
+    generation: Option<u64>,
+    first_key: Option<Key>,
+) -> Result<()> {
+    let tb = TreeBlock::new(block).map_err(|e| Error::corrupt(bytenr, e.to_string()))?;
+    let first_ok = match first_key {
+        Some(k) => tb.nritems() == 0 || tb.key_at(0).ok() == Some(k),
+        None => true,
+    };
+    if tb.bytenr() != bytenr
+        || level.is_some_and(|l| l != tb.level())
+        || generation.is_some_and(|g| g != tb.generation())
+        || !first_ok
+    {
+        return Err(Error::corrupt(
+            bytenr,
+            "dirty block differs from the pointer to it",
+        ));
+    }
+    Ok(())
+}
+
+impl BlockSource for Transaction<'_> {
+    fn read_tree_block(
+        &self,
+        bytenr: u64,
+        level: Option<u8>,
+        generation: Option<u64>,
+        first_key: Option<Key>,
+    ) -> Result<Block> {
+        if let Some(block) = self.dirty.get(&bytenr) {
+            check_promises(block, bytenr, level, generation, first_key)?;
+            return Ok(block.as_slice().into());
+        }
+        self.fs
+            .io
+            .read_tree_block(bytenr, level, generation, first_key)
+    }
+}
+
+impl BlockStore for Transaction<'_> {
+    fn nodesize(&self) -> u32 {
+        self.nodesize
+    }
+
+    fn transid(&self) -> u64 {
+        self.transid
+    }
+
+    fn fsid(&self) -> [u8; 16] {
+        self.fs.sb.metadata_fsid()
+    }
+
+    fn chunk_tree_uuid(&self) -> [u8; 16] {
+        self.chunk_tree_uuid
+    }
+
+    fn alloc(&mut self, owner: u64, level: u8, _hint: u64) -> Result<u64> {
+        let kind = if owner == objectid::CHUNK_TREE {
+            bg::SYSTEM
+        } else {
+            bg::METADATA
+        };
+        let bytenr = self.block_groups.alloc(kind, u64::from(self.nodesize))?;
+        self.refs.add(bytenr, owner, level)?;
+        *self.used_delta.entry(owner).or_default() += i64::from(self.nodesize);
+        Ok(bytenr)
+    }
+
+    fn free(&mut self, bytenr: u64, tree: u64, level: u8) -> Result<()> {
+        self.dirty.remove(&bytenr);
+        *self.used_delta.entry(tree).or_default() -= i64::from(self.nodesize);
+        self.block_groups.free(bytenr, u64::from(self.nodesize))?;
+        self.refs.drop_ref(bytenr, level)
+    }
+
+    fn on_cow(&mut self, tree: u64, old: &[u8], _new_bytenr: u64) -> Result<()> {
+        let tb = TreeBlock::new(old).map_err(|e| Error::corrupt(0, e.to_string()))?;
+        let (bytenr, level, owner) = (tb.bytenr(), tb.level(), tb.owner());
+        let extent_root = self.root(objectid::EXTENT_TREE)?;
+        let r = extent_tree::check_exclusive(&*self, &extent_root, tree, bytenr, level, owner);
+        if let Err(e) = &r {
+            self.poisoned = Some(e.to_string());
+        }
+        r
+    }
+
+    fn dirty_mut(&mut self, bytenr: u64) -> Option<&mut [u8]> {
+        self.dirty.get_mut(&bytenr).map(|b| b.as_mut_slice())
+    }
+
+    fn insert_dirty(&mut self, bytenr: u64, block: Vec<u8>) -> Result<()> {
+        if block.len() != self.nodesize as usize {
+            return Err(Error::corrupt(
+                bytenr,
+                "dirty block size differs from nodesize",
+            ));
+        }
+        self.dirty.insert(bytenr, block);
+        Ok(())
+    }
+}
