@@ -15,7 +15,7 @@ SEED_BSSPLIT = "4k/20:8k/20:16k/20:32k/10:64k/10:128k/5:256k/5:512k/5:1m/5"
 @dataclass
 class Params:
     reps: int = 3
-    timeout_s: int = 1800            # per measurement, including mkfs/mount/teardown
+    timeout_s: int = 300             # per measurement, including mkfs/mount/teardown
 
     # seed 000: fio 64 KiB sequential buffered writes, fsync after each write
     fsync_jobs: list = field(default_factory=lambda: [1, 4, 16])
@@ -24,19 +24,20 @@ class Params:
 
     # seed 001: fs_mark -S 0 -s 0 -k, one thread per directory
     fsmark_threads: int = 2
-    fsmark_files: int = 20000        # files per thread per loop (fs_mark -n)
-    fsmark_loops: int = 5            # fs_mark -L
+    # fuse2fs slows down with directory size (20000 x 5 per thread took it over 30 minutes)
+    fsmark_files: int = 4000         # files per thread per loop (fs_mark -n)
+    fsmark_loops: int = 3            # fs_mark -L
 
     # seed 002: fio randrw, O_DIRECT, io_uring, one preallocated shared file
     uring_jobs: int = 2
-    uring_file_mib: int = 4096
-    uring_runtime_s: int = 20
+    uring_file_mib: int = 1024
+    uring_runtime_s: int = 10
     uring_iodepth: int = 64
     uring_bssplit: str = SEED_BSSPLIT
 
     # seed 003: dbench
     dbench_clients: list = field(default_factory=lambda: [1, 8, 32])
-    dbench_runtime_s: int = 20
+    dbench_runtime_s: int = 8
 
     # seed 004: buffered sequential fio writer in a subvolume, snapshot after a delay
     snap_delay_s: float = 5.0
@@ -45,7 +46,7 @@ class Params:
 
     # read workloads, all on one prepared data set per filesystem family
     seq_file_mib: int = 1024
-    rand_runtime_s: int = 10
+    rand_runtime_s: int = 8
     walk_files: int = 100000
     walk_dirs: int = 100
 
