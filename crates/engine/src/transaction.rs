@@ -14,31 +14,12 @@ use crate::error::{Error, Result};
 use crate::extent_tree::{self, DelayedRefs};
 use crate::free_space;
 use crate::fs::Filesystem;
-use oleo_format::items::block_group as bg;
+use oleo_format::items::{block_group as bg, RootItem, Timespec, ROOT_ITEM_SIZE};
 use oleo_format::key::{item, objectid, Key};
 use oleo_format::superblock::{self, compat_ro, incompat, BackupRoot, SUPER_INFO_SIZE};
 use oleo_format::TreeBlock;
 use std::collections::BTreeMap;
 use std::ops::ControlFlow;
-
-/// ROOT_ITEM field offsets the commit rewrites.
-const RI_GENERATION: usize = 160;
-const RI_BYTENR: usize = 176;
-const RI_LEVEL: usize = 238;
-const RI_GENERATION_V2: usize = 239;
-const RI_BYTES_USED: usize = 192;
-const RI_CTRANSID: usize = 295;
-const RI_CTIME: usize = 327;
-
-fn put(b: &mut [u8], off: usize, v: u64) {
-    b[off..off + 8].copy_from_slice(&v.to_le_bytes());
-}
-
-fn u64_at(b: &[u8], off: usize) -> u64 {
-    let mut a = [0u8; 8];
-    a.copy_from_slice(&b[off..off + 8]);
-    u64::from_le_bytes(a)
-}
 
 /// Wall-clock time as (seconds, nanoseconds).
 fn now() -> (u64, u32) {
@@ -294,30 +275,34 @@ impl<'a> Transaction<'a> {
             let subvolume = id == objectid::FS_TREE
                 || (objectid::FIRST_FREE..=objectid::LAST_FREE).contains(&id);
             let transid = self.transid;
-            let ok = self.update_item(objectid::ROOT_TREE, &key, |b| {
-                if b.len() < RI_CTIME + 12 {
-                    return false;
-                }
-                // Fields past the legacy size count only while generation_v2 matches
-                // generation: an item an old kernel wrote has stale ones, zeroed as the
-                // kernel does when it reads such an item.
-                if u64_at(b, RI_GENERATION_V2) != u64_at(b, RI_GENERATION) {
-                    b[RI_GENERATION_V2..].fill(0);
-                }
-                put(b, RI_GENERATION, r.generation);
-                put(b, RI_BYTENR, r.bytenr);
-                b[RI_LEVEL] = r.level;
-                put(b, RI_GENERATION_V2, r.generation);
-                let used = u64_at(b, RI_BYTES_USED).saturating_add_signed(delta);
-                put(b, RI_BYTES_USED, used);
-                // A subvolume's content changed in this transaction.
-                if subvolume {
-                    put(b, RI_CTRANSID, transid);
-                    put(b, RI_CTIME, now.0);
-                    b[RI_CTIME + 8..RI_CTIME + 12].copy_from_slice(&now.1.to_le_bytes());
-                }
-                true
-            })?;
+            let ok = self
+                .update_item(objectid::ROOT_TREE, &key, |b| {
+                    // Legacy 239-byte items would have to grow: not done in place.
+                    if b.len() < ROOT_ITEM_SIZE {
+                        return Ok(false);
+                    }
+                    // Parsing drops fields past the legacy size when generation_v2 differs
+                    // (an old kernel wrote them), as the kernel does when it reads such an item.
+                    let mut ri = RootItem::parse(b)?;
+                    ri.generation = r.generation;
+                    ri.generation_v2 = r.generation;
+                    ri.bytenr = r.bytenr;
+                    ri.level = r.level;
+                    ri.bytes_used = ri.bytes_used.saturating_add_signed(delta);
+                    // A subvolume's content changed in this transaction.
+                    if subvolume {
+                        ri.ctransid = transid;
+                        ri.ctime = Timespec {
+                            sec: now.0 as i64,
+                            nsec: now.1,
+                        };
+                    }
+                    b[..ROOT_ITEM_SIZE].copy_from_slice(&ri.to_bytes());
+                    Ok(true)
+                })?
+                .map_err(|e: oleo_format::FormatError| {
+                    Error::corrupt(0, format!("root item of tree {id}: {e}"))
+                })?;
             if !ok {
                 return Err(Error::Unsupported(format!(
                     "tree {id} has a legacy 239-byte ROOT_ITEM; rewriting it is not supported"
