@@ -42,8 +42,7 @@ pub(crate) struct BlockGroups {
 }
 
 impl BlockGroups {
-    /// Loads every block group that can hold tree blocks (METADATA or SYSTEM, mixed too)
-    /// from `items` (the extent tree, or the block group tree) and the free space tree.
+    /// Loads every block group (data, metadata, system) from `items` (the extent tree, or the block group tree) and the free space tree.
     pub(crate) fn load<S: BlockSource + ?Sized>(
         io: &S,
         chunks: &ChunkMap,
@@ -53,9 +52,6 @@ impl BlockGroups {
     ) -> Result<BlockGroups> {
         let mut groups = BTreeMap::new();
         for (&start, chunk) in chunks.chunks() {
-            if chunk.chunk_type & (bg::METADATA | bg::SYSTEM) == 0 {
-                continue;
-            }
             let key = Key::new(start, item::BLOCK_GROUP_ITEM, chunk.length);
             let body = ctree::lookup(io, items, &key)?
                 .ok_or_else(|| Error::Unusable(format!("chunk {start} has no block group item")))?;
@@ -97,18 +93,18 @@ impl BlockGroups {
     /// A free, unpinned, `len`-aligned range of `len` bytes in a block group of type `kind`
     /// (METADATA or SYSTEM); marked used.
     pub(crate) fn alloc(&mut self, kind: u64, len: u64) -> Result<u64> {
+        self.alloc_aligned(kind, len, len)
+    }
+
+    /// Like `alloc`, for `len` bytes aligned to `align` (data extents: the sector size).
+    pub(crate) fn alloc_aligned(&mut self, kind: u64, len: u64, align: u64) -> Result<u64> {
         // Next fit: continue after the last allocation, so a transaction's blocks end up
         // together and the search does not walk this transaction's pinned blocks again.
         let from = self.cursor.get(&kind).copied().unwrap_or(0);
         let found = self
-            .find(kind, len, from)
-            .or_else(|| self.find(kind, len, 0));
-        let (start, bytenr) = found.ok_or_else(|| {
-            Error::Unsupported(
-                "no free space for a tree block (allocating new chunks is not supported yet)"
-                    .into(),
-            )
-        })?;
+            .find(kind, len, align, from)
+            .or_else(|| self.find(kind, len, align, 0));
+        let (start, bytenr) = found.ok_or(Error::NoSpace)?;
         let g = self
             .groups
             .get_mut(&start)
@@ -121,7 +117,7 @@ impl BlockGroups {
     }
 
     /// The first fitting place at or after `from`: (block group start, address).
-    fn find(&self, kind: u64, len: u64, from: u64) -> Option<(u64, u64)> {
+    fn find(&self, kind: u64, len: u64, align: u64, from: u64) -> Option<(u64, u64)> {
         for (&start, g) in self.groups.range(..) {
             if g.flags & kind == 0
                 || !g.allocatable
@@ -135,10 +131,10 @@ impl BlockGroups {
                 if end <= from {
                     continue;
                 }
-                let mut cand = s.max(from).next_multiple_of(len);
+                let mut cand = s.max(from).next_multiple_of(align);
                 while cand + len <= end {
                     match blocked(&g.avoid, &self.pinned, cand, len) {
-                        Some(skip) => cand = skip.next_multiple_of(len),
+                        Some(skip) => cand = skip.next_multiple_of(align),
                         None => return Some((start, cand)),
                     }
                 }
@@ -159,6 +155,40 @@ impl BlockGroups {
         self.used_delta -= len as i128;
         self.pinned.insert(bytenr, len);
         Ok(())
+    }
+
+    /// Bytes that allocations of type `kind` can still get in this transaction: free
+    /// space not pinned, in allocatable block groups.
+    pub(crate) fn available(&self, kind: u64) -> u64 {
+        let mut total = 0u64;
+        for (&start, g) in &self.groups {
+            if g.flags & kind == 0 || !g.allocatable {
+                continue;
+            }
+            let end = start + g.length;
+            let pinned: u64 = self
+                .pinned
+                .range(start..end)
+                .map(|(_, &l)| l)
+                .sum();
+            total += g.length.saturating_sub(g.used).saturating_sub(pinned);
+        }
+        total
+    }
+
+    /// True if a commit would make freed space of type `kind` reusable.
+    pub(crate) fn has_pinned(&self, kind: u64) -> bool {
+        self.pinned.iter().any(|(&s, _)| {
+            self.groups
+                .range(..=s)
+                .next_back()
+                .is_some_and(|(_, g)| g.flags & kind != 0)
+        })
+    }
+
+    /// (type flags, length, used) of every block group, for statfs.
+    pub(crate) fn summary(&self) -> impl Iterator<Item = (u64, u64, u64)> + '_ {
+        self.groups.values().map(|g| (g.flags, g.length, g.used))
     }
 
     /// Block groups whose free space differs from the tree: (start, length).

@@ -61,7 +61,7 @@ impl Filesystem {
         }
         let tree = self.tree_of(dir)?;
         let Some(body) = lookup(
-            self.io(),
+            self,
             &tree,
             &Key::new(dir.ino, item::DIR_ITEM, name_hash(name)),
         )?
@@ -91,7 +91,7 @@ impl Filesystem {
         }
         let mut parent = None;
         for_each_in_range(
-            self.io(),
+            self,
             &tree,
             Key::new(dir.ino, item::INODE_REF, 0),
             Key::new(dir.ino, item::INODE_REF, u64::MAX),
@@ -123,7 +123,7 @@ impl Filesystem {
         let tree = self.tree_of(dir)?;
         let min = Key::new(dir.ino, item::DIR_INDEX, from.max(2));
         let max = Key::new(dir.ino, item::DIR_INDEX, u64::MAX);
-        for_each_in_range(self.io(), &tree, min, max, |key, body| {
+        for_each_in_range(self, &tree, min, max, |key, body| {
             for e in DirEntryIter::new(body) {
                 let e = e.map_err(|e| Error::corrupt(0, format!("dir index {key:?}: {e}")))?;
                 let Some(kind) = kind_of(e.kind()) else {

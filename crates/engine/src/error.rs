@@ -41,6 +41,20 @@ pub enum Error {
         offset: u64,
         logical: u64,
     },
+    /// An earlier failure aborted a transaction: no more writes until remounted.
+    #[error("the filesystem went read-only after an aborted transaction: {0}")]
+    Aborted(String),
+    /// Not enough free space for the operation (nothing was changed).
+    #[error("no space left on device")]
+    NoSpace,
+    #[error("directory not empty")]
+    NotEmpty,
+    #[error("name too long")]
+    NameTooLong,
+    #[error("too many links")]
+    TooManyLinks,
+    #[error("file too large")]
+    FileTooBig,
     /// The image cannot be used at all (bad superblock, missing trees, ...).
     #[error("unusable filesystem: {0}")]
     Unusable(String),
@@ -71,6 +85,12 @@ impl Error {
             Error::Corrupt { .. } => libc::EUCLEAN,
             Error::DataChecksum { .. } => libc::EIO,
             Error::Unusable(_) => libc::EIO,
+            Error::Aborted(_) => libc::EROFS,
+            Error::NoSpace => libc::ENOSPC,
+            Error::NotEmpty => libc::ENOTEMPTY,
+            Error::NameTooLong => libc::ENAMETOOLONG,
+            Error::TooManyLinks => libc::EMLINK,
+            Error::FileTooBig => libc::EFBIG,
         }
     }
 }

@@ -89,7 +89,7 @@ impl Filesystem {
     ) -> Result<()> {
         let tree = self.tree_of(id)?;
         let mut cur = Cursor::search(
-            self.io(),
+            self,
             &tree,
             &Key::new(id.ino, item::EXTENT_DATA, start),
         )?;
@@ -333,11 +333,11 @@ impl Filesystem {
         let sector = self.sb.sectorsize as u64;
         let size = self.sb.csum_type().size();
         let mut out = vec![None; ((end - start) / sector) as usize];
-        let Some(tree) = self.csum_tree else {
+        let Some(tree) = self.csum_root() else {
             return Ok(out);
         };
         let mut cur = Cursor::search(
-            self.io(),
+            self,
             &tree,
             &Key::new(objectid::EXTENT_CSUM, item::EXTENT_CSUM, start),
         )?;

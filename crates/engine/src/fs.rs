@@ -151,6 +151,10 @@ pub struct Filesystem {
     pub(crate) extents: Cache<u64, Arc<Vec<u8>>, crate::file::ExtentWeight>,
     top: InodeId,
     pending_log: bool,
+    /// The running transaction between operations (see `transaction`).
+    pub(crate) running: Option<Box<crate::transaction::TxnState>>,
+    /// Why writing stopped (an aborted transaction).
+    pub(crate) aborted: Option<String>,
 }
 
 impl Filesystem {
@@ -231,6 +235,8 @@ impl Filesystem {
                 ino: objectid::FIRST_FREE,
             },
             pending_log,
+            running: None,
+            aborted: None,
         };
         fs.csum_tree = fs.read_root_item(objectid::CSUM_TREE)?.map(|(r, _)| r);
         if fs.subvol_root(objectid::FS_TREE)?.is_none() {
@@ -283,8 +289,8 @@ impl Filesystem {
     pub(crate) fn read_root_item(&self, id: u64) -> Result<Option<(TreeRoot, RootItem)>> {
         let mut found = None;
         crate::ctree::for_each_in_range(
-            &self.io,
-            &self.root_tree,
+            self,
+            &self.root_tree(),
             Key::new(id, item::ROOT_ITEM, 0),
             Key::new(id, item::ROOT_ITEM, u64::MAX),
             |key, data| {
@@ -309,6 +315,34 @@ impl Filesystem {
         &self.io
     }
 
+    /// The root of tree `id` as the running transaction left it, if it changed it.
+    pub(crate) fn running_root(&self, id: u64) -> Option<TreeRoot> {
+        self.running.as_ref().and_then(|t| t.roots.get(&id).copied())
+    }
+
+    /// The root tree as current reads see it.
+    pub(crate) fn root_tree(&self) -> TreeRoot {
+        self.running_root(objectid::ROOT_TREE).unwrap_or(self.root_tree)
+    }
+
+    /// The checksum tree as current reads see it.
+    pub(crate) fn csum_root(&self) -> Option<TreeRoot> {
+        self.running_root(objectid::CSUM_TREE).or(self.csum_tree)
+    }
+
+    /// Forgets the running transaction and every cache that may hold its view.
+    pub(crate) fn drop_running(&mut self) {
+        self.running = None;
+        self.subvol_roots.write().clear();
+        self.inodes.clear();
+        self.extents.clear();
+    }
+
+    /// True while changes are waiting for a commit.
+    pub fn has_uncommitted_changes(&self) -> bool {
+        self.running.is_some()
+    }
+
     /// Makes a commit's superblock the in-memory state: new roots, and every cache that
     /// may hold the previous generation's view dropped.
     pub(crate) fn committed(&mut self, mut sb: Superblock, root_tree: TreeRoot) -> Result<()> {
@@ -316,9 +350,7 @@ impl Filesystem {
         self.io.ctx.super_generation = sb.generation;
         self.root_tree = root_tree;
         self.sb = sb;
-        self.subvol_roots.write().clear();
-        self.inodes.clear();
-        self.extents.clear();
+        self.drop_running();
         self.csum_tree = self.read_root_item(objectid::CSUM_TREE)?.map(|(r, _)| r);
         Ok(())
     }
@@ -401,4 +433,21 @@ fn read_chunk_tree(io: &DiskIo, chunk_root: &TreeRoot) -> Result<ChunkMap> {
         return Err(Error::Unusable("the chunk tree has no chunks".into()));
     }
     Ok(map)
+}
+
+/// Reads see the running transaction's blocks before the disk's.
+impl crate::ctree::BlockSource for Filesystem {
+    fn read_tree_block(
+        &self,
+        bytenr: u64,
+        level: Option<u8>,
+        generation: Option<u64>,
+        first_key: Option<Key>,
+    ) -> Result<crate::disk_io::Block> {
+        if let Some(block) = self.running.as_ref().and_then(|t| t.dirty.get(&bytenr)) {
+            crate::transaction::check_promises(block, bytenr, level, generation, first_key)?;
+            return Ok(block.as_slice().into());
+        }
+        self.io.read_tree_block(bytenr, level, generation, first_key)
+    }
 }

@@ -32,7 +32,7 @@ impl Filesystem {
             return Ok(i);
         }
         let tree = self.tree_of(id)?;
-        let body = lookup(self.io(), &tree, &Key::new(id.ino, item::INODE_ITEM, 0))?
+        let body = lookup(self, &tree, &Key::new(id.ino, item::INODE_ITEM, 0))?
             .ok_or(Error::NotFound)?;
         let inode = Arc::new(InodeItem::parse(&body).map_err(|e| {
             Error::corrupt(
@@ -122,7 +122,7 @@ impl Filesystem {
             }
             let mut next = None;
             for_each_in_range(
-                self.io(),
+                self,
                 &tree,
                 Key::new(ino, item::INODE_REF, 0),
                 Key::new(ino, item::INODE_REF, u64::MAX),

@@ -15,7 +15,7 @@ impl Filesystem {
     pub fn tree_root(&self, id: u64) -> Result<Option<TreeRoot>> {
         let sb = &self.sb;
         Ok(match id {
-            objectid::ROOT_TREE => Some(self.root_tree),
+            objectid::ROOT_TREE => Some(self.root_tree()),
             objectid::CHUNK_TREE => Some(TreeRoot {
                 id,
                 bytenr: sb.chunk_root,
@@ -37,8 +37,8 @@ impl Filesystem {
     pub fn tree_ids(&self) -> Result<Vec<u64>> {
         let mut ids = vec![objectid::ROOT_TREE, objectid::CHUNK_TREE];
         crate::ctree::for_each_in_range(
-            self.io(),
-            &self.root_tree,
+            self,
+            &self.root_tree(),
             Key::MIN,
             Key::MAX,
             |key, _| {
@@ -60,7 +60,7 @@ impl Filesystem {
         f: &mut dyn FnMut(TreeBlock<'_>),
         on_error: &mut dyn FnMut(&Error),
     ) -> Result<()> {
-        let block = self.io().read_tree_block(
+        let block = crate::ctree::BlockSource::read_tree_block(self, 
             root.bytenr,
             Some(root.level),
             Some(root.generation),
@@ -85,7 +85,7 @@ impl Filesystem {
             let p = tb
                 .key_ptr(slot)
                 .map_err(|e| Error::corrupt(tb.bytenr(), e.to_string()))?;
-            match self.io().read_tree_block(
+            match crate::ctree::BlockSource::read_tree_block(self, 
                 p.blockptr,
                 Some(tb.level() - 1),
                 Some(p.generation),

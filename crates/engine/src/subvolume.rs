@@ -15,6 +15,9 @@ impl Filesystem {
         if !objectid::is_fs_tree(id) {
             return Ok(None);
         }
+        if let Some(r) = self.running_root(id) {
+            return Ok(Some(r));
+        }
         if let Some(r) = self.subvol_roots.read().get(&id) {
             return Ok(*r);
         }
@@ -44,8 +47,8 @@ impl Filesystem {
             ino: objectid::EMPTY_SUBVOL_DIR,
         };
         let Some(body) = lookup(
-            self.io(),
-            &self.root_tree,
+            self,
+            &self.root_tree(),
             &Key::new(dir.subvol, item::ROOT_REF, child),
         )?
         else {
@@ -120,7 +123,7 @@ impl Filesystem {
             item::DIR_ITEM,
             name_hash(b"default"),
         );
-        if let Some(body) = lookup(self.io(), &self.root_tree, &key)? {
+        if let Some(body) = lookup(self, &self.root_tree(), &key)? {
             for e in DirEntryIter::new(&body) {
                 let e = e.map_err(|e| Error::corrupt(0, format!("default dir item: {e}")))?;
                 if e.name == b"default" && e.location.item_type == item::ROOT_ITEM {
@@ -137,7 +140,7 @@ impl Filesystem {
         let min = Key::new(objectid::FS_TREE, item::ROOT_ITEM, 0);
         let max = Key::new(objectid::LAST_FREE, item::ROOT_ITEM, u64::MAX);
         let mut ids = Vec::new();
-        for_each_in_range(self.io(), &self.root_tree, min, max, |key, data| {
+        for_each_in_range(self, &self.root_tree(), min, max, |key, data| {
             if key.item_type == item::ROOT_ITEM && objectid::is_fs_tree(key.objectid) {
                 if let Ok(ri) = oleo_format::items::RootItem::parse(data) {
                     if ri.refs > 0 {
@@ -174,8 +177,8 @@ impl Filesystem {
     pub(crate) fn root_backref(&self, id: u64) -> Result<Option<(u64, RootRef)>> {
         let mut found = None;
         for_each_in_range(
-            self.io(),
-            &self.root_tree,
+            self,
+            &self.root_tree(),
             Key::new(id, item::ROOT_BACKREF, 0),
             Key::new(id, item::ROOT_BACKREF, u64::MAX),
             |key, data| {

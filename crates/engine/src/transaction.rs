@@ -32,14 +32,15 @@ fn now() -> (u64, u32) {
 /// Rounds of the commit fixpoint before we call it a bug rather than slow convergence.
 const MAX_COMMIT_ROUNDS: usize = 64;
 
-pub struct Transaction<'a> {
-    fs: &'a mut Filesystem,
+/// The running transaction's state. It lives in `Filesystem::running` between operations,
+/// so every operation joins it and reads see its changes until it is committed.
+pub struct TxnState {
     pub(crate) transid: u64,
     nodesize: u32,
     chunk_tree_uuid: [u8; 16],
-    dirty: BTreeMap<u64, Vec<u8>>,
+    pub(crate) dirty: BTreeMap<u64, Vec<u8>>,
     /// Current root of every tree touched in T.
-    roots: BTreeMap<u64, TreeRoot>,
+    pub(crate) roots: BTreeMap<u64, TreeRoot>,
     /// The root as its ROOT_ITEM (or the superblock) records it, and that item's key.
     recorded: BTreeMap<u64, (TreeRoot, Key)>,
     pub(crate) block_groups: BlockGroups,
@@ -50,6 +51,26 @@ pub struct Transaction<'a> {
     bg_items_tree: u64,
     /// Set when a change failed half-way: the trees may be inconsistent, so no commit.
     poisoned: Option<String>,
+}
+
+/// A handle on the running transaction (generation T = last committed + 1). Dropping it
+/// leaves the changes in the running transaction for the next operation to join; `commit`
+/// writes them out.
+pub struct Transaction<'a> {
+    fs: &'a mut Filesystem,
+}
+
+impl std::ops::Deref for Transaction<'_> {
+    type Target = TxnState;
+    fn deref(&self) -> &TxnState {
+        self.fs.running.as_deref().expect("a Transaction always has running state")
+    }
+}
+
+impl std::ops::DerefMut for Transaction<'_> {
+    fn deref_mut(&mut self) -> &mut TxnState {
+        self.fs.running.as_deref_mut().expect("a Transaction always has running state")
+    }
 }
 
 impl Filesystem {
@@ -106,8 +127,8 @@ fn check_writable(fs: &Filesystem) -> Result<()> {
     Ok(())
 }
 
-impl<'a> Transaction<'a> {
-    fn start(fs: &'a mut Filesystem) -> Result<Transaction<'a>> {
+impl TxnState {
+    fn new(fs: &Filesystem) -> Result<TxnState> {
         check_writable(fs)?;
         let transid = fs
             .sb
@@ -150,8 +171,7 @@ impl<'a> Transaction<'a> {
                 .map_err(|e| Error::corrupt(rt.bytenr, e.to_string()))?
                 .chunk_tree_uuid
         };
-        Ok(Transaction {
-            fs,
+        Ok(TxnState {
             transid,
             nodesize,
             chunk_tree_uuid,
@@ -166,11 +186,25 @@ impl<'a> Transaction<'a> {
         })
     }
 
+}
+
+impl<'a> Transaction<'a> {
+    fn start(fs: &'a mut Filesystem) -> Result<Transaction<'a>> {
+        if let Some(why) = &fs.aborted {
+            return Err(Error::Aborted(why.clone()));
+        }
+        if fs.running.is_none() {
+            let st = TxnState::new(fs)?;
+            fs.running = Some(Box::new(st));
+        }
+        Ok(Transaction { fs })
+    }
+
     pub fn generation(&self) -> u64 {
         self.transid
     }
 
-    /// The filesystem as last committed (reads do not see this transaction's changes).
+    /// The filesystem; its reads see this transaction's changes.
     pub fn filesystem(&self) -> &Filesystem {
         self.fs
     }
@@ -236,6 +270,38 @@ impl<'a> Transaction<'a> {
         f: impl FnOnce(&mut [u8]) -> R,
     ) -> Result<R> {
         self.with_root(tree, |s, r| ctree::update_item(s, r, key, f))
+    }
+
+    /// Replaces the body of an existing item (growing or shrinking it as needed).
+    pub fn replace_item(&mut self, tree: u64, key: &Key, body: &[u8]) -> Result<()> {
+        let len = body.len();
+        self.with_root(tree, |s, r| {
+            ctree::resize_item(s, r, key, len)?;
+            ctree::update_item(s, r, key, |b| b.copy_from_slice(body))
+        })
+    }
+
+    /// Inserts the item, or replaces the body of the one with this key.
+    pub fn put_item(&mut self, tree: u64, key: Key, body: &[u8]) -> Result<()> {
+        match self.insert_item(tree, key, body) {
+            Err(Error::AlreadyExists) => self.replace_item(tree, &key, body),
+            r => r,
+        }
+    }
+
+    /// Changes an item's key in place; `new_key` must sort between its neighbours.
+    pub fn set_item_key(&mut self, tree: u64, key: &Key, new_key: Key) -> Result<()> {
+        self.with_root(tree, |s, r| ctree::set_item_key(s, r, key, new_key))
+    }
+
+    /// The last item with `key`'s objectid and type and a key <= `key`.
+    pub fn lookup_le(&mut self, tree: u64, key: &Key) -> Result<Option<(Key, Vec<u8>)>> {
+        let root = self.root(tree)?;
+        ctree::lookup_le(&*self, &root, key)
+    }
+
+    pub(crate) fn fs_mut(&mut self) -> &mut Filesystem {
+        self.fs
     }
 
     /// The item with this key as this transaction sees it.
@@ -318,16 +384,28 @@ impl<'a> Transaction<'a> {
     /// Returns the new generation. On error before the superblock write the disk still
     /// shows the previous generation.
     pub fn commit(mut self) -> Result<u64> {
+        match self.try_commit() {
+            Ok(generation) => Ok(generation),
+            Err(e) => {
+                // Half-written blocks sit in space the last commit does not use: the disk
+                // is intact, but the in-memory state can no longer be trusted.
+                self.abort(&format!("commit failed: {e}"));
+                Err(e)
+            }
+        }
+    }
+
+    fn try_commit(&mut self) -> Result<u64> {
         self.usable()?;
         // The root tree is copied in every commit: its root carries the new generation.
         let (_, ext_key) = self.recorded_key(objectid::EXTENT_TREE)?;
         self.update_item(objectid::ROOT_TREE, &ext_key, |_| ())?;
         let mut settled = false;
         for _ in 0..MAX_COMMIT_ROUNDS {
-            let mut changed = extent_tree::run_delayed_refs(&mut self)?;
+            let mut changed = extent_tree::run_delayed_refs(self)?;
             let bg_tree = self.bg_items_tree;
-            changed |= block_group::sync(&mut self, bg_tree)?;
-            changed |= free_space::sync(&mut self)?;
+            changed |= block_group::sync(self, bg_tree)?;
+            changed |= free_space::sync(self)?;
             changed |= self.update_root_items()?;
             if !changed && self.refs.is_empty() {
                 settled = true;
@@ -351,8 +429,9 @@ impl<'a> Transaction<'a> {
         self.fs.io.flush()?;
         write_superblocks(self.fs, &sb)?;
         self.fs.io.flush()?;
+        let transid = self.transid;
         self.fs.committed(sb, root_tree)?;
-        Ok(self.transid)
+        Ok(transid)
     }
 
     fn recorded_key(&mut self, tree: u64) -> Result<(TreeRoot, Key)> {
@@ -364,12 +443,32 @@ impl<'a> Transaction<'a> {
     }
 
     fn write_blocks(&mut self) -> Result<()> {
-        let csum = self.fs.sb.csum_type();
-        for (&bytenr, block) in self.dirty.iter_mut() {
+        let fs = &mut *self.fs;
+        let csum = fs.sb.csum_type();
+        let st = fs.running.as_deref_mut().ok_or(Error::NotFound)?;
+        for (&bytenr, block) in st.dirty.iter_mut() {
             finalize_block(block, csum)?;
-            self.fs.io.write_logical(bytenr, block)?;
+            fs.io.write_logical(bytenr, block)?;
         }
         Ok(())
+    }
+
+    /// Throws the running transaction away after a failure left its trees inconsistent.
+    /// The disk still holds the last commit; changes since are lost, so the filesystem
+    /// refuses further writes (as the kernel turns read-only after an abort).
+    pub fn abort(self, why: &str) {
+        log::error!(
+            "transaction {} aborted: {why}; changes since generation {} are lost and the filesystem is now read-only",
+            self.transid,
+            self.fs.sb.generation
+        );
+        self.fs.aborted = Some(why.to_string());
+        self.fs.drop_running();
+    }
+
+    /// The failure that poisoned this transaction, if any.
+    pub fn poisoned(&self) -> Option<&str> {
+        self.poisoned.as_deref()
     }
 
     fn new_superblock(&mut self, root_tree: TreeRoot) -> Result<superblock::Superblock> {
@@ -512,7 +611,7 @@ fn load_root(fs: &Filesystem, tree: u64) -> Result<(TreeRoot, Key)> {
 }
 
 /// What the pointer to a dirty block promises must hold (it is not checksummed yet).
-fn check_promises(
+pub(crate) fn check_promises(
     block: &[u8],
     bytenr: u64,
     level: Option<u8>,
@@ -578,17 +677,21 @@ impl BlockStore for Transaction<'_> {
         } else {
             bg::METADATA
         };
-        let bytenr = self.block_groups.alloc(kind, u64::from(self.nodesize))?;
-        self.refs.add(bytenr, owner, level)?;
-        *self.used_delta.entry(owner).or_default() += i64::from(self.nodesize);
+        let st = &mut **self;
+        let size = u64::from(st.nodesize);
+        let bytenr = st.block_groups.alloc(kind, size)?;
+        st.refs.add(bytenr, owner, level)?;
+        *st.used_delta.entry(owner).or_default() += size as i64;
         Ok(bytenr)
     }
 
     fn free(&mut self, bytenr: u64, tree: u64, level: u8) -> Result<()> {
-        self.dirty.remove(&bytenr);
-        *self.used_delta.entry(tree).or_default() -= i64::from(self.nodesize);
-        self.block_groups.free(bytenr, u64::from(self.nodesize))?;
-        self.refs.drop_ref(bytenr, level)
+        let st = &mut **self;
+        let size = u64::from(st.nodesize);
+        st.dirty.remove(&bytenr);
+        *st.used_delta.entry(tree).or_default() -= size as i64;
+        st.block_groups.free(bytenr, size)?;
+        st.refs.drop_ref(bytenr, level)
     }
 
     fn on_cow(&mut self, tree: u64, old: &[u8], _new_bytenr: u64) -> Result<()> {

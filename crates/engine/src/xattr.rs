@@ -15,7 +15,7 @@ impl Filesystem {
         }
         let tree = self.tree_of(id)?;
         let Some(body) = lookup(
-            self.io(),
+            self,
             &tree,
             &Key::new(id.ino, item::XATTR_ITEM, name_hash(name)),
         )?
@@ -41,7 +41,7 @@ impl Filesystem {
             Key::new(id.ino, item::XATTR_ITEM, 0),
             Key::new(id.ino, item::XATTR_ITEM, u64::MAX),
         );
-        for_each_in_range(self.io(), &tree, min, max, |key, body| {
+        for_each_in_range(self, &tree, min, max, |key, body| {
             for e in DirEntryIter::new(body) {
                 let e = e.map_err(|e| Error::corrupt(0, format!("xattr {key:?}: {e}")))?;
                 names.push(e.name.to_vec());
