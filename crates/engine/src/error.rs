@@ -55,6 +55,13 @@ pub enum Error {
     TooManyLinks,
     #[error("file too large")]
     FileTooBig,
+    #[error("cross-device link")]
+    CrossDevice,
+    #[error("operation not supported by this file type")]
+    NoDevice,
+    /// A value (xattr) larger than the filesystem stores.
+    #[error("argument list too long")]
+    TooBig,
     /// The image cannot be used at all (bad superblock, missing trees, ...).
     #[error("unusable filesystem: {0}")]
     Unusable(String),
@@ -91,6 +98,9 @@ impl Error {
             Error::NameTooLong => libc::ENAMETOOLONG,
             Error::TooManyLinks => libc::EMLINK,
             Error::FileTooBig => libc::EFBIG,
+            Error::CrossDevice => libc::EXDEV,
+            Error::NoDevice => libc::ENODEV,
+            Error::TooBig => libc::E2BIG,
         }
     }
 }

@@ -12,7 +12,7 @@ use oleo_format::items::{ChunkItem, InodeItem, RootItem};
 use oleo_format::key::{item, objectid, Key};
 use oleo_format::superblock::{self, incompat, Superblock, SUPER_INFO_SIZE};
 use oleo_format::validate::FsContext;
-use parking_lot::RwLock;
+use parking_lot::{Mutex, RwLock};
 use quick_cache::sync::Cache;
 use std::collections::HashMap;
 use std::ops::ControlFlow;
@@ -124,8 +124,12 @@ pub struct OpenOptions {
     /// Open this subvolume id, like btrfs's `subvolid=`.
     pub subvolid: Option<u64>,
     /// Upper bound for the tree-block cache, in bytes. The inode and decompressed-extent
-    /// caches are sized from it too (an eighth each).
+    /// caches are sized from it too (an eighth each). Dirty tree blocks are committed
+    /// before they exceed half of it.
     pub cache_bytes: u64,
+    /// Files up to this size (and below one sector) are stored in the tree, like the
+    /// kernel's max_inline mount option.
+    pub max_inline: u64,
 }
 
 impl Default for OpenOptions {
@@ -135,6 +139,7 @@ impl Default for OpenOptions {
             subvol: None,
             subvolid: None,
             cache_bytes: 256 << 20,
+            max_inline: 2048,
         }
     }
 }
@@ -155,6 +160,16 @@ pub struct Filesystem {
     pub(crate) running: Option<Box<crate::transaction::TxnState>>,
     /// Why writing stopped (an aborted transaction).
     pub(crate) aborted: Option<String>,
+    /// Files up to this many bytes are stored inline (mount option max_inline).
+    pub(crate) max_inline: u64,
+    /// Dirty tree blocks beyond this many bytes force a commit.
+    pub(crate) dirty_limit: u64,
+    /// Next free inode number per subvolume, and next DIR_INDEX per directory (only we
+    /// write, so they stay valid across commits).
+    pub(crate) next_ino: Mutex<HashMap<u64, u64>>,
+    pub(crate) next_index: Mutex<HashMap<InodeId, u64>>,
+    /// Open counts of inodes (see `pin_open`).
+    pub(crate) open_inodes: Mutex<HashMap<InodeId, u32>>,
 }
 
 impl Filesystem {
@@ -237,6 +252,11 @@ impl Filesystem {
             pending_log,
             running: None,
             aborted: None,
+            max_inline: options.max_inline,
+            dirty_limit: (cache_bytes / 2).max(32 << 20),
+            next_ino: Mutex::new(HashMap::new()),
+            next_index: Mutex::new(HashMap::new()),
+            open_inodes: Mutex::new(HashMap::new()),
         };
         fs.csum_tree = fs.read_root_item(objectid::CSUM_TREE)?.map(|(r, _)| r);
         if fs.subvol_root(objectid::FS_TREE)?.is_none() {
@@ -245,6 +265,14 @@ impl Filesystem {
             ));
         }
         fs.top = fs.resolve_mount_subvolume(&options)?;
+        if !options.read_only && !pending_log {
+            // Like the kernel at mount: files unlinked while open in the last session go now.
+            match fs.remove_orphans(fs.top.subvol) {
+                Ok(0) => {}
+                Ok(n) => log::info!("removed {n} orphan inodes of subvolume {}", fs.top.subvol),
+                Err(e) => log::warn!("orphan cleanup skipped: {e}"),
+            }
+        }
         if pending_log {
             log::warn!(
                 "the log tree at logical {} holds changes fsynced after the last commit (generation {}); \
@@ -333,6 +361,10 @@ impl Filesystem {
     /// Forgets the running transaction and every cache that may hold its view.
     pub(crate) fn drop_running(&mut self) {
         self.running = None;
+        if self.aborted.is_some() {
+            self.next_ino.lock().clear();
+            self.next_index.lock().clear();
+        }
         self.subvol_roots.write().clear();
         self.inodes.clear();
         self.extents.clear();

@@ -8,15 +8,21 @@ pub mod block_group;
 pub mod ctree;
 pub mod device;
 mod dir;
+mod dir_item;
 pub mod extent_tree;
 pub mod disk_io;
 pub mod error;
 mod file;
+mod file_item;
+mod file_write;
 pub mod free_space;
 pub mod fs;
 pub mod mkfs;
 mod inode;
+mod inode_item;
+mod inode_ops;
 mod inspect;
+mod space;
 mod subvolume;
 pub mod transaction;
 pub mod volumes;
@@ -28,4 +34,5 @@ pub use fs::{
     Attr, DirEntry, FileKind, Filesystem, InodeId, OpenOptions, StatFs, SubvolumeInfo, Timespec,
 };
 pub use oleo_format as format;
+pub use inode_ops::{FallocMode, RenameFlags, SetAttr, XattrSet};
 pub use transaction::Transaction;

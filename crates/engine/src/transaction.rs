@@ -51,6 +51,8 @@ pub struct TxnState {
     bg_items_tree: u64,
     /// Set when a change failed half-way: the trees may be inconsistent, so no commit.
     poisoned: Option<String>,
+    /// Tree changes made so far (an operation that fails after changing trees aborts).
+    changes: u64,
 }
 
 /// A handle on the running transaction (generation T = last committed + 1). Dropping it
@@ -183,6 +185,7 @@ impl TxnState {
             used_delta: BTreeMap::new(),
             bg_items_tree,
             poisoned: None,
+            changes: 0,
         })
     }
 
@@ -239,6 +242,9 @@ impl<'a> Transaction<'a> {
         let mut root = self.root(tree)?;
         let r = f(self, &mut root);
         self.roots.insert(tree, root);
+        if r.is_ok() {
+            self.changes += 1;
+        }
         match r {
             // A missing or taken key leaves the tree consistent (at most its path copied).
             Err(e) if !matches!(e, Error::NotFound | Error::AlreadyExists) => {
@@ -256,6 +262,11 @@ impl<'a> Transaction<'a> {
     /// Inserts items with strictly increasing keys.
     pub fn insert_items(&mut self, tree: u64, items: &[(Key, &[u8])]) -> Result<()> {
         self.with_root(tree, |s, r| ctree::insert_items(s, r, items))
+    }
+
+    /// Deletes every item with `min <= key <= max`; returns how many.
+    pub fn delete_items_in_range(&mut self, tree: u64, min: Key, max: Key) -> Result<usize> {
+        self.with_root(tree, |s, r| ctree::delete_range(s, r, min, max))
     }
 
     pub fn delete_item(&mut self, tree: u64, key: &Key) -> Result<()> {
@@ -464,6 +475,16 @@ impl<'a> Transaction<'a> {
         );
         self.fs.aborted = Some(why.to_string());
         self.fs.drop_running();
+    }
+
+    /// Tree changes made so far in this transaction.
+    pub(crate) fn changes(&self) -> u64 {
+        self.changes
+    }
+
+    /// Memory held by dirty tree blocks.
+    pub fn dirty_bytes(&self) -> u64 {
+        self.dirty.len() as u64 * u64::from(self.nodesize)
     }
 
     /// The failure that poisoned this transaction, if any.

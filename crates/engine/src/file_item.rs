@@ -1,0 +1,79 @@
+//! Data checksums in the csum tree: EXTENT_CSUM items keyed by the logical address of
+//! their first sector, holding one checksum (of the filesystem's type) per sector.
+
+use crate::error::Result;
+use crate::transaction::Transaction;
+use oleo_format::key::{item, objectid, Key};
+use std::ops::ControlFlow;
+
+fn csum_key(logical: u64) -> Key {
+    Key::new(objectid::EXTENT_CSUM, item::EXTENT_CSUM, logical)
+}
+
+impl Transaction<'_> {
+    /// Sectors one csum item may cover: small enough that items fit leaves comfortably.
+    fn csums_per_item(&self) -> usize {
+        let csize = self.filesystem().sb.csum_type().size();
+        (self.filesystem().sb.nodesize as usize / 2 / csize).max(1)
+    }
+
+    /// Inserts the checksums of `data`, which was written at logical `logical`.
+    pub(crate) fn insert_csums(&mut self, logical: u64, data: &[u8]) -> Result<()> {
+        let sb = &self.filesystem().sb;
+        let sector = sb.sectorsize as usize;
+        let csum = sb.csum_type();
+        let csize = csum.size();
+        let per_item = self.csums_per_item();
+        for (i, piece) in data.chunks(per_item * sector).enumerate() {
+            let mut body = Vec::with_capacity(piece.len() / sector * csize);
+            for s in piece.chunks(sector) {
+                body.extend_from_slice(&csum.compute(s)[..csize]);
+            }
+            let at = logical + (i * per_item * sector) as u64;
+            self.insert_item(objectid::CSUM_TREE, csum_key(at), &body)?;
+        }
+        Ok(())
+    }
+
+    /// Deletes the checksums of `[logical, logical + len)`, trimming items that reach
+    /// outside it (the kernel merges neighbouring extents' sums into one item).
+    pub(crate) fn delete_csums(&mut self, logical: u64, len: u64) -> Result<()> {
+        let sector = u64::from(self.filesystem().sb.sectorsize);
+        let csize = self.filesystem().sb.csum_type().size() as u64;
+        let end = logical + len;
+        // Items overlapping the range: the one starting at or before it, and those inside.
+        let mut hits: Vec<(Key, Vec<u8>)> = Vec::new();
+        if let Some((k, body)) = self.lookup_le(objectid::CSUM_TREE, &csum_key(logical))? {
+            if k.offset + body.len() as u64 / csize * sector > logical {
+                hits.push((k, body));
+            }
+        }
+        self.for_each_in_range(
+            objectid::CSUM_TREE,
+            csum_key(logical.saturating_add(1)),
+            csum_key(end - 1),
+            |k, body| {
+                hits.push((k, body.to_vec()));
+                Ok(ControlFlow::Continue(()))
+            },
+        )?;
+        hits.dedup_by_key(|(k, _)| *k);
+        for (k, body) in hits {
+            let start = k.offset;
+            let item_end = start + body.len() as u64 / csize * sector;
+            if item_end <= logical || start >= end {
+                continue;
+            }
+            self.delete_item(objectid::CSUM_TREE, &k)?;
+            if start < logical {
+                let keep = ((logical - start) / sector * csize) as usize;
+                self.insert_item(objectid::CSUM_TREE, k, &body[..keep])?;
+            }
+            if item_end > end {
+                let skip = ((end - start) / sector * csize) as usize;
+                self.insert_item(objectid::CSUM_TREE, csum_key(end), &body[skip..])?;
+            }
+        }
+        Ok(())
+    }
+}

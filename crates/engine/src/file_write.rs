@@ -1,0 +1,475 @@
+//! Writing file data: copy-on-write into new data extents (checksummed unless the inode is
+//! NODATASUM), small files as inline extents, truncation, hole punching and preallocation.
+//! Every change replaces the file extent items over a sector-aligned range
+//! (`drop_extents`, the kernel's btrfs_drop_extents), then inserts the new ones.
+
+use crate::error::{Error, Result};
+use crate::extent_tree::DataRef;
+use crate::fs::InodeId;
+use crate::inode_item::now;
+use crate::transaction::Transaction;
+use oleo_format::items::{
+    block_group as bg, Compression, FileExtent, FileExtentBody, InodeItem, INODE_FLAG_NODATASUM,
+};
+use oleo_format::key::{item, Key};
+use oleo_format::superblock::incompat;
+use std::ops::ControlFlow;
+
+/// The largest data extent we create (the kernel's limit for uncompressed extents).
+pub(crate) const MAX_EXTENT: u64 = 128 << 20;
+/// Largest file size: the kernel's MAX_LFS_FILESIZE on 64-bit.
+const MAX_FILE_SIZE: u64 = i64::MAX as u64;
+
+/// A file extent item as found by `drop_extents`.
+struct Found {
+    key: Key,
+    generation: u64,
+    ram_bytes: u64,
+    compression: Compression,
+    /// None for inline extents.
+    ext: Option<(bool, u64, u64, u64, u64)>,
+    inline_len: u64,
+}
+
+fn extent_item(generation: u64, ram_bytes: u64, compression: Compression, prealloc: bool, disk_bytenr: u64, disk_num_bytes: u64, offset: u64, num_bytes: u64) -> Vec<u8> {
+    FileExtent {
+        generation,
+        ram_bytes,
+        compression,
+        body: FileExtentBody::Extent {
+            prealloc,
+            disk_bytenr,
+            disk_num_bytes,
+            offset,
+            num_bytes,
+        },
+    }
+    .to_bytes()
+}
+
+impl Transaction<'_> {
+    fn sector(&self) -> u64 {
+        u64::from(self.filesystem().sb.sectorsize)
+    }
+
+    fn no_holes(&self) -> bool {
+        self.filesystem().sb.has_incompat(incompat::NO_HOLES)
+    }
+
+    /// Files up to this size are stored inline in the tree (max_inline, below one sector).
+    fn inline_limit(&self) -> u64 {
+        self.filesystem().max_inline.min(self.sector() - 1)
+    }
+
+    /// Removes file extent items over `[start, end)` (sector-aligned, `end` may be
+    /// u64::MAX), keeping the parts of items that reach outside it. Returns the bytes the
+    /// inode's nbytes loses.
+    pub(crate) fn drop_extents(&mut self, id: InodeId, start: u64, end: u64) -> Result<u64> {
+        let found = self.extents_overlapping(id, start, end)?;
+        let mut removed = 0u64;
+        for f in found {
+            let k = f.key.offset;
+            let Some((prealloc, disk_bytenr, disk_num_bytes, offset, num_bytes)) = f.ext else {
+                // Inline extents start at 0 and end within the first sector.
+                self.delete_item(id.subvol, &f.key)?;
+                removed += f.inline_len;
+                continue;
+            };
+            let item_end = k + num_bytes;
+            let counted = disk_bytenr != 0;
+            let r = DataRef {
+                root: id.subvol,
+                objectid: id.ino,
+                offset: k.wrapping_sub(offset),
+            };
+            let keep_head = k < start;
+            let keep_tail = item_end > end;
+            let cut_from = k.max(start);
+            let cut_to = item_end.min(end);
+            if counted {
+                removed += cut_to - cut_from;
+            }
+            if keep_tail {
+                let skip = end - k;
+                let body = extent_item(f.generation, f.ram_bytes, f.compression, prealloc, disk_bytenr, disk_num_bytes, offset + skip, num_bytes - skip);
+                let tail_key = Key::new(id.ino, item::EXTENT_DATA, end);
+                if keep_head {
+                    self.insert_item(id.subvol, tail_key, &body)?;
+                    if counted {
+                        self.add_data_ref(disk_bytenr, disk_num_bytes, r)?;
+                    }
+                } else {
+                    self.delete_item(id.subvol, &f.key)?;
+                    self.insert_item(id.subvol, tail_key, &body)?;
+                }
+            }
+            if keep_head {
+                let body = extent_item(f.generation, f.ram_bytes, f.compression, prealloc, disk_bytenr, disk_num_bytes, offset, start - k);
+                self.replace_item(id.subvol, &f.key, &body)?;
+            } else if !keep_tail {
+                self.delete_item(id.subvol, &f.key)?;
+                if counted {
+                    self.drop_data_ref(disk_bytenr, disk_num_bytes, r)?;
+                }
+            }
+        }
+        Ok(removed)
+    }
+
+    fn extents_overlapping(&mut self, id: InodeId, start: u64, end: u64) -> Result<Vec<Found>> {
+        let sector = self.sector();
+        let mut out = Vec::new();
+        let first = self
+            .lookup_le(id.subvol, &Key::new(id.ino, item::EXTENT_DATA, start))?
+            .map_or(start, |(k, _)| k.offset);
+        let mut err = None;
+        self.for_each_in_range(
+            id.subvol,
+            Key::new(id.ino, item::EXTENT_DATA, first),
+            Key::new(id.ino, item::EXTENT_DATA, end.saturating_sub(1)),
+            |key, body| {
+                let fe = match FileExtent::parse(body) {
+                    Ok(fe) => fe,
+                    Err(e) => {
+                        err = Some(Error::corrupt(0, format!("extent {key:?}: {e}")));
+                        return Ok(ControlFlow::Break(()));
+                    }
+                };
+                let (ext, len, inline_len) = match fe.body {
+                    FileExtentBody::Inline { .. } => (None, sector, fe.ram_bytes),
+                    FileExtentBody::Extent {
+                        prealloc,
+                        disk_bytenr,
+                        disk_num_bytes,
+                        offset,
+                        num_bytes,
+                    } => (Some((prealloc, disk_bytenr, disk_num_bytes, offset, num_bytes)), num_bytes, 0),
+                };
+                if key.offset.saturating_add(len) > start {
+                    out.push(Found {
+                        key,
+                        generation: fe.generation,
+                        ram_bytes: fe.ram_bytes,
+                        compression: fe.compression,
+                        ext,
+                        inline_len,
+                    });
+                }
+                Ok(ControlFlow::Continue(()))
+            },
+        )?;
+        match err {
+            Some(e) => Err(e),
+            None => Ok(out),
+        }
+    }
+
+    /// True if the file has an inline extent (always its only extent).
+    fn inline_extent(&mut self, id: InodeId) -> Result<bool> {
+        let Some(body) = self.lookup(id.subvol, &Key::new(id.ino, item::EXTENT_DATA, 0))? else {
+            return Ok(false);
+        };
+        let fe = FileExtent::parse(&body).map_err(|e| Error::corrupt(0, format!("extent of {}: {e}", id.ino)))?;
+        Ok(matches!(fe.body, FileExtentBody::Inline { .. }))
+    }
+
+    /// True if the file has any extent that is not inline (holes included).
+    fn has_regular_extents(&mut self, id: InodeId) -> Result<bool> {
+        let mut any = false;
+        self.for_each_in_range(
+            id.subvol,
+            Key::new(id.ino, item::EXTENT_DATA, 0),
+            Key::new(id.ino, item::EXTENT_DATA, u64::MAX),
+            |_, body| {
+                any = !matches!(FileExtent::parse(body).map(|f| f.body), Ok(FileExtentBody::Inline { .. }));
+                Ok(if any { ControlFlow::Break(()) } else { ControlFlow::Continue(()) })
+            },
+        )?;
+        Ok(any)
+    }
+
+    /// The file's bytes `[offset, offset + len)` as this transaction sees them (zeros past EOF).
+    fn read_range(&mut self, id: InodeId, offset: u64, len: u64, size: u64) -> Result<Vec<u8>> {
+        let mut out = vec![0u8; len as usize];
+        let end = (offset + len).min(size);
+        let mut at = offset;
+        while at < end {
+            let n = (end - at).min(1 << 30) as u32;
+            let got = self.filesystem().read(id, at, n)?;
+            if got.is_empty() {
+                break;
+            }
+            out[(at - offset) as usize..(at - offset) as usize + got.len()].copy_from_slice(&got);
+            at += got.len() as u64;
+        }
+        Ok(out)
+    }
+
+    /// Writes `data` (sector-aligned length) as new extents at file offset `at`; the range
+    /// must have been dropped. Returns the bytes added to nbytes.
+    fn insert_data(&mut self, id: InodeId, inode: &InodeItem, at: u64, data: &[u8]) -> Result<u64> {
+        let sector = self.sector();
+        let mut done = 0usize;
+        while done < data.len() {
+            let want = ((data.len() - done) as u64).min(MAX_EXTENT);
+            let (bytenr, len) = self.alloc_data(want, sector)?;
+            let piece = &data[done..done + len as usize];
+            self.filesystem().io.write_logical(bytenr, piece)?;
+            if inode.flags & INODE_FLAG_NODATASUM == 0 {
+                self.insert_csums(bytenr, piece)?;
+            }
+            let file_off = at + done as u64;
+            let body = extent_item(self.transid, len, Compression::None, false, bytenr, len, 0, len);
+            self.insert_item(id.subvol, Key::new(id.ino, item::EXTENT_DATA, file_off), &body)?;
+            self.add_data_ref(bytenr, len, DataRef { root: id.subvol, objectid: id.ino, offset: file_off })?;
+            done += len as usize;
+        }
+        Ok(data.len() as u64)
+    }
+
+    /// A data extent of up to `want` bytes (less when free space is fragmented).
+    pub(crate) fn alloc_data(&mut self, want: u64, sector: u64) -> Result<(u64, u64)> {
+        let mut len = want;
+        loop {
+            match self.block_groups.alloc_aligned(bg::DATA, len, sector) {
+                Ok(b) => return Ok((b, len)),
+                Err(Error::NoSpace) if len > sector => {
+                    len = (len / 2).next_multiple_of(sector);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Without the no-holes feature every gap needs an explicit hole extent. Anything in
+    /// the range (preallocated space past EOF) is dropped first; returns the bytes nbytes
+    /// loses.
+    fn insert_hole(&mut self, id: InodeId, from: u64, to: u64) -> Result<u64> {
+        if from >= to || self.no_holes() {
+            return Ok(0);
+        }
+        let removed = self.drop_extents(id, from, to)?;
+        let body = extent_item(self.transid, to - from, Compression::None, false, 0, 0, 0, to - from);
+        self.insert_item(id.subvol, Key::new(id.ino, item::EXTENT_DATA, from), &body)?;
+        Ok(removed)
+    }
+
+    /// Before the file grows past `old_size`: the rest of its last sector must read as
+    /// zeros (a truncate may have left old bytes there), and an inline extent becomes a
+    /// regular one.
+    /// `rewritten_from`: where the caller's own read-modify-write begins (it zeroes the
+    /// tail itself if that covers the last sector).
+    fn prepare_extend(&mut self, id: InodeId, inode: &mut InodeItem, old_size: u64, rewritten_from: u64) -> Result<()> {
+        let sector = self.sector();
+        if self.inline_extent(id)? {
+            let data = self.read_range(id, 0, sector, old_size)?;
+            inode.nbytes -= self.drop_extents(id, 0, sector)?;
+            inode.nbytes += self.insert_data(id, inode, 0, &data)?;
+        } else if old_size % sector != 0 && old_size - old_size % sector < rewritten_from {
+            let from = old_size - old_size % sector;
+            let data = self.read_range(id, from, sector, old_size)?;
+            inode.nbytes -= self.drop_extents(id, from, from + sector)?;
+            inode.nbytes += self.insert_data(id, inode, from, &data)?;
+        }
+        Ok(())
+    }
+
+    /// Writes `data` at `offset` of regular file `id`.
+    pub(crate) fn write_file(&mut self, id: InodeId, offset: u64, data: &[u8]) -> Result<()> {
+        let mut inode = self.read_inode(id)?;
+        if inode.mode & 0o170000 != 0o100000 {
+            return Err(if inode.mode & 0o170000 == 0o040000 { Error::IsDir } else { Error::InvalidArgument("not a regular file".into()) });
+        }
+        if data.is_empty() {
+            return Ok(());
+        }
+        let end = offset.checked_add(data.len() as u64).filter(|&e| e <= MAX_FILE_SIZE).ok_or(Error::FileTooBig)?;
+        let sector = self.sector();
+        let old_size = inode.size;
+        let new_size = old_size.max(end);
+        if new_size <= self.inline_limit() && !self.has_regular_extents(id)? {
+            let mut content = self.read_range(id, 0, new_size, old_size)?;
+            content[offset as usize..end as usize].copy_from_slice(data);
+            inode.nbytes -= self.drop_extents(id, 0, sector)?;
+            let body = FileExtent {
+                generation: self.transid,
+                ram_bytes: new_size,
+                compression: Compression::None,
+                body: FileExtentBody::Inline { data: &content },
+            }
+            .to_bytes();
+            self.insert_item(id.subvol, Key::new(id.ino, item::EXTENT_DATA, 0), &body)?;
+            inode.nbytes += new_size;
+        } else {
+            let a = offset - offset % sector;
+            if end > old_size || self.inline_extent(id)? {
+                self.prepare_extend(id, &mut inode, old_size, a)?;
+            }
+            let b = end.next_multiple_of(sector);
+            let mut buf = vec![0u8; (b - a) as usize];
+            if a < offset {
+                let head = self.read_range(id, a, sector, old_size)?;
+                buf[..sector as usize].copy_from_slice(&head);
+            }
+            if end < b && end < old_size {
+                let tail_at = b - sector;
+                let tail = self.read_range(id, tail_at, sector, old_size)?;
+                buf[(tail_at - a) as usize..].copy_from_slice(&tail);
+            }
+            buf[(offset - a) as usize..(end - a) as usize].copy_from_slice(data);
+            inode.nbytes -= self.drop_extents(id, a, b)?;
+            let hole_from = old_size.next_multiple_of(sector);
+            if hole_from < a {
+                inode.nbytes -= self.insert_hole(id, hole_from, a)?;
+            }
+            inode.nbytes += self.insert_data(id, &inode, a, &buf)?;
+        }
+        let t = now();
+        inode.size = new_size;
+        inode.mtime = t;
+        inode.ctime = t;
+        self.write_inode(id, &mut inode)
+    }
+
+    /// Sets the size of regular file `id` (ctime/mtime are the caller's).
+    pub(crate) fn truncate_file(&mut self, id: InodeId, inode: &mut InodeItem, new_size: u64) -> Result<()> {
+        if new_size > MAX_FILE_SIZE {
+            return Err(Error::FileTooBig);
+        }
+        let sector = self.sector();
+        let old_size = inode.size;
+        if new_size > old_size {
+            self.prepare_extend(id, inode, old_size, u64::MAX)?;
+            inode.nbytes -= self.insert_hole(id, old_size.next_multiple_of(sector), new_size.next_multiple_of(sector))?;
+        } else if new_size < old_size {
+            if self.inline_extent(id)? {
+                let content = self.read_range(id, 0, new_size, old_size)?;
+                inode.nbytes -= self.drop_extents(id, 0, sector)?;
+                if new_size > 0 {
+                    let body = FileExtent {
+                        generation: self.transid,
+                        ram_bytes: new_size,
+                        compression: Compression::None,
+                        body: FileExtentBody::Inline { data: &content },
+                    }
+                    .to_bytes();
+                    self.insert_item(id.subvol, Key::new(id.ino, item::EXTENT_DATA, 0), &body)?;
+                    inode.nbytes += new_size;
+                }
+            } else {
+                inode.nbytes -= self.drop_extents(id, new_size.next_multiple_of(sector), u64::MAX)?;
+            }
+        }
+        inode.size = new_size;
+        Ok(())
+    }
+
+    /// Deallocates `[offset, offset + len)`: whole sectors lose their extents (holes), the
+    /// partial sectors at the ends are zeroed in place.
+    pub(crate) fn punch_hole(&mut self, id: InodeId, inode: &mut InodeItem, offset: u64, len: u64) -> Result<()> {
+        let sector = self.sector();
+        let end = offset.saturating_add(len).min(inode.size);
+        if offset >= end {
+            return Ok(());
+        }
+        let a = offset.next_multiple_of(sector);
+        let b = end - end % sector;
+        // Partial sectors (or an inline file) get zeros written.
+        if self.inline_extent(id)? {
+            let mut content = self.read_range(id, 0, inode.size, inode.size)?;
+            content[offset as usize..end as usize].fill(0);
+            let size = inode.size;
+            inode.nbytes -= self.drop_extents(id, 0, sector)?;
+            let body = FileExtent {
+                generation: self.transid,
+                ram_bytes: size,
+                compression: Compression::None,
+                body: FileExtentBody::Inline { data: &content },
+            }
+            .to_bytes();
+            self.insert_item(id.subvol, Key::new(id.ino, item::EXTENT_DATA, 0), &body)?;
+            inode.nbytes += size;
+            return Ok(());
+        }
+        let zero = |t: &mut Self, inode: &mut InodeItem, from: u64, to: u64| -> Result<()> {
+            if from >= to {
+                return Ok(());
+            }
+            let s = from - from % sector;
+            let mut buf = t.read_range(id, s, sector, inode.size)?;
+            buf[(from - s) as usize..(to - s) as usize].fill(0);
+            inode.nbytes -= t.drop_extents(id, s, s + sector)?;
+            inode.nbytes += t.insert_data(id, inode, s, &buf)?;
+            Ok(())
+        };
+        if a > b {
+            // Within one sector.
+            zero(self, inode, offset, end)?;
+            return Ok(());
+        }
+        zero(self, inode, offset, a)?;
+        zero(self, inode, b, end)?;
+        if a < b {
+            inode.nbytes -= self.drop_extents(id, a, b)?;
+            inode.nbytes -= self.insert_hole(id, a, b)?;
+        }
+        Ok(())
+    }
+
+    /// Preallocates `[offset, offset + len)`: holes in it get prealloc extents (reading as
+    /// zeros); data already there stays. Grows the size unless `keep_size`.
+    pub(crate) fn preallocate(&mut self, id: InodeId, inode: &mut InodeItem, offset: u64, len: u64, keep_size: bool) -> Result<()> {
+        let sector = self.sector();
+        let end = offset.checked_add(len).filter(|&e| e <= MAX_FILE_SIZE).ok_or(Error::FileTooBig)?;
+        if (!keep_size && end > inode.size) || self.inline_extent(id)? {
+            let old = inode.size;
+            self.prepare_extend(id, inode, old, u64::MAX)?;
+        }
+        let a = offset - offset % sector;
+        let b = end.next_multiple_of(sector);
+        if !keep_size && end > inode.size {
+            let hole_from = inode.size.next_multiple_of(sector);
+            if hole_from < a {
+                inode.nbytes -= self.insert_hole(id, hole_from, a)?;
+            }
+        }
+        // Find the holes in [a, b) (ranges without a non-hole extent).
+        let mut covered: Vec<(u64, u64)> = Vec::new();
+        for f in self.extents_overlapping(id, a, b)? {
+            if let Some((_, disk_bytenr, _, _, num_bytes)) = f.ext {
+                if disk_bytenr != 0 {
+                    covered.push((f.key.offset.max(a), (f.key.offset + num_bytes).min(b)));
+                }
+            } else {
+                covered.push((0, sector.min(b)));
+            }
+        }
+        let mut holes = Vec::new();
+        let mut at = a;
+        for (s, e) in covered {
+            if s > at {
+                holes.push((at, s));
+            }
+            at = at.max(e);
+        }
+        if at < b {
+            holes.push((at, b));
+        }
+        for (s, e) in holes {
+            inode.nbytes -= self.drop_extents(id, s, e)?;
+            let mut at = s;
+            while at < e {
+                let (bytenr, got) = self.alloc_data((e - at).min(MAX_EXTENT), sector)?;
+                let body = extent_item(self.transid, got, Compression::None, true, bytenr, got, 0, got);
+                self.insert_item(id.subvol, Key::new(id.ino, item::EXTENT_DATA, at), &body)?;
+                self.add_data_ref(bytenr, got, DataRef { root: id.subvol, objectid: id.ino, offset: at })?;
+                inode.nbytes += got;
+                at += got;
+            }
+        }
+        if !keep_size && end > inode.size {
+            inode.size = end;
+        }
+        Ok(())
+    }
+}

