@@ -8,11 +8,11 @@ use std::io::{Read, Write};
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::sync::Arc;
 
 #[derive(clap::Args)]
 pub struct MountArgs {
-    /// Comma-separated mount options: ro, subvol=PATH, subvolid=ID, cache_size=SIZE
+    /// Comma-separated mount options: ro, rw (the default), commit=SECONDS (default 30),
+    /// max_inline=BYTES (default 2048), subvol=PATH, subvolid=ID, cache_size=SIZE
     /// (tree-block cache, e.g. 256M), threads=N, readahead=KIB (default 4096), plus the
     /// generic ones mount(8) passes.
     #[arg(short = 'o', value_name = "OPTIONS")]
@@ -29,6 +29,9 @@ struct Plan {
     open: OpenOptions,
     threads: usize,
     readahead_kib: u32,
+    /// None: read-write if the filesystem allows it, else read-only with a warning.
+    writable: Option<bool>,
+    commit_secs: u64,
 }
 
 /// Generic options mount(8) and fstab may pass that change nothing for a read-only FUSE mount.
@@ -62,14 +65,14 @@ const IGNORED: &[&str] = &[
     "rescue=nologreplay",
 ];
 
-/// btrfs's own mount options that only steer writing, allocation or recovery: accepted so an
-/// fstab line written for the kernel works, and ignored by a read-only mount. Options with a
-/// value are matched by name.
-const BTRFS_WRITE_SIDE: &[&str] = &[
+/// btrfs's own mount options oleo does not act on (allocation tuning, compression of new
+/// data, recovery modes): accepted so an fstab line written for the kernel works. Options
+/// with a value are matched by name.
+const BTRFS_IGNORED: &[&str] = &[
     "ssd", "nossd", "ssd_spread", "nossd_spread", "discard", "nodiscard", "compress", "compress-force",
-    "space_cache", "nospace_cache", "clear_cache", "autodefrag", "noautodefrag", "commit", "nodatacow",
+    "space_cache", "nospace_cache", "clear_cache", "autodefrag", "noautodefrag", "nodatacow",
     "datacow", "nodatasum", "datasum", "skip_balance", "acl", "noacl", "barrier", "nobarrier",
-    "flushoncommit", "noflushoncommit", "thread_pool", "user_subvol_rm_allowed", "max_inline",
+    "flushoncommit", "noflushoncommit", "thread_pool", "user_subvol_rm_allowed",
     "metadata_ratio", "fatal_errors", "enospc_debug", "noenospc_debug", "treelog", "notreelog",
     "usebackuproot", "norecovery", "rescue",
 ];
@@ -84,7 +87,8 @@ fn parse_size(s: &str) -> Option<u64> {
     num.parse::<u64>().ok()?.checked_mul(mult)
 }
 
-fn plan(options: &[String], explicit_rw_refused: bool) -> Result<Plan, String> {
+/// `rw_is_explicit`: false for mount(8)'s helper, which adds "rw" to every mount.
+fn plan(options: &[String], rw_is_explicit: bool) -> Result<Plan, String> {
     let cores = std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(2);
@@ -92,6 +96,8 @@ fn plan(options: &[String], explicit_rw_refused: bool) -> Result<Plan, String> {
         open: OpenOptions::default(),
         threads: (cores * 2).max(4),
         readahead_kib: 4096,
+        writable: None,
+        commit_secs: 30,
     };
     for opt in options
         .iter()
@@ -102,14 +108,19 @@ fn plan(options: &[String], explicit_rw_refused: bool) -> Result<Plan, String> {
             .split_once('=')
             .map_or((opt, None), |(n, v)| (n, Some(v)));
         match (name, value) {
-            ("ro", None) => {}
-            ("rw", None) if explicit_rw_refused => {
-                return Err(
-                    "read-write mounts are not supported yet: oleo mounts read-only (use -o ro)"
-                        .into(),
-                )
-            }
+            ("ro", None) => p.writable = Some(false),
+            ("rw", None) if rw_is_explicit => p.writable = Some(true),
             ("rw", None) => {}
+            ("commit", Some(v)) => {
+                p.commit_secs = v
+                    .parse()
+                    .ok()
+                    .filter(|&n: &u64| n >= 1)
+                    .ok_or(format!("commit={v}: seconds, at least 1"))?
+            }
+            ("max_inline", Some(v)) => {
+                p.open.max_inline = parse_size(v).ok_or(format!("max_inline={v}: not a size"))?
+            }
             ("subvol", Some(v)) => {
                 p.open.subvol = Some(v.trim_start_matches('/').as_bytes().to_vec())
             }
@@ -131,7 +142,7 @@ fn plan(options: &[String], explicit_rw_refused: bool) -> Result<Plan, String> {
                     .ok_or(format!("threads={v}: 1..256"))?
             }
             _ if IGNORED.contains(&opt) || name.starts_with("x-") || name == "comment" => {}
-            _ if BTRFS_WRITE_SIDE.contains(&name) => log::info!("ignoring {opt}: it only matters when writing"),
+            _ if BTRFS_IGNORED.contains(&name) => log::info!("ignoring {opt}: oleo does not implement it"),
             _ => return Err(format!("unknown mount option {opt:?}")),
         }
     }
@@ -203,14 +214,18 @@ fn mount(
     }
     // Resolved now: once mounted, touching the path would wait on this very server.
     let mountpoint = &std::fs::canonicalize(mountpoint).map_err(|e| format!("{}: {e}", mountpoint.display()))?;
-    let fs = Filesystem::open(image, plan.open).map_err(|e| format!("{}: {e}", image.display()))?;
+    let (fs, writable) = open(image, &plan)?;
     let source = std::fs::canonicalize(image)
         .unwrap_or_else(|_| image.to_path_buf())
         .display()
         .to_string();
     let is_root = unsafe { libc::geteuid() } == 0;
-    let config = oleo_fuse::config(&source, plan.threads, is_root);
-    let server = oleo_fuse::OleoFuse::new(Arc::new(fs));
+    let config = oleo_fuse::config(&source, plan.threads, is_root, writable);
+    let settings = oleo_fuse::MountSettings {
+        writable,
+        commit_interval: std::time::Duration::from_secs(plan.commit_secs),
+    };
+    let server = oleo_fuse::OleoFuse::new(fs, settings);
     if foreground {
         let session = oleo_fuse::Session::new(server, mountpoint, &config)
             .map_err(|e| format!("mount: {e}"))?;
@@ -218,6 +233,26 @@ fn mount(
         return session.run().map_err(|e| format!("FUSE session: {e}"));
     }
     daemonize_and_serve(server, mountpoint, &config, plan.readahead_kib)
+}
+
+/// Opens read-write unless asked for read-only; a filesystem oleo cannot write (features,
+/// a pending log tree, a read-only device) mounts read-only with a warning unless rw was
+/// asked for explicitly.
+fn open(image: &Path, plan: &Plan) -> Result<(Filesystem, bool), String> {
+    let show = |e: oleo::Error| format!("{}: {e}", image.display());
+    if plan.writable == Some(false) {
+        return Ok((Filesystem::open(image, plan.open.clone()).map_err(show)?, false));
+    }
+    let rw = Filesystem::open_rw(image, plan.open.clone()).and_then(|fs| fs.can_write().map(|_| fs));
+    match rw {
+        Ok(fs) => Ok((fs, true)),
+        Err(e) if plan.writable == Some(true) => Err(format!("{}: cannot mount read-write: {e}", image.display())),
+        Err(e) => {
+            log::warn!("{}: mounting read-only: {e}", image.display());
+            eprintln!("oleo: {}: mounting read-only: {e}", image.display());
+            Ok((Filesystem::open(image, plan.open.clone()).map_err(show)?, false))
+        }
+    }
 }
 
 fn tune(mountpoint: &Path, readahead_kib: u32) {

@@ -473,3 +473,54 @@ impl Transaction<'_> {
         Ok(())
     }
 }
+
+impl Transaction<'_> {
+    /// Makes `[dst_off, dst_off + len)` of `dst` share the extents of `[src_off, ...)` of
+    /// `src` (a reflink). All three numbers are sector-aligned and src has no inline extent.
+    pub(crate) fn clone_range(&mut self, src: InodeId, src_off: u64, dst: InodeId, dst_off: u64, len: u64) -> Result<()> {
+        let sector = self.sector();
+        let end = src_off + len;
+        let found = self.extents_overlapping(src, src_off, end)?;
+        let mut inode = self.read_inode(dst)?;
+        let dst_old = inode.size;
+        if dst_off > dst_old {
+            self.prepare_extend(dst, &mut inode, dst_old, u64::MAX)?;
+        }
+        inode.nbytes -= self.drop_extents(dst, dst_off, dst_off + len)?;
+        let mut covered_to = dst_off;
+        for f in found {
+            let Some((prealloc, disk_bytenr, disk_num_bytes, offset, num_bytes)) = f.ext else {
+                return Err(Error::InvalidArgument("inline extents cannot be cloned".into()));
+            };
+            let k = f.key.offset;
+            let from = k.max(src_off);
+            let to = (k + num_bytes).min(end);
+            if from >= to || disk_bytenr == 0 {
+                continue;
+            }
+            let at = dst_off + (from - src_off);
+            if covered_to < at {
+                inode.nbytes -= self.insert_hole(dst, covered_to, at)?;
+            }
+            let ext_off = offset + (from - k);
+            let body = extent_item(self.transid, f.ram_bytes, f.compression, prealloc, disk_bytenr, disk_num_bytes, ext_off, to - from);
+            self.insert_item(dst.subvol, Key::new(dst.ino, item::EXTENT_DATA, at), &body)?;
+            self.add_data_ref(disk_bytenr, disk_num_bytes, DataRef { root: dst.subvol, objectid: dst.ino, offset: at.wrapping_sub(ext_off) })?;
+            inode.nbytes += to - from;
+            covered_to = at + (to - from);
+        }
+        let dst_end = dst_off + len;
+        if covered_to < dst_end.min(dst_end.next_multiple_of(sector)) {
+            inode.nbytes -= self.insert_hole(dst, covered_to, dst_end)?;
+        }
+        let hole_from = dst_old.next_multiple_of(sector);
+        if hole_from < dst_off {
+            inode.nbytes -= self.insert_hole(dst, hole_from, dst_off)?;
+        }
+        let t = now();
+        inode.size = inode.size.max(dst_end);
+        inode.mtime = t;
+        inode.ctime = t;
+        self.write_inode(dst, &mut inode)
+    }
+}

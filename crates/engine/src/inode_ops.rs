@@ -509,3 +509,68 @@ impl Filesystem {
         self.write_op(Reserve::items(4), |t| t.remove_xattr(id, name))
     }
 }
+
+impl Filesystem {
+    /// Copies up to `len` bytes (stopping at the source's end) and returns how many. Whole
+    /// sectors share the source's extents (a reflink); the rest is copied.
+    pub fn copy_file_range(&mut self, src: InodeId, src_off: u64, dst: InodeId, dst_off: u64, len: u64) -> Result<u64> {
+        let sa = self.getattr(src)?;
+        let da = self.getattr(dst)?;
+        if sa.kind != FileKind::File || da.kind != FileKind::File {
+            return Err(if sa.kind == FileKind::Dir || da.kind == FileKind::Dir { Error::IsDir } else { Error::InvalidArgument("not a regular file".into()) });
+        }
+        if src.subvol != dst.subvol {
+            return Err(Error::CrossDevice);
+        }
+        let len = len.min(sa.size.saturating_sub(src_off));
+        if len == 0 {
+            return Ok(0);
+        }
+        if src == dst && src_off < dst_off + len && dst_off < src_off + len {
+            return Err(Error::InvalidArgument("overlapping copy within one file".into()));
+        }
+        let sector = u64::from(self.sb.sectorsize);
+        let src_end = src_off + len;
+        // A tail that ends at the source's EOF may be cloned whole when it also ends (or
+        // lands past) the destination's EOF: the bytes past EOF are never visible.
+        let tail_ok = src_end == sa.size && dst_off + len >= da.size;
+        let aligned = src_off % sector == 0 && dst_off % sector == 0 && (len % sector == 0 || tail_ok);
+        let inline = sa.size <= self.max_inline.min(sector - 1);
+        if aligned && !inline && src != dst {
+            let clone_len = len.next_multiple_of(sector);
+            let items = 8 + clone_len / (1 << 20) * 4;
+            self.write_op(Reserve::items(items).data(2 * sector), |t| t.clone_range(src, src_off, dst, dst_off, clone_len))?;
+            if clone_len != len {
+                // The clone covered whole sectors: the size ends where the data ends.
+                let want = (dst_off + len).max(da.size);
+                self.write_op(Reserve::items(2), |t| {
+                    let mut i = t.read_inode(dst)?;
+                    i.size = want;
+                    t.write_inode(dst, &mut i)
+                })?;
+            }
+            return Ok(len);
+        }
+        let mut done = 0u64;
+        while done < len {
+            let n = (len - done).min(8 << 20) as u32;
+            let data = self.read(src, src_off + done, n)?;
+            if data.is_empty() {
+                break;
+            }
+            self.write(dst, dst_off + done, &data)?;
+            done += data.len() as u64;
+        }
+        Ok(done)
+    }
+
+    /// Drops every open pin (deleting orphans) and commits: the end of a mount.
+    pub fn close_all_and_sync(&mut self) -> Result<u64> {
+        let open: Vec<InodeId> = self.open_inodes.lock().keys().copied().collect();
+        for id in open {
+            self.open_inodes.lock().insert(id, 1);
+            self.unpin_open(id)?;
+        }
+        self.sync()
+    }
+}

@@ -94,6 +94,23 @@ impl Filesystem {
     }
 }
 
+impl Filesystem {
+    /// Why this filesystem cannot be written by oleo, if it cannot.
+    pub fn can_write(&self) -> Result<()> {
+        if let Some(why) = &self.aborted {
+            return Err(Error::Aborted(why.clone()));
+        }
+        check_writable(self)?;
+        match load_root(self, objectid::QUOTA_TREE) {
+            Err(Error::NotFound) => Ok(()),
+            Ok(_) => Err(Error::Unsupported(
+                "writing to filesystems with quotas enabled is not supported yet".into(),
+            )),
+            Err(e) => Err(e),
+        }
+    }
+}
+
 fn check_writable(fs: &Filesystem) -> Result<()> {
     let sb = &fs.sb;
     if !fs.io.device().is_writable() {

@@ -11,35 +11,85 @@
 mod nodeid;
 
 use fuser::{
-    Errno, FileAttr, FileHandle, FileType, FopenFlags, Generation, INodeNo, InitFlags,
-    KernelConfig, LockOwner, OpenFlags, ReplyAttr, ReplyData, ReplyDirectory, ReplyDirectoryPlus,
-    ReplyEntry, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyXattr, Request,
+    CopyFileRangeFlags, Errno, FileAttr, FileHandle, FileType, FopenFlags, Generation, INodeNo,
+    InitFlags, KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate,
+    ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen,
+    ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 use nodeid::NodeIds;
-use oleo::{Attr, Error, FileKind, Filesystem, InodeId};
+use oleo::{Attr, Error, FallocMode, FileKind, Filesystem, InodeId, SetAttr, XattrSet};
+use parking_lot::RwLock;
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
-use std::sync::Arc;
+use std::path::Path;
+use std::sync::{Arc, Weak};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 pub use fuser::{BackgroundSession, Config, MountOption, Session, SessionACL};
 
 /// The image cannot change under a read-only mount, so the kernel may cache for as long as
-/// it likes.
+/// it likes. A writable mount changes only through this server, and the kernel drops what
+/// its own changes make stale; attributes the kernel cannot predict (a directory's size
+/// after a create, another name's nlink) expire after `RW_TTL`.
 const TTL: Duration = Duration::from_secs(365 * 24 * 3600);
+const RW_TTL: Duration = Duration::from_secs(1);
 
 /// Largest read and readahead we negotiate: 1 MiB requests.
 const MAX_IO: u32 = 1 << 20;
 
+/// How a mount behaves beyond what the image says.
+#[derive(Clone, Debug)]
+pub struct MountSettings {
+    /// Serve writes (the image must have been opened writable).
+    pub writable: bool,
+    /// Seconds between commits of the running transaction (btrfs's commit=).
+    pub commit_interval: Duration,
+}
+
+impl Default for MountSettings {
+    fn default() -> Self {
+        MountSettings {
+            writable: false,
+            commit_interval: Duration::from_secs(30),
+        }
+    }
+}
+
 pub struct OleoFuse {
-    fs: Arc<Filesystem>,
+    /// Reads share the lock; an operation that writes holds it alone.
+    fs: Arc<RwLock<Filesystem>>,
     ids: NodeIds,
+    settings: MountSettings,
+    ttl: Duration,
 }
 
 impl OleoFuse {
-    pub fn new(fs: Arc<Filesystem>) -> OleoFuse {
+    pub fn new(fs: Filesystem, settings: MountSettings) -> OleoFuse {
         let ids = NodeIds::new(fs.root());
-        OleoFuse { fs, ids }
+        let ttl = if settings.writable { RW_TTL } else { TTL };
+        let fs = Arc::new(RwLock::new(fs));
+        OleoFuse {
+            fs,
+            ids,
+            settings,
+            ttl,
+        }
+    }
+
+    /// Runs a write operation with the filesystem to itself.
+    fn mutate<R>(&self, f: impl FnOnce(&mut Filesystem) -> oleo::Result<R>) -> Result<R, Errno> {
+        if !self.settings.writable {
+            return Err(Errno::EROFS);
+        }
+        let mut fs = self.fs.write();
+        f(&mut fs).map_err(errno)
+    }
+
+    fn reply_entry(&self, r: Result<Attr, Errno>, reply: ReplyEntry) {
+        match r.and_then(|a| self.file_attr(&a)) {
+            Ok(attr) => reply.entry(&self.ttl, &attr, Generation(0)),
+            Err(e) => reply.error(e),
+        }
     }
 
     fn id(&self, ino: INodeNo) -> Result<InodeId, Errno> {
@@ -68,7 +118,7 @@ impl OleoFuse {
     }
 
     fn entry_attr(&self, id: InodeId) -> Result<FileAttr, Errno> {
-        let attr = self.fs.getattr(id).map_err(errno)?;
+        let attr = self.fs.read().getattr(id).map_err(errno)?;
         self.file_attr(&attr)
     }
 
@@ -88,6 +138,7 @@ impl OleoFuse {
         }
         let mut err = None;
         self.fs
+            .read()
             .readdir(dir, offset.max(2), &mut |e| match self.ids.encode(e.id) {
                 Some(node) => !add(node, e.id, e.kind, &e.name, e.next_offset),
                 None => {
@@ -100,10 +151,55 @@ impl OleoFuse {
     }
 }
 
+/// Commits the running transaction every `interval` until the filesystem is gone.
+fn spawn_committer(fs: Weak<RwLock<Filesystem>>, interval: Duration) {
+    let spawned = std::thread::Builder::new()
+        .name("oleo-commit".into())
+        .spawn(move || loop {
+            std::thread::sleep(interval);
+            let Some(fs) = fs.upgrade() else { return };
+            let mut fs = fs.write();
+            if fs.has_uncommitted_changes() {
+                if let Err(e) = fs.sync() {
+                    log::error!("periodic commit failed: {e}");
+                }
+            }
+        });
+    if let Err(e) = spawned {
+        log::error!("cannot start the commit thread ({e}): changes are committed only on fsync and unmount");
+    }
+}
+
+fn time_or_now(t: TimeOrNow) -> oleo::Timespec {
+    let st = match t {
+        TimeOrNow::SpecificTime(t) => t,
+        TimeOrNow::Now => SystemTime::now(),
+    };
+    system_time(st)
+}
+
+fn system_time(st: SystemTime) -> oleo::Timespec {
+    match st.duration_since(UNIX_EPOCH) {
+        Ok(d) => oleo::Timespec {
+            sec: d.as_secs() as i64,
+            nsec: d.subsec_nanos(),
+        },
+        Err(e) => {
+            let d = e.duration();
+            let (mut sec, mut nsec) = (-(d.as_secs() as i64), d.subsec_nanos());
+            if nsec > 0 {
+                sec -= 1;
+                nsec = 1_000_000_000 - nsec;
+            }
+            oleo::Timespec { sec, nsec }
+        }
+    }
+}
+
 fn errno(e: Error) -> Errno {
     if matches!(
         e,
-        Error::Corrupt { .. } | Error::DataChecksum { .. } | Error::Io(_)
+        Error::Corrupt { .. } | Error::DataChecksum { .. } | Error::Io(_) | Error::Aborted(_)
     ) {
         log::error!("{e}");
     }
@@ -134,7 +230,21 @@ fn file_type(k: FileKind) -> FileType {
 }
 
 impl fuser::Filesystem for OleoFuse {
+    fn destroy(&mut self) {
+        if !self.settings.writable {
+            return;
+        }
+        let mut fs = self.fs.write();
+        if let Err(e) = fs.close_all_and_sync() {
+            log::error!("final commit at unmount failed: {e}");
+        }
+    }
+
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        // Started here, in the serving process: a daemonizing mount forks after `new`.
+        if self.settings.writable {
+            spawn_committer(Arc::downgrade(&self.fs), self.settings.commit_interval);
+        }
         let _ = config.set_max_write(MAX_IO);
         if let Err(max) = config.set_max_readahead(MAX_IO) {
             let _ = config.set_max_readahead(max);
@@ -146,24 +256,254 @@ impl fuser::Filesystem for OleoFuse {
             | InitFlags::FUSE_ASYNC_READ
             // The kernel then caches ACLs (found or absent) instead of asking per access.
             | InitFlags::FUSE_POSIX_ACL;
+        let wanted = if self.settings.writable {
+            // The kernel's page cache gathers writes into large requests (one extent each).
+            wanted | InitFlags::FUSE_WRITEBACK_CACHE
+        } else {
+            wanted
+        };
         let _ = config.add_capabilities(wanted & config.capabilities());
         Ok(())
+    }
+
+    fn setattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        ctime: Option<SystemTime>,
+        _fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        let set = SetAttr {
+            mode,
+            uid,
+            gid,
+            size,
+            atime: atime.map(time_or_now),
+            mtime: mtime.map(time_or_now),
+            ctime: ctime.map(system_time),
+        };
+        let r = self
+            .id(ino)
+            .and_then(|id| self.mutate(|fs| fs.setattr(id, &set)))
+            .and_then(|a| self.file_attr(&a));
+        match r {
+            Ok(attr) => reply.attr(&self.ttl, &attr),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn mknod(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, _umask: u32, rdev: u32, reply: ReplyEntry) {
+        let r = self.id(parent).and_then(|dir| {
+            self.mutate(|fs| fs.mknod(dir, name.as_bytes(), mode, u64::from(rdev), req.uid(), req.gid()))
+        });
+        self.reply_entry(r, reply)
+    }
+
+    fn mkdir(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, _umask: u32, reply: ReplyEntry) {
+        let r = self
+            .id(parent)
+            .and_then(|dir| self.mutate(|fs| fs.mkdir(dir, name.as_bytes(), mode, req.uid(), req.gid())));
+        self.reply_entry(r, reply)
+    }
+
+    fn symlink(&self, req: &Request, parent: INodeNo, link_name: &OsStr, target: &Path, reply: ReplyEntry) {
+        let r = self.id(parent).and_then(|dir| {
+            self.mutate(|fs| fs.symlink(dir, link_name.as_bytes(), target.as_os_str().as_bytes(), req.uid(), req.gid()))
+        });
+        self.reply_entry(r, reply)
+    }
+
+    fn link(&self, _req: &Request, ino: INodeNo, newparent: INodeNo, newname: &OsStr, reply: ReplyEntry) {
+        let r = self.id(ino).and_then(|id| {
+            let dir = self.id(newparent)?;
+            self.mutate(|fs| fs.link(id, dir, newname.as_bytes()))
+        });
+        self.reply_entry(r, reply)
+    }
+
+    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        match self.id(parent).and_then(|dir| self.mutate(|fs| fs.unlink(dir, name.as_bytes()))) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        match self.id(parent).and_then(|dir| self.mutate(|fs| fs.rmdir(dir, name.as_bytes()))) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn rename(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        let raw = flags.bits();
+        if raw & !(libc::RENAME_NOREPLACE | libc::RENAME_EXCHANGE) != 0 {
+            return reply.error(Errno::EINVAL);
+        }
+        let flags = oleo::RenameFlags {
+            noreplace: raw & libc::RENAME_NOREPLACE != 0,
+            exchange: raw & libc::RENAME_EXCHANGE != 0,
+        };
+        let r = self.id(parent).and_then(|from| {
+            let to = self.id(newparent)?;
+            self.mutate(|fs| fs.rename(from, name.as_bytes(), to, newname.as_bytes(), flags))
+        });
+        match r {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn create(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, _umask: u32, _flags: i32, reply: ReplyCreate) {
+        let r = self.id(parent).and_then(|dir| {
+            self.mutate(|fs| {
+                let a = fs.mknod(dir, name.as_bytes(), mode, 0, req.uid(), req.gid())?;
+                fs.pin_open(a.id);
+                Ok(a)
+            })
+        });
+        match r.and_then(|a| self.file_attr(&a)) {
+            Ok(attr) => reply.created(&self.ttl, &attr, Generation(0), FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn write(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        _write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        match self.id(ino).and_then(|id| self.mutate(|fs| fs.write(id, offset, data))) {
+            Ok(n) => reply.written(n as u32),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn flush(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _lock_owner: LockOwner, reply: ReplyEmpty) {
+        reply.ok()
+    }
+
+    fn fsync(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
+        // Durable means committed: the whole transaction goes (a log tree comes later).
+        match self.mutate(|fs| fs.sync()) {
+            Ok(_) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn fsyncdir(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
+        match self.mutate(|fs| fs.sync()) {
+            Ok(_) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn fallocate(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, length: u64, mode: i32, reply: ReplyEmpty) {
+        let keep_size = mode & libc::FALLOC_FL_KEEP_SIZE != 0;
+        let known = libc::FALLOC_FL_KEEP_SIZE | libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_ZERO_RANGE;
+        if mode & !known != 0 {
+            return reply.error(Errno::EOPNOTSUPP);
+        }
+        let m = if mode & libc::FALLOC_FL_PUNCH_HOLE != 0 {
+            if !keep_size {
+                return reply.error(Errno::EOPNOTSUPP);
+            }
+            FallocMode::PunchHole
+        } else if mode & libc::FALLOC_FL_ZERO_RANGE != 0 {
+            FallocMode::ZeroRange { keep_size }
+        } else {
+            FallocMode::Allocate { keep_size }
+        };
+        match self.id(ino).and_then(|id| self.mutate(|fs| fs.fallocate(id, offset, length, m))) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn setxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, value: &[u8], flags: i32, _position: u32, reply: ReplyEmpty) {
+        let how = match flags {
+            0 => XattrSet::Either,
+            libc::XATTR_CREATE => XattrSet::Create,
+            libc::XATTR_REPLACE => XattrSet::Replace,
+            _ => return reply.error(Errno::EINVAL),
+        };
+        match self.id(ino).and_then(|id| self.mutate(|fs| fs.setxattr(id, name.as_bytes(), value, how))) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        match self.id(ino).and_then(|id| self.mutate(|fs| fs.removexattr(id, name.as_bytes()))) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn copy_file_range(
+        &self,
+        _req: &Request,
+        ino_in: INodeNo,
+        _fh_in: FileHandle,
+        offset_in: u64,
+        ino_out: INodeNo,
+        _fh_out: FileHandle,
+        offset_out: u64,
+        len: u64,
+        _flags: CopyFileRangeFlags,
+        reply: ReplyWrite,
+    ) {
+        let r = self.id(ino_in).and_then(|src| {
+            let dst = self.id(ino_out)?;
+            self.mutate(|fs| fs.copy_file_range(src, offset_in, dst, offset_out, len))
+        });
+        match r {
+            Ok(n) => reply.written(n.min(u32::MAX as u64) as u32),
+            Err(e) => reply.error(e),
+        }
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         let r = self
             .id(parent)
-            .and_then(|dir| self.fs.lookup(dir, name.as_bytes()).map_err(errno))
+            .and_then(|dir| self.fs.read().lookup(dir, name.as_bytes()).map_err(errno))
             .and_then(|id| self.entry_attr(id));
         match r {
-            Ok(attr) => reply.entry(&TTL, &attr, Generation(0)),
+            Ok(attr) => reply.entry(&self.ttl, &attr, Generation(0)),
             Err(e) => reply.error(e),
         }
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
         match self.id(ino).and_then(|id| self.entry_attr(id)) {
-            Ok(attr) => reply.attr(&TTL, &attr),
+            Ok(attr) => reply.attr(&self.ttl, &attr),
             Err(e) => reply.error(e),
         }
     }
@@ -171,18 +511,44 @@ impl fuser::Filesystem for OleoFuse {
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
         match self
             .id(ino)
-            .and_then(|id| self.fs.readlink(id).map_err(errno))
+            .and_then(|id| self.fs.read().readlink(id).map_err(errno))
         {
             Ok(target) => reply.data(&target),
             Err(e) => reply.error(e),
         }
     }
 
-    fn open(&self, _req: &Request, _ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        if flags.0 & libc::O_ACCMODE != libc::O_RDONLY {
+    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        if flags.0 & libc::O_ACCMODE != libc::O_RDONLY && !self.settings.writable {
             return reply.error(Errno::EROFS);
         }
-        reply.opened(FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE);
+        match self.id(ino) {
+            Ok(id) => {
+                // An open file outlives its last name (it becomes an orphan until release).
+                self.fs.read().pin_open(id);
+                reply.opened(FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE)
+            }
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        match self.id(ino) {
+            Ok(id) => match self.fs.write().unpin_open(id) {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(errno(e)),
+            },
+            Err(e) => reply.error(e),
+        }
     }
 
     fn read(
@@ -198,7 +564,7 @@ impl fuser::Filesystem for OleoFuse {
     ) {
         match self
             .id(ino)
-            .and_then(|id| self.fs.read(id, offset, size).map_err(errno))
+            .and_then(|id| self.fs.read().read(id, offset, size).map_err(errno))
         {
             Ok(data) => reply.data(&data),
             Err(e) => reply.error(e),
@@ -215,7 +581,7 @@ impl fuser::Filesystem for OleoFuse {
             libc::SEEK_HOLE => false,
             _ => return reply.error(Errno::EINVAL),
         };
-        match self.id(ino).and_then(|id| self.fs.seek_data_hole(id, from, data).map_err(errno)) {
+        match self.id(ino).and_then(|id| self.fs.read().seek_data_hole(id, from, data).map_err(errno)) {
             Ok(at) => reply.offset(at as i64),
             Err(e) => reply.error(e),
         }
@@ -265,7 +631,7 @@ impl fuser::Filesystem for OleoFuse {
                     INodeNo(node),
                     next,
                     OsStr::from_bytes(name),
-                    &TTL,
+                    &self.ttl,
                     &attr,
                     Generation(0),
                 ),
@@ -282,7 +648,7 @@ impl fuser::Filesystem for OleoFuse {
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
-        match self.fs.statfs() {
+        match self.fs.read().statfs() {
             Ok(s) => reply.statfs(
                 s.blocks,
                 s.blocks_free,
@@ -300,7 +666,7 @@ impl fuser::Filesystem for OleoFuse {
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
         match self
             .id(ino)
-            .and_then(|id| self.fs.getxattr(id, name.as_bytes()).map_err(errno))
+            .and_then(|id| self.fs.read().getxattr(id, name.as_bytes()).map_err(errno))
         {
             Ok(v) if size == 0 => reply.size(v.len() as u32),
             Ok(v) if v.len() > size as usize => reply.error(Errno::ERANGE),
@@ -312,7 +678,7 @@ impl fuser::Filesystem for OleoFuse {
     fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
         match self
             .id(ino)
-            .and_then(|id| self.fs.listxattr(id).map_err(errno))
+            .and_then(|id| self.fs.read().listxattr(id).map_err(errno))
         {
             Ok(names) => {
                 let mut buf = Vec::new();
@@ -333,16 +699,16 @@ impl fuser::Filesystem for OleoFuse {
     }
 }
 
-/// Mount options for a read-only oleo mount. `source` shows in /proc/mounts.
-pub fn config(source: &str, threads: usize, allow_other: bool) -> Config {
-    let mount_options = vec![
+/// Mount options for an oleo mount. `source` shows in /proc/mounts.
+pub fn config(source: &str, threads: usize, allow_other: bool, writable: bool) -> Config {
+    let mut mount_options = vec![
         MountOption::FSName(source.to_string()),
         MountOption::Subtype("oleo".into()),
-        MountOption::RO,
         MountOption::DefaultPermissions,
         MountOption::Dev,
         MountOption::Suid,
     ];
+    mount_options.push(if writable { MountOption::RW } else { MountOption::RO });
     let mut cfg = Config::default();
     cfg.mount_options = mount_options;
     cfg.n_threads = Some(threads.max(1));
