@@ -8,8 +8,17 @@ use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+/// One thing the device was asked to do, as a crash simulator records it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum IoEvent {
+    Write { offset: u64, data: Vec<u8> },
+    Flush,
+}
+
 pub struct Device {
     file: File,
+    /// When set, every write and flush is also appended here (crash simulation).
+    recording: parking_lot::Mutex<Option<Vec<IoEvent>>>,
     size: u64,
     writable: bool,
     /// Writes left before an injected failure (tests of crash consistency); MAX: never.
@@ -41,6 +50,7 @@ impl Device {
         };
         Ok(Device {
             file,
+            recording: parking_lot::Mutex::new(None),
             size,
             writable,
             write_budget: AtomicU64::new(u64::MAX),
@@ -88,6 +98,12 @@ impl Device {
             self.write_budget.store(budget - 1, Ordering::SeqCst);
         }
         self.file.write_all_at(buf, offset)?;
+        if let Some(log) = self.recording.lock().as_mut() {
+            log.push(IoEvent::Write {
+                offset,
+                data: buf.to_vec(),
+            });
+        }
         self.writes.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
@@ -101,8 +117,25 @@ impl Device {
             return Err(Error::Io(std::io::Error::other("injected flush failure")));
         }
         self.file.sync_data()?;
+        if let Some(log) = self.recording.lock().as_mut() {
+            log.push(IoEvent::Flush);
+        }
         self.flushes.fetch_add(1, Ordering::Relaxed);
         Ok(())
+    }
+
+    /// Starts (or restarts) recording writes and flushes.
+    pub fn start_recording(&self) {
+        *self.recording.lock() = Some(Vec::new());
+    }
+
+    /// What was recorded since `start_recording` (recording goes on).
+    pub fn take_recording(&self) -> Vec<IoEvent> {
+        self.recording
+            .lock()
+            .as_mut()
+            .map(std::mem::take)
+            .unwrap_or_default()
     }
 
     pub fn size(&self) -> u64 {

@@ -392,6 +392,16 @@ impl Filesystem {
         self.io.device().io_counts()
     }
 
+    /// Records every device write and flush from now on (crash simulation).
+    pub fn start_io_recording(&self) {
+        self.io.device().start_recording();
+    }
+
+    /// The writes and flushes recorded so far.
+    pub fn take_io_recording(&self) -> Vec<crate::device::IoEvent> {
+        self.io.device().take_recording()
+    }
+
     /// Makes every later write to the device fail after `writes` more (crash tests).
     pub fn fail_writes_after(&self, writes: u64) {
         self.io.device().fail_writes_after(writes);

@@ -1,0 +1,453 @@
+//! The crash simulator. The device records every write and flush while a seeded workload
+//! of POSIX operations runs, with commits (fsync) at random points. Crash states are then
+//! rebuilt from the base image: a prefix of the recorded stream, where the writes issued
+//! after the prefix's last flush may each be lost (a volatile cache drops or reorders
+//! them). Every crash state must pass `btrfs check --readonly`, open with oleo and show
+//! exactly the state of a commit: the last one whose final flush is in the prefix, or the
+//! one in flight (its superblock may have landed). Nothing fsynced is lost. Some states
+//! are also mounted by the kernel and compared.
+//!
+//! Needs root and btrfs-progs (prints `SKIP: ...` without them; fails under CI=true).
+//! `OLEO_TEST_SEED` replays a seed; `OLEO_CRASH_POINTS` sets crash points per workload.
+
+use oleo::device::IoEvent;
+use oleo::{FileKind, Filesystem, InodeId, OpenOptions, RenameFlags, SetAttr, XattrSet};
+use std::collections::BTreeMap;
+use std::io::{Seek, SeekFrom};
+use std::os::unix::fs::{FileExt, MetadataExt};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+struct Rng(u64);
+
+impl Rng {
+    fn new(seed: u64) -> Rng {
+        Rng(seed.wrapping_mul(0x9E3779B97F4A7C15) | 1)
+    }
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+}
+
+fn seed(test: &str) -> u64 {
+    let s = std::env::var("OLEO_TEST_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64 % 1_000_000_007)
+            .unwrap_or(1)
+    });
+    eprintln!("{test}: seed {s} (OLEO_TEST_SEED={s} replays)");
+    s
+}
+
+fn skip(why: &str) -> bool {
+    if std::env::var("CI").is_ok_and(|v| v == "true") {
+        panic!("{why} (CI=true: the test environment must provide it)");
+    }
+    eprintln!("SKIP: crash: {why}");
+    true
+}
+
+fn missing_env() -> bool {
+    if unsafe { libc::geteuid() } != 0 {
+        return skip("not root (the kernel mount needs it)");
+    }
+    for tool in ["btrfs", "mkfs.btrfs"] {
+        if !Command::new(tool).arg("--version").output().is_ok_and(|o| o.status.success()) {
+            return skip(&format!("`{tool}` is missing (apt-get install btrfs-progs)"));
+        }
+    }
+    false
+}
+
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(name: &str) -> Scratch {
+        let dir = std::env::temp_dir().join(format!("oleo-crash-{name}-{}", std::process::id()));
+        let _ = Command::new("umount").arg(dir.join("mnt")).output();
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("mnt")).unwrap();
+        Scratch(dir)
+    }
+    fn path(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(self.0.join("mnt")).output();
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Copies only the allocated ranges (the base image is mostly holes).
+fn sparse_copy(from: &Path, to: &Path) {
+    let src = std::fs::File::open(from).unwrap();
+    let len = src.metadata().unwrap().len();
+    let dst = std::fs::File::create(to).unwrap();
+    dst.set_len(len).unwrap();
+    let fd = {
+        use std::os::fd::AsRawFd;
+        src.as_raw_fd()
+    };
+    let mut at: i64 = 0;
+    let mut buf = vec![0u8; 1 << 20];
+    while (at as u64) < len {
+        let data = unsafe { libc::lseek(fd, at, libc::SEEK_DATA) };
+        if data < 0 {
+            break;
+        }
+        let hole = unsafe { libc::lseek(fd, data, libc::SEEK_HOLE) };
+        let mut pos = data as u64;
+        while pos < hole as u64 {
+            let n = ((hole as u64 - pos) as usize).min(buf.len());
+            src.read_exact_at(&mut buf[..n], pos).unwrap();
+            dst.write_all_at(&buf[..n], pos).unwrap();
+            pos += n as u64;
+        }
+        at = hole;
+    }
+    let _ = (&src).seek(SeekFrom::Start(0));
+}
+
+fn btrfs_check(image: &Path) -> Result<(), String> {
+    let out = Command::new("btrfs").args(["check", "--readonly"]).arg(image).output().unwrap();
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    let bad = text.lines().any(|l| {
+        let l = l.to_ascii_lowercase();
+        (l.contains("error") && !l.contains("no error")) || l.contains("warning") || l.contains("mismatch")
+    });
+    if out.status.success() && !bad {
+        Ok(())
+    } else {
+        Err(text)
+    }
+}
+
+/// What a committed state looks like: path -> (kind, mode, size, content, xattrs).
+type State = BTreeMap<Vec<u8>, (String, u32, u64, Vec<u8>, Vec<(Vec<u8>, Vec<u8>)>)>;
+
+fn state_of(fs: &Filesystem) -> State {
+    let mut out = State::new();
+    let mut stack = vec![(fs.root(), Vec::new())];
+    while let Some((dir, path)) = stack.pop() {
+        let mut entries = Vec::new();
+        fs.readdir(dir, 2, &mut |e| {
+            entries.push(e.clone());
+            true
+        })
+        .unwrap();
+        for e in entries {
+            let p = if path.is_empty() { e.name.clone() } else { [&path[..], b"/", &e.name].concat() };
+            let a = fs.getattr(e.id).unwrap();
+            let content = match a.kind {
+                FileKind::File if a.size > 0 => fs.read(e.id, 0, a.size as u32).unwrap(),
+                FileKind::Symlink => fs.readlink(e.id).unwrap(),
+                _ => Vec::new(),
+            };
+            let mut xattrs: Vec<_> = fs.listxattr(e.id).unwrap().into_iter().map(|n| {
+                let v = fs.getxattr(e.id, &n).unwrap();
+                (n, v)
+            }).collect();
+            xattrs.sort();
+            let size = if a.kind == FileKind::Dir { 0 } else { a.size };
+            out.insert(p.clone(), (format!("{:?}", a.kind), a.mode, size, content, xattrs));
+            if a.kind == FileKind::Dir {
+                stack.push((e.id, p));
+            }
+        }
+    }
+    out
+}
+
+fn kernel_state(root: &Path) -> State {
+    use std::os::unix::ffi::OsStrExt;
+    let mut out = State::new();
+    let mut stack = vec![PathBuf::new()];
+    while let Some(rel) = stack.pop() {
+        for e in std::fs::read_dir(root.join(&rel)).unwrap() {
+            let e = e.unwrap();
+            let r = rel.join(e.file_name());
+            let p = root.join(&r);
+            let m = std::fs::symlink_metadata(&p).unwrap();
+            let kind = if m.is_dir() {
+                "Dir"
+            } else if m.file_type().is_symlink() {
+                "Symlink"
+            } else if m.is_file() {
+                "File"
+            } else {
+                "Other"
+            };
+            let content = match kind {
+                "File" => std::fs::read(&p).unwrap(),
+                "Symlink" => std::fs::read_link(&p).unwrap().as_os_str().as_bytes().to_vec(),
+                _ => Vec::new(),
+            };
+            let size = if m.is_dir() { 0 } else { m.size() };
+            out.insert(r.as_os_str().as_bytes().to_vec(), (kind.to_string(), m.mode(), size, content, Vec::new()));
+            if m.is_dir() {
+                stack.push(r);
+            }
+        }
+    }
+    out
+}
+
+fn resolve(fs: &Filesystem, rel: &[u8]) -> Option<InodeId> {
+    let mut id = fs.root();
+    for c in rel.split(|&b| b == b'/').filter(|c| !c.is_empty()) {
+        id = fs.lookup(id, c).ok()?;
+    }
+    Some(id)
+}
+
+/// One random operation; failures (a name taken, a missing file) are part of the game.
+fn random_op(rng: &mut Rng, fs: &mut Filesystem, names: &mut Vec<Vec<u8>>) {
+    let root = fs.root();
+    let pick = |rng: &mut Rng, names: &Vec<Vec<u8>>| -> Option<Vec<u8>> {
+        (!names.is_empty()).then(|| names[rng.below(names.len() as u64) as usize].clone())
+    };
+    match rng.below(10) {
+        0 | 1 => {
+            let dir = if rng.below(3) == 0 { b"d".to_vec() } else { Vec::new() };
+            let d = resolve(fs, &dir).unwrap_or(root);
+            let name = format!("f{}", rng.below(40)).into_bytes();
+            if fs.mknod(d, &name, 0o100644, 0, 0, 0).is_ok() {
+                names.push(if dir.is_empty() { name } else { [&dir[..], b"/", &name].concat() });
+            }
+        }
+        2..=5 => {
+            if let Some(n) = pick(rng, names) {
+                if let Some(id) = resolve(fs, &n) {
+                    let len = match rng.below(3) {
+                        0 => 1 + rng.below(1500),
+                        1 => 1 + rng.below(40_000),
+                        _ => 1 + rng.below(600_000),
+                    };
+                    let off = rng.below(300_000);
+                    let fill = rng.below(255) as u8;
+                    let data: Vec<u8> = (0..len).map(|i| fill.wrapping_add((i % 251) as u8)).collect();
+                    let _ = fs.write(id, off, &data);
+                }
+            }
+        }
+        6 => {
+            if let Some(n) = pick(rng, names) {
+                let (dir, name) = match n.iter().rposition(|&b| b == b'/') {
+                    Some(i) => (n[..i].to_vec(), n[i + 1..].to_vec()),
+                    None => (Vec::new(), n.clone()),
+                };
+                let d = resolve(fs, &dir).unwrap_or(root);
+                if fs.unlink(d, &name).is_ok() {
+                    names.retain(|x| *x != n);
+                }
+            }
+        }
+        7 => {
+            if let Some(n) = pick(rng, names) {
+                if let Some(id) = resolve(fs, &n) {
+                    let _ = fs.setattr(id, &SetAttr { size: Some(rng.below(200_000)), ..Default::default() });
+                }
+            }
+        }
+        8 => {
+            if let Some(n) = pick(rng, names) {
+                let to = format!("r{}", rng.below(40)).into_bytes();
+                let (dir, name) = match n.iter().rposition(|&b| b == b'/') {
+                    Some(i) => (n[..i].to_vec(), n[i + 1..].to_vec()),
+                    None => (Vec::new(), n.clone()),
+                };
+                let d = resolve(fs, &dir).unwrap_or(root);
+                if fs.rename(d, &name, root, &to, RenameFlags::default()).is_ok() {
+                    names.retain(|x| *x != n && *x != to);
+                    names.push(to);
+                }
+            }
+        }
+        _ => {
+            if let Some(n) = pick(rng, names) {
+                if let Some(id) = resolve(fs, &n) {
+                    let v = vec![b'x'; rng.below(300) as usize];
+                    let _ = fs.setxattr(id, format!("user.k{}", rng.below(3)).as_bytes(), &v, XattrSet::Either);
+                }
+            }
+        }
+    }
+}
+
+/// Rebuilds the image as a crash after `events[..n]`, dropping each write issued after the
+/// last flush of the prefix with probability one half.
+fn crash_image(base: &Path, out: &Path, events: &[IoEvent], n: usize, rng: &mut Rng) -> usize {
+    sparse_copy(base, out);
+    let last_flush = events[..n].iter().rposition(|e| *e == IoEvent::Flush).map_or(0, |i| i + 1);
+    let f = std::fs::OpenOptions::new().write(true).open(out).unwrap();
+    let mut dropped = 0;
+    for (i, e) in events[..n].iter().enumerate() {
+        if let IoEvent::Write { offset, data } = e {
+            if i >= last_flush && rng.below(2) == 0 {
+                dropped += 1;
+                continue;
+            }
+            f.write_all_at(data, *offset).unwrap();
+        }
+    }
+    dropped
+}
+
+fn run_workload(name: &str, mkfs_args: &[&str], ops: usize) {
+    if missing_env() {
+        return;
+    }
+    let seed = seed(name);
+    let mut rng = Rng::new(seed);
+    let scratch = Scratch::new(name);
+    let base = scratch.path("base.img");
+    let work = scratch.path("work.img");
+    std::fs::File::create(&base).unwrap().set_len(256 << 20).unwrap();
+    let out = Command::new("mkfs.btrfs").arg("-q").arg("-f").args(mkfs_args).arg(&base).output().unwrap();
+    assert!(out.status.success(), "mkfs.btrfs: {}", String::from_utf8_lossy(&out.stderr));
+    sparse_copy(&base, &work);
+
+    let mut fs = Filesystem::open_rw(&work, OpenOptions::default()).unwrap();
+    let d = fs.root();
+    fs.mkdir(d, b"d", 0o755, 0, 0).unwrap();
+    fs.sync().unwrap();
+    // Record from the first commit on: states by generation.
+    let base_gen = fs.superblock().generation;
+    drop(fs);
+    sparse_copy(&work, &base);
+    let mut fs = Filesystem::open_rw(&work, OpenOptions::default()).unwrap();
+    let mut states: BTreeMap<u64, Option<State>> = BTreeMap::new();
+    states.insert(base_gen, Some(state_of(&fs)));
+    fs.start_io_recording();
+    let mut names = Vec::new();
+    // Where each commit's final flush sits in the event stream: (event count, generation).
+    let mut durable: Vec<(usize, u64)> = vec![(0, base_gen)];
+    let mut events = Vec::new();
+    let mut last_gen = base_gen;
+    for i in 0..ops {
+        random_op(&mut rng, &mut fs, &mut names);
+        if rng.below(8) == 0 || i + 1 == ops {
+            fs.sync().unwrap();
+        }
+        // Commits happen on sync and inside operations (to make room, to bound memory).
+        let generation = fs.superblock().generation;
+        if generation != last_gen {
+            let start = events.len();
+            events.extend(fs.take_io_recording());
+            // Every commit ends with two flushes: after the blocks, after the superblocks.
+            let flushes: Vec<usize> = (start..events.len()).filter(|&j| events[j] == IoEvent::Flush).collect();
+            let commits = generation - last_gen;
+            assert_eq!(flushes.len() as u64, commits * 2, "two flushes per commit");
+            for c in 0..commits {
+                durable.push((flushes[(2 * c + 1) as usize] + 1, last_gen + c + 1));
+                states.insert(last_gen + c + 1, None);
+            }
+            // The committed state as the disk now has it.
+            let view = Filesystem::open(&work, OpenOptions::default()).unwrap();
+            assert_eq!(view.superblock().generation, generation);
+            states.insert(generation, Some(state_of(&view)));
+            last_gen = generation;
+        }
+    }
+    let recorded = events.len();
+    events.extend(fs.take_io_recording());
+    assert_eq!(recorded, events.len());
+    drop(fs);
+    let flushes = events.iter().filter(|e| **e == IoEvent::Flush).count();
+    let last = states.values().next_back().unwrap().as_ref().unwrap();
+    let bytes: u64 = last.values().map(|v| v.2).sum();
+    eprintln!(
+        "{name}: {} events ({flushes} flushes), {} commits; final state {} paths, {bytes} bytes",
+        events.len(),
+        durable.len() - 1,
+        last.len()
+    );
+    assert!(bytes > 0, "the workload wrote nothing");
+
+    let points: usize = std::env::var("OLEO_CRASH_POINTS").ok().and_then(|s| s.parse().ok()).unwrap_or(40);
+    // Crash points: around every flush (just before, just after) and random ones.
+    let mut cuts: Vec<usize> = Vec::new();
+    for (i, e) in events.iter().enumerate() {
+        if *e == IoEvent::Flush {
+            cuts.push(i);
+            cuts.push(i + 1);
+        }
+    }
+    for _ in 0..points {
+        cuts.push(rng.below(events.len() as u64 + 1) as usize);
+    }
+    cuts.sort();
+    cuts.dedup();
+    if cuts.len() > points * 2 {
+        let step = cuts.len() as f64 / (points * 2) as f64;
+        cuts = (0..points * 2).map(|i| cuts[(i as f64 * step) as usize]).collect();
+        cuts.dedup();
+    }
+    let crash = scratch.path("crash.img");
+    let mut checked = 0;
+    let mut with_kernel = 0;
+    for (k, &n) in cuts.iter().enumerate() {
+        let dropped = crash_image(&base, &crash, &events, n, &mut rng);
+        // The newest commit whose final flush is in the prefix must be there (or the next).
+        let floor = durable.iter().filter(|(at, _)| *at <= n).map(|(_, g)| *g).max().unwrap();
+        if let Err(text) = btrfs_check(&crash) {
+            panic!("{name} seed {seed}: crash after {n} of {} events ({dropped} late writes lost): btrfs check:\n{text}", events.len());
+        }
+        let fs = Filesystem::open(&crash, OpenOptions::default())
+            .unwrap_or_else(|e| panic!("{name} seed {seed}: crash at {n}: oleo cannot open: {e}"));
+        let generation = fs.superblock().generation;
+        let next = durable.iter().map(|(_, g)| *g).filter(|g| *g > floor).min();
+        assert!(
+            generation == floor || Some(generation) == next,
+            "{name} seed {seed}: crash at {n}: generation {generation}, expected {floor} (or {next:?})"
+        );
+        // A commit made inside an operation that also made another has no recorded state.
+        let Some(want) = states.get(&generation).and_then(|s| s.as_ref()) else {
+            checked += 1;
+            continue;
+        };
+        let got = state_of(&fs);
+        assert!(got == *want, "{name} seed {seed}: crash at {n}: state differs from commit {generation}");
+        drop(fs);
+        if k % 8 == 0 {
+            let mnt = scratch.path("mnt");
+            let st = Command::new("mount").args(["-o", "loop,ro"]).arg(&crash).arg(&mnt).status().unwrap();
+            assert!(st.success(), "{name} seed {seed}: crash at {n}: the kernel cannot mount it");
+            let seen = kernel_state(&mnt);
+            Command::new("umount").arg(&mnt).status().unwrap();
+            let strip = |s: &State| -> BTreeMap<Vec<u8>, (String, u64, Vec<u8>)> {
+                s.iter().map(|(p, v)| (p.clone(), (v.0.clone(), v.2, v.3.clone()))).collect()
+            };
+            assert!(strip(&seen) == strip(want), "{name} seed {seed}: crash at {n}: the kernel shows another state");
+            with_kernel += 1;
+        }
+        checked += 1;
+    }
+    eprintln!("{name} seed {seed}: {checked} crash states checked (btrfs check + oleo), {with_kernel} also mounted by the kernel");
+    assert!(checked >= points.min(cuts.len()));
+}
+
+#[test]
+fn crash_states_default_features() {
+    run_workload("default", &[], 300);
+}
+
+#[test]
+fn crash_states_small_nodes_no_holes_off() {
+    run_workload("4k-holes", &["--nodesize", "4096", "-O", "^no-holes"], 300);
+}
+
+#[test]
+fn crash_states_sha256() {
+    run_workload("sha256", &["--csum", "sha256"], 200);
+}
