@@ -59,9 +59,6 @@ pub enum Error {
     CrossDevice,
     #[error("operation not supported by this file type")]
     NoDevice,
-    /// A value (xattr) larger than the filesystem stores.
-    #[error("argument list too long")]
-    TooBig,
     /// The image cannot be used at all (bad superblock, missing trees, ...).
     #[error("unusable filesystem: {0}")]
     Unusable(String),
@@ -100,7 +97,6 @@ impl Error {
             Error::FileTooBig => libc::EFBIG,
             Error::CrossDevice => libc::EXDEV,
             Error::NoDevice => libc::ENODEV,
-            Error::TooBig => libc::E2BIG,
         }
     }
 }

@@ -298,21 +298,6 @@ impl Filesystem {
         self.pending_log
     }
 
-    pub fn statfs(&self) -> Result<StatFs> {
-        let bs = self.sb.sectorsize as u64;
-        let total = self.sb.total_bytes / bs;
-        let free = self.sb.total_bytes.saturating_sub(self.sb.bytes_used) / bs;
-        Ok(StatFs {
-            block_size: bs as u32,
-            blocks: total,
-            blocks_free: free,
-            blocks_avail: free,
-            files: 0,
-            files_free: 0,
-            name_max: 255,
-        })
-    }
-
     /// The ROOT_ITEM of tree `id` (any offset: snapshots carry their creation transid).
     pub(crate) fn read_root_item(&self, id: u64) -> Result<Option<(TreeRoot, RootItem)>> {
         let mut found = None;

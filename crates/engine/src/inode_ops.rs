@@ -398,10 +398,6 @@ impl Transaction<'_> {
             return Err(Error::NameTooLong);
         }
         let mut inode = self.read_inode(id)?;
-        let entry = xattr_entry(self.transid, name, value)?;
-        if entry.len() > oleo_format::leaf_builder::max_item_size(self.filesystem().sb.nodesize) / 2 {
-            return Err(Error::TooBig);
-        }
         let exists = match self.filesystem().getxattr(id, name) {
             Ok(_) => true,
             Err(Error::NoXattr) => false,
@@ -411,6 +407,11 @@ impl Transaction<'_> {
             (XattrSet::Create, true) => return Err(Error::AlreadyExists),
             (XattrSet::Replace, false) => return Err(Error::NoXattr),
             _ => {}
+        }
+        // One xattr must fit one leaf, as in the kernel (which says ENOSPC too).
+        let entry = xattr_entry(self.transid, name, value)?;
+        if entry.len() > oleo_format::leaf_builder::max_item_size(self.filesystem().sb.nodesize) {
+            return Err(Error::NoSpace);
         }
         let key = Key::new(id.ino, item::XATTR_ITEM, name_hash(name));
         if exists {

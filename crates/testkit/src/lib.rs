@@ -16,6 +16,7 @@ pub mod env;
 pub mod image;
 pub mod manifest;
 pub mod mount;
+pub mod ops;
 pub mod populate;
 pub mod tempdir;
 

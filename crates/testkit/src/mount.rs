@@ -323,12 +323,39 @@ impl OleoMount {
         Self::mount_with_timeout(oleo_bin, image, mountpoint, opts, mount_timeout())
     }
 
+    /// A read-write mount, served by a foreground oleo that this handle keeps: unmounting
+    /// waits until it has exited, i.e. until its final commit is on disk (a daemonized oleo
+    /// commits after umount(2) has already returned).
+    pub fn mount_rw(
+        oleo_bin: &Path,
+        image: &Path,
+        mountpoint: &Path,
+        opts: &[&str],
+    ) -> io::Result<OleoMount> {
+        let mut all = vec!["rw"];
+        all.extend(opts.iter().copied().filter(|o| *o != "rw" && *o != "ro"));
+        Self::spawn_mount(oleo_bin, image, mountpoint, &all, true, mount_timeout())
+    }
+
     /// [`OleoMount::mount`] with an explicit wait limit.
     pub fn mount_with_timeout(
         oleo_bin: &Path,
         image: &Path,
         mountpoint: &Path,
         opts: &[&str],
+        timeout: Duration,
+    ) -> io::Result<OleoMount> {
+        let mut all = vec!["ro"];
+        all.extend(opts.iter().copied().filter(|o| *o != "ro"));
+        Self::spawn_mount(oleo_bin, image, mountpoint, &all, false, timeout)
+    }
+
+    fn spawn_mount(
+        oleo_bin: &Path,
+        image: &Path,
+        mountpoint: &Path,
+        all: &[&str],
+        foreground: bool,
         timeout: Duration,
     ) -> io::Result<OleoMount> {
         static N: AtomicU64 = AtomicU64::new(0);
@@ -339,12 +366,13 @@ impl OleoMount {
             N.fetch_add(1, Ordering::Relaxed)
         ));
         let logf = File::create(&log)?;
-        let mut all = vec!["ro"];
-        all.extend(opts.iter().copied().filter(|o| *o != "ro"));
         let mut cmd = Command::new(oleo_bin);
-        cmd.arg("mount")
-            .arg("-o")
-            .arg(join_opts(&all))
+        cmd.arg("mount");
+        if foreground {
+            cmd.arg("-f");
+        }
+        cmd.arg("-o")
+            .arg(join_opts(all))
             .arg(image)
             .arg(mountpoint);
         cmd.stdin(Stdio::null())
@@ -503,12 +531,12 @@ impl OleoMount {
                 )));
             }
         }
-        // A foreground oleo exits once unmounted: give it a moment, then make sure. One that
-        // never mounted is killed at once.
+        // A foreground oleo exits once unmounted (after its final commit when writable): give
+        // it time, then make sure. One that never mounted is killed at once.
         if let Some(mut child) = self.child.take() {
             let until = Instant::now()
                 + if was_mounted {
-                    Duration::from_secs(5)
+                    Duration::from_secs(60)
                 } else {
                     Duration::ZERO
                 };
