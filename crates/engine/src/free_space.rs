@@ -125,6 +125,21 @@ impl FreeSpace {
         })
     }
 
+    /// A block group created in this transaction: `free` (start, length) ranges are free and
+    /// the tree holds none of them yet, so the next sync inserts them all (its new, empty
+    /// FREE_SPACE_INFO is the creator's to insert).
+    pub(crate) fn new_block_group(
+        free: impl IntoIterator<Item = (u64, u64)>,
+        sectorsize: u64,
+    ) -> FreeSpace {
+        FreeSpace {
+            ranges: free.into_iter().filter(|&(_, l)| l > 0).collect(),
+            on_disk: BTreeMap::new(),
+            bitmaps: None,
+            sectorsize,
+        }
+    }
+
     pub(crate) fn ranges(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
         self.ranges.iter().map(|(&s, &l)| (s, l))
     }
