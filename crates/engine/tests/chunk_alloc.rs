@@ -774,3 +774,59 @@ fn fill_metadata_small_nodes_progs_block_group_tree() {
         1200,
     );
 }
+
+/// A DATA chunk needs metadata for its items: with metadata nearly exhausted, alloc_chunk
+/// makes a METADATA chunk first (as the kernel makes a SYSTEM one before it runs short).
+#[test]
+fn data_chunk_makes_metadata_room_first() {
+    if missing_env() {
+        return;
+    }
+    let scratch = Scratch::new("meta-first");
+    let img = scratch.image();
+    make_image(
+        &img,
+        GIB,
+        Maker::Progs {
+            args: &[],
+            features: &[],
+        },
+    );
+    let before = chunk_tree(&img);
+    let mut xattrs = Xattrs::default();
+    let mut fs = open_rw(&img);
+    let mut made = Vec::new();
+    fs.with_transaction(|txn| {
+        while txn.available(bg::METADATA) > 700 << 10 {
+            xattrs.add(txn, 5000)?;
+        }
+        let meta_end = chunk_tree_end(txn)?;
+        let data = txn.alloc_chunk(bg::DATA)?;
+        made.push((meta_end, bg::METADATA | bg::DUP, 112 * MIB));
+        made.push((data, bg::DATA, 112 * MIB));
+        assert!(txn.available(bg::METADATA) > 100 * MIB);
+        Ok(())
+    })
+    .expect("transaction");
+    drop(fs);
+    btrfs_check(&img, "after a data chunk with little metadata left");
+    check_new_chunks(&img, &before, &made);
+    oleo_reopens(&img);
+    kernel_writes_a_file(&scratch, "meta-first");
+}
+
+/// Where the next chunk goes: after the highest one (from the chunk tree as T sees it).
+fn chunk_tree_end(txn: &mut Transaction<'_>) -> oleo::Result<u64> {
+    let mut end = 0;
+    txn.for_each_in_range(
+        objectid::CHUNK_TREE,
+        Key::new(objectid::FIRST_CHUNK_TREE, item::CHUNK_ITEM, 0),
+        Key::new(objectid::FIRST_CHUNK_TREE, item::CHUNK_ITEM, u64::MAX),
+        |key, body| {
+            let len = u64::from_le_bytes(body[..8].try_into().unwrap());
+            end = end.max(key.offset + len);
+            Ok(std::ops::ControlFlow::Continue(()))
+        },
+    )?;
+    Ok(end)
+}
