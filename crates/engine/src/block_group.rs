@@ -79,6 +79,52 @@ impl BlockGroups {
         })
     }
 
+    /// Adds a block group created in this transaction: nothing used, everything free but
+    /// the superblock copies (the kernel never hands those out, and the free space tree
+    /// leaves them out). Allocations can use it at once.
+    pub(crate) fn insert_new(
+        &mut self,
+        start: u64,
+        chunk: &oleo_format::items::ChunkItem,
+        sectorsize: u64,
+    ) -> Result<()> {
+        if self.groups.contains_key(&start) {
+            return Err(Error::corrupt(start, "a block group already starts here"));
+        }
+        let (avoid, allocatable) = super_ranges(start, chunk);
+        let end = start + chunk.length;
+        let mut holes: Vec<(u64, u64)> = avoid
+            .iter()
+            .map(|&(s, l)| (s.max(start), (s + l).min(end)))
+            .filter(|(s, e)| s < e)
+            .collect();
+        holes.sort_unstable();
+        let mut free = Vec::new();
+        let mut cur = start;
+        for (s, e) in holes {
+            if s > cur {
+                free.push((cur, s - cur));
+            }
+            cur = cur.max(e);
+        }
+        if cur < end {
+            free.push((cur, end - cur));
+        }
+        self.groups.insert(
+            start,
+            BlockGroup {
+                length: chunk.length,
+                flags: chunk.chunk_type,
+                used: 0,
+                used_on_disk: 0,
+                free: FreeSpace::new_block_group(free, sectorsize),
+                avoid,
+                allocatable,
+            },
+        );
+        Ok(())
+    }
+
     fn group_of(&mut self, bytenr: u64, len: u64) -> Result<(u64, &mut BlockGroup)> {
         self.groups
             .range_mut(..=bytenr)

@@ -61,6 +61,11 @@ impl DiskIo {
         self.chunks = chunks;
     }
 
+    /// The chunk map, to add a chunk created by a transaction.
+    pub(crate) fn chunks_mut(&mut self) -> &mut ChunkMap {
+        &mut self.chunks
+    }
+
     /// Reads copy `mirror` of `[logical, logical + buf.len())`.
     pub fn read_logical(&self, logical: u64, buf: &mut [u8], mirror: usize) -> Result<()> {
         let mut done = 0usize;

@@ -125,6 +125,21 @@ impl FreeSpace {
         })
     }
 
+    /// A block group created in this transaction: `free` (start, length) ranges are free and
+    /// the tree holds none of them yet, so the next sync inserts them all (its new, empty
+    /// FREE_SPACE_INFO is the creator's to insert).
+    pub(crate) fn new_block_group(
+        free: impl IntoIterator<Item = (u64, u64)>,
+        sectorsize: u64,
+    ) -> FreeSpace {
+        FreeSpace {
+            ranges: free.into_iter().filter(|&(_, l)| l > 0).collect(),
+            on_disk: BTreeMap::new(),
+            bitmaps: None,
+            sectorsize,
+        }
+    }
+
     pub(crate) fn ranges(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
         self.ranges.iter().map(|(&s, &l)| (s, l))
     }
@@ -214,10 +229,39 @@ pub(crate) fn sync(txn: &mut Transaction<'_>) -> Result<bool> {
             deletes.clear();
             inserts.clear();
         }
-        for key in &deletes {
+        // A range that only moved or shrank (the usual effect of an allocation) keeps its
+        // item under a new key: a delete and an insert could merge and split a leaf, which
+        // frees and allocates blocks, which changes the ranges again, round after round.
+        let mut current: std::collections::BTreeSet<Key> = target
+            .on_disk
+            .iter()
+            .map(|(&s, &l)| Key::new(s, item::FREE_SPACE_EXTENT, l))
+            .collect();
+        let (mut left_deletes, mut left_inserts) = (Vec::new(), Vec::new());
+        for (i, old) in deletes.iter().enumerate() {
+            let Some(new) = inserts.get(i) else {
+                left_deletes.push(*old);
+                continue;
+            };
+            let prev_ok = current.range(..*old).next_back().is_none_or(|p| p < new);
+            let next_ok = current
+                .range((std::ops::Bound::Excluded(*old), std::ops::Bound::Unbounded))
+                .next()
+                .is_none_or(|n| n > new);
+            if prev_ok && next_ok {
+                txn.set_item_key(objectid::FREE_SPACE_TREE, old, *new)?;
+                current.remove(old);
+                current.insert(*new);
+            } else {
+                left_deletes.push(*old);
+                left_inserts.push(*new);
+            }
+        }
+        left_inserts.extend(inserts.iter().skip(deletes.len()));
+        for key in &left_deletes {
             txn.delete_item(objectid::FREE_SPACE_TREE, key)?;
         }
-        for key in &inserts {
+        for key in &left_inserts {
             txn.insert_item(objectid::FREE_SPACE_TREE, *key, &[])?;
         }
         let count = u32::try_from(target.ranges.len())

@@ -37,7 +37,7 @@ const MAX_COMMIT_ROUNDS: usize = 64;
 pub struct TxnState {
     pub(crate) transid: u64,
     nodesize: u32,
-    chunk_tree_uuid: [u8; 16],
+    pub(crate) chunk_tree_uuid: [u8; 16],
     pub(crate) dirty: BTreeMap<u64, Vec<u8>>,
     /// Current root of every tree touched in T.
     pub(crate) roots: BTreeMap<u64, TreeRoot>,
@@ -48,7 +48,9 @@ pub struct TxnState {
     /// Per tree, bytes of tree blocks allocated minus freed (ROOT_ITEM.bytes_used).
     used_delta: BTreeMap<u64, i64>,
     /// The tree holding BLOCK_GROUP_ITEMs: the extent tree or the block group tree.
-    bg_items_tree: u64,
+    pub(crate) bg_items_tree: u64,
+    /// Chunks created in T: what the superblock must learn at commit.
+    pub(crate) new_chunks: crate::chunk_alloc::PendingChunks,
     /// Set when a change failed half-way: the trees may be inconsistent, so no commit.
     poisoned: Option<String>,
     /// Tree changes made so far (an operation that fails after changing trees aborts).
@@ -201,6 +203,7 @@ impl TxnState {
             refs: DelayedRefs::default(),
             used_delta: BTreeMap::new(),
             bg_items_tree,
+            new_chunks: Default::default(),
             poisoned: None,
             changes: 0,
         })
@@ -525,6 +528,7 @@ impl<'a> Transaction<'a> {
         let used = old.bytes_used as i128 + self.block_groups.used_delta;
         sb.bytes_used = u64::try_from(used)
             .map_err(|_| Error::corrupt(0, "superblock bytes_used would go negative"))?;
+        crate::chunk_alloc::apply_to_superblock(&self.new_chunks, &mut sb)?;
         // The kernel keeps uuid_tree_generation at the committed generation once the uuid
         // tree is known good (it rescans the tree at mount otherwise).
         if old.uuid_tree_generation == old.generation {
