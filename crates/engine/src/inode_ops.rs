@@ -3,6 +3,7 @@
 //! the running transaction after reserving the space it may need (`space`), so a full
 //! filesystem fails it with ENOSPC before anything changed.
 
+use crate::acl::{self, Acl};
 use crate::dir_item::{xattr_entry, EntryTarget};
 use crate::error::{Error, Result};
 use crate::fs::{Attr, FileKind, Filesystem, InodeId, Timespec};
@@ -70,7 +71,10 @@ fn disk_time(t: Timespec) -> DiskTime {
 }
 
 fn check_name(name: &[u8]) -> Result<()> {
-    if name.is_empty() || name == b"." || name == b".." || name.contains(&b'/') || name.contains(&0) {
+    if name == b"." || name == b".." {
+        return Err(Error::AlreadyExists);
+    }
+    if name.is_empty() || name.contains(&b'/') || name.contains(&0) {
         return Err(Error::InvalidArgument("bad file name".into()));
     }
     if name.len() > 255 {
@@ -161,7 +165,8 @@ impl Transaction<'_> {
         }
     }
 
-    fn create_node(&mut self, parent: InodeId, name: &[u8], mode: u32, rdev: u64, uid: u32, gid: u32, symlink: Option<&[u8]>) -> Result<InodeId> {
+    #[allow(clippy::too_many_arguments)]
+    fn create_node(&mut self, parent: InodeId, name: &[u8], mode: u32, umask: u32, rdev: u64, uid: u32, gid: u32, symlink: Option<&[u8]>) -> Result<InodeId> {
         check_name(name)?;
         let mut dir = self.dir_inode(parent)?;
         if self.find_dir_entry(parent, name)?.is_some() {
@@ -179,6 +184,26 @@ impl Transaction<'_> {
             if mode & S_IFMT == S_IFDIR {
                 mode |= S_ISGID;
             }
+        }
+        // A default ACL on the parent replaces the umask (and is inherited by directories).
+        let default_acl = if symlink.is_some() {
+            None
+        } else {
+            match self.filesystem().getxattr(parent, acl::DEFAULT) {
+                Ok(v) => Some(v),
+                Err(Error::NoXattr) => None,
+                Err(e) => return Err(e),
+            }
+        };
+        let mut access_acl = None;
+        match default_acl.as_deref().map(Acl::parse).transpose() {
+            Ok(Some(d)) => {
+                let (m, access) = d.inherit(mode);
+                mode = m;
+                access_acl = access;
+            }
+            // An unreadable default ACL is ignored, as if absent.
+            Ok(None) | Err(_) => mode &= !(umask & 0o777),
         }
         let mut flags = 0;
         if dir.flags & INODE_FLAG_NODATACOW != 0 && mode & S_IFMT == S_IFREG {
@@ -213,6 +238,15 @@ impl Transaction<'_> {
             }
             .to_bytes();
             self.insert_item(id.subvol, Key::new(ino, item::EXTENT_DATA, 0), &body)?;
+        }
+        let transid = self.transid;
+        if let (Some(d), true) = (&default_acl, mode & S_IFMT == S_IFDIR) {
+            let entry = xattr_entry(transid, acl::DEFAULT, d)?;
+            self.add_hashed_entry(id.subvol, Key::new(ino, item::XATTR_ITEM, name_hash(acl::DEFAULT)), &entry, acl::DEFAULT)?;
+        }
+        if let Some(a) = access_acl {
+            let entry = xattr_entry(transid, acl::ACCESS, &a.to_bytes())?;
+            self.add_hashed_entry(id.subvol, Key::new(ino, item::XATTR_ITEM, name_hash(acl::ACCESS)), &entry, acl::ACCESS)?;
         }
         self.link_name(parent, &mut dir, name, id, file_type)?;
         self.write_inode(parent, &mut dir)?;
@@ -332,13 +366,25 @@ impl Transaction<'_> {
             if inode.mode & S_IFMT != S_IFREG {
                 return Err(if inode.mode & S_IFMT == S_IFDIR { Error::IsDir } else { Error::InvalidArgument("not a regular file".into()) });
             }
+            // Times change with the size (POSIX); ftruncate's own time update arrives as
+            // explicit mtime/ctime.
             if size != inode.size {
                 self.truncate_file(id, &mut inode, size)?;
+                inode.mtime = t;
             }
-            inode.mtime = t;
         }
         if let Some(mode) = set.mode {
             inode.mode = (inode.mode & S_IFMT) | (mode & !S_IFMT);
+            // An access ACL follows the new permission bits.
+            if let Ok(raw) = self.filesystem().getxattr(id, acl::ACCESS) {
+                if let Ok(mut a) = Acl::parse(&raw) {
+                    a.chmod(inode.mode);
+                    let key = Key::new(id.ino, item::XATTR_ITEM, name_hash(acl::ACCESS));
+                    self.remove_hashed_entry(id.subvol, key, acl::ACCESS)?;
+                    let entry = xattr_entry(self.transid, acl::ACCESS, &a.to_bytes())?;
+                    self.add_hashed_entry(id.subvol, key, &entry, acl::ACCESS)?;
+                }
+            }
         }
         if set.uid.is_some() || set.gid.is_some() {
             // chown drops set-user-ID (and set-group-ID on group-executables), as chown(2)
@@ -382,11 +428,10 @@ impl Transaction<'_> {
                 self.preallocate(id, &mut inode, offset, len, keep_size)?;
             }
         }
+        // Like file_modified() in the kernel's fallocate paths: every mode stamps both.
         let t = now();
         inode.ctime = t;
-        if mode != (FallocMode::Allocate { keep_size: true }) {
-            inode.mtime = t;
-        }
+        inode.mtime = t;
         self.write_inode(id, &mut inode)
     }
 
@@ -417,6 +462,17 @@ impl Transaction<'_> {
         if exists {
             self.remove_hashed_entry(id.subvol, key, name)?;
         }
+        if name == acl::ACCESS {
+            // The mode carries the ACL's owner/group/other bits; an ACL that says no more
+            // than the mode is not stored (as posix_acl_update_mode decides).
+            let a = Acl::parse(value)?;
+            let (bits, needed) = a.mode_bits();
+            inode.mode = (inode.mode & !0o777) | bits;
+            inode.ctime = now();
+            if !needed {
+                return self.write_inode(id, &mut inode);
+            }
+        }
         self.add_hashed_entry(id.subvol, key, &entry, name)?;
         inode.ctime = now();
         self.write_inode(id, &mut inode)
@@ -437,19 +493,21 @@ impl Transaction<'_> {
 impl Filesystem {
     /// Creates a file of any type but directory and symlink (regular, fifo, socket, device)
     /// named `name` in `parent`. `mode` includes the type bits; `rdev` is a userspace dev_t.
-    pub fn mknod(&mut self, parent: InodeId, name: &[u8], mode: u32, rdev: u64, uid: u32, gid: u32) -> Result<Attr> {
+    /// `umask` applies unless the parent has a default ACL (which is inherited instead).
+    #[allow(clippy::too_many_arguments)]
+    pub fn mknod(&mut self, parent: InodeId, name: &[u8], mode: u32, umask: u32, rdev: u64, uid: u32, gid: u32) -> Result<Attr> {
         if matches!(mode & S_IFMT, S_IFDIR | S_IFLNK) {
             return Err(Error::InvalidArgument("mknod cannot make directories or symlinks".into()));
         }
         let mode = if mode & S_IFMT == 0 { mode | S_IFREG } else { mode };
-        let id = self.write_op(Reserve::items(6), |t| t.create_node(parent, name, mode, rdev, uid, gid, None))?;
+        let id = self.write_op(Reserve::items(8), |t| t.create_node(parent, name, mode, umask, rdev, uid, gid, None))?;
         self.getattr(id)
     }
 
-    pub fn mkdir(&mut self, parent: InodeId, name: &[u8], mode: u32, uid: u32, gid: u32) -> Result<Attr> {
+    pub fn mkdir(&mut self, parent: InodeId, name: &[u8], mode: u32, umask: u32, uid: u32, gid: u32) -> Result<Attr> {
         // As mkdir(2): only permission and sticky bits; set-group-ID comes from the parent.
         let mode = (mode & 0o1777) | S_IFDIR;
-        let id = self.write_op(Reserve::items(6), |t| t.create_node(parent, name, mode, 0, uid, gid, None))?;
+        let id = self.write_op(Reserve::items(8), |t| t.create_node(parent, name, mode, umask, 0, uid, gid, None))?;
         self.getattr(id)
     }
 
@@ -458,7 +516,7 @@ impl Filesystem {
         if target.is_empty() || target.len() > limit.min(4095) {
             return Err(Error::NameTooLong);
         }
-        let id = self.write_op(Reserve::items(7), |t| t.create_node(parent, name, S_IFLNK | 0o777, 0, uid, gid, Some(target)))?;
+        let id = self.write_op(Reserve::items(7), |t| t.create_node(parent, name, S_IFLNK | 0o777, 0, 0, uid, gid, Some(target)))?;
         self.getattr(id)
     }
 

@@ -4,6 +4,7 @@
 //! kernel driver. Modules follow the kernel's fs/btrfs naming: a btrfs developer should
 //! find each concept in the file named after it.
 
+mod acl;
 pub mod block_group;
 mod chunk_alloc;
 pub mod ctree;

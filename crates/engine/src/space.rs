@@ -66,8 +66,12 @@ impl Transaction<'_> {
     }
 
     /// Adds a chunk of type `kind` if the device has unallocated space. False if not.
-    fn try_alloc_chunk(&mut self, _kind: u64) -> Result<bool> {
-        Ok(false)
+    fn try_alloc_chunk(&mut self, kind: u64) -> Result<bool> {
+        match self.alloc_chunk(kind) {
+            Ok(_) => Ok(true),
+            Err(Error::NoSpace) => Ok(false),
+            Err(e) => Err(e),
+        }
     }
 
     /// True if a commit would give back space of type `kind` freed in this transaction.
@@ -86,6 +90,7 @@ impl Filesystem {
         let mut committed = false;
         loop {
             let mut txn = self.start_transaction()?;
+            let before_reserve = txn.changes();
             match txn.reserve(&need) {
                 Ok(()) => {}
                 Err(Error::NoSpace)
@@ -96,7 +101,13 @@ impl Filesystem {
                     committed = true;
                     continue;
                 }
-                Err(e) => return Err(e),
+                Err(e) => {
+                    // A chunk allocation that failed half-way leaves the trees inconsistent.
+                    if !matches!(e, Error::NoSpace) && txn.changes() != before_reserve {
+                        txn.abort(&format!("allocating a chunk failed: {e}"));
+                    }
+                    return Err(e);
+                }
             }
             let before = txn.changes();
             let r = f(&mut txn);

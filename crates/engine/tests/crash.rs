@@ -221,7 +221,7 @@ fn random_op(rng: &mut Rng, fs: &mut Filesystem, names: &mut Vec<Vec<u8>>) {
             let dir = if rng.below(3) == 0 { b"d".to_vec() } else { Vec::new() };
             let d = resolve(fs, &dir).unwrap_or(root);
             let name = format!("f{}", rng.below(40)).into_bytes();
-            if fs.mknod(d, &name, 0o100644, 0, 0, 0).is_ok() {
+            if fs.mknod(d, &name, 0o100644, 0, 0, 0, 0).is_ok() {
                 names.push(if dir.is_empty() { name } else { [&dir[..], b"/", &name].concat() });
             }
         }
@@ -319,7 +319,7 @@ fn run_workload(name: &str, mkfs_args: &[&str], ops: usize) {
 
     let mut fs = Filesystem::open_rw(&work, OpenOptions::default()).unwrap();
     let d = fs.root();
-    fs.mkdir(d, b"d", 0o755, 0, 0).unwrap();
+    fs.mkdir(d, b"d", 0o755, 0, 0, 0).unwrap();
     fs.sync().unwrap();
     // Record from the first commit on: states by generation.
     let base_gen = fs.superblock().generation;

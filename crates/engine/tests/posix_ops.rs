@@ -172,12 +172,12 @@ fn apply_oleo(fs: &mut Filesystem, op: &Op) -> Result<(), i32> {
         Op::Mknod { path, mode, rdev } => {
             let (dir, name) = split(path);
             let d = resolve(fs, dir)?;
-            fs.mknod(d, name, *mode, *rdev, 0, 0).map(|_| ()).map_err(e)
+            fs.mknod(d, name, *mode, 0, *rdev, 0, 0).map(|_| ()).map_err(e)
         }
         Op::Mkdir { path, mode } => {
             let (dir, name) = split(path);
             let d = resolve(fs, dir)?;
-            fs.mkdir(d, name, *mode, 0, 0).map(|_| ()).map_err(e)
+            fs.mkdir(d, name, *mode, 0, 0, 0).map(|_| ()).map_err(e)
         }
         Op::Symlink { path, target } => {
             let (dir, name) = split(path);
@@ -323,6 +323,9 @@ fn run_case(case: &Case, seed: u64) {
     for i in 0..case.ops {
         let op = random_op(&mut rng, &reference, case.big);
         let want = apply_path(&reference, &op);
+        if std::env::var("OLEO_TEST_TRACE").is_ok() {
+            eprintln!("op {i}: {op} -> {want:?}");
+        }
         let got = apply_oleo(&mut fs, &op);
         assert_eq!(got, want, "seed {seed} op {i}: {op}: oleo {got:?} vs reference {want:?}");
         if want.is_ok() {

@@ -303,17 +303,17 @@ impl fuser::Filesystem for OleoFuse {
         }
     }
 
-    fn mknod(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, _umask: u32, rdev: u32, reply: ReplyEntry) {
+    fn mknod(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, rdev: u32, reply: ReplyEntry) {
         let r = self.id(parent).and_then(|dir| {
-            self.mutate(|fs| fs.mknod(dir, name.as_bytes(), mode, u64::from(rdev), req.uid(), req.gid()))
+            self.mutate(|fs| fs.mknod(dir, name.as_bytes(), mode, umask, u64::from(rdev), req.uid(), req.gid()))
         });
         self.reply_entry(r, reply)
     }
 
-    fn mkdir(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, _umask: u32, reply: ReplyEntry) {
+    fn mkdir(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, reply: ReplyEntry) {
         let r = self
             .id(parent)
-            .and_then(|dir| self.mutate(|fs| fs.mkdir(dir, name.as_bytes(), mode, req.uid(), req.gid())));
+            .and_then(|dir| self.mutate(|fs| fs.mkdir(dir, name.as_bytes(), mode, umask, req.uid(), req.gid())));
         self.reply_entry(r, reply)
     }
 
@@ -374,10 +374,10 @@ impl fuser::Filesystem for OleoFuse {
         }
     }
 
-    fn create(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, _umask: u32, _flags: i32, reply: ReplyCreate) {
+    fn create(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, _flags: i32, reply: ReplyCreate) {
         let r = self.id(parent).and_then(|dir| {
             self.mutate(|fs| {
-                let a = fs.mknod(dir, name.as_bytes(), mode, 0, req.uid(), req.gid())?;
+                let a = fs.mknod(dir, name.as_bytes(), mode, umask, 0, req.uid(), req.gid())?;
                 fs.pin_open(a.id);
                 Ok(a)
             })

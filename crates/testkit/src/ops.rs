@@ -196,7 +196,7 @@ pub fn random_op(rng: &mut Rng, root: &Path, big: bool) -> Op {
         }
     };
     let new_name = |rng: &mut Rng| -> Vec<u8> {
-        let len = if rng.chance(5) { 200 + rng.below(56) } else { 1 + rng.below(12) };
+        let len = if rng.chance(5) { 200 + rng.below(56) } else { 2 + rng.below(12) };
         (0..len).map(|_| b"abcdefghijklmnopqrstuvwxyz0123456789_-."[rng.below(39) as usize]).collect()
     };
     let fresh = |rng: &mut Rng| {
