@@ -243,16 +243,22 @@ fn open(image: &Path, plan: &Plan) -> Result<(Filesystem, bool), String> {
     if plan.writable == Some(false) {
         return Ok((Filesystem::open(image, plan.open.clone()).map_err(show)?, false));
     }
-    let rw = Filesystem::open_rw(image, plan.open.clone()).and_then(|fs| fs.can_write().map(|_| fs));
-    match rw {
-        Ok(fs) => Ok((fs, true)),
-        Err(e) if plan.writable == Some(true) => Err(format!("{}: cannot mount read-write: {e}", image.display())),
-        Err(e) => {
-            log::warn!("{}: mounting read-only: {e}", image.display());
-            eprintln!("oleo: {}: mounting read-only: {e}", image.display());
-            Ok((Filesystem::open(image, plan.open.clone()).map_err(show)?, false))
+    let why_not = match Filesystem::open_rw(image, plan.open.clone()) {
+        Ok(fs) => match fs.can_write() {
+            Ok(()) => return Ok((fs, true)),
+            Err(e) => e,
+        },
+        // The image or device itself is read-only to us.
+        Err(oleo::Error::Io(e)) if matches!(e.raw_os_error(), Some(libc::EACCES | libc::EROFS | libc::EPERM)) => {
+            oleo::Error::Io(e)
         }
+        Err(e) => return Err(show(e)),
+    };
+    if plan.writable == Some(true) {
+        return Err(format!("{}: cannot mount read-write: {why_not}", image.display()));
     }
+    log::warn!("{}: mounting read-only: {why_not}", image.display());
+    Ok((Filesystem::open(image, plan.open.clone()).map_err(show)?, false))
 }
 
 fn tune(mountpoint: &Path, readahead_kib: u32) {

@@ -150,10 +150,20 @@ fn refusals_are_one_clear_message() {
     let image = small_image(&dir, "refuse");
     let mp = dir.subdir("mnt").unwrap();
     let (img, mnt) = (image.to_str().unwrap(), mp.to_str().unwrap());
+    // An image oleo reads but cannot write (no skinny metadata items).
+    let old = dir.join("old-format.img");
+    std::fs::File::create(&old).unwrap().set_len(256 << 20).unwrap();
+    let st = Command::new("mkfs.btrfs")
+        .args(["-q", "-f", "-O", "^skinny-metadata"])
+        .arg(&old)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let old = old.to_str().unwrap();
     let cases: Vec<(Vec<&str>, &str)> = vec![
         (
-            vec!["mount", "-o", "rw", img, mnt],
-            "read-write mounts are not supported yet",
+            vec!["mount", "-o", "rw", old, mnt],
+            "cannot mount read-write: unsupported: writing needs skinny metadata",
         ),
         (
             vec!["mount", "-o", "bogus", img, mnt],

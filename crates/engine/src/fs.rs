@@ -265,7 +265,7 @@ impl Filesystem {
             ));
         }
         fs.top = fs.resolve_mount_subvolume(&options)?;
-        if !options.read_only && !pending_log {
+        if !options.read_only && fs.can_write().is_ok() {
             // Like the kernel at mount: files unlinked while open in the last session go now.
             match fs.remove_orphans(fs.top.subvol) {
                 Ok(0) => {}
