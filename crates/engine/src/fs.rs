@@ -253,7 +253,7 @@ impl Filesystem {
             running: None,
             aborted: None,
             max_inline: options.max_inline,
-            dirty_limit: (cache_bytes / 2).max(32 << 20),
+            dirty_limit: (cache_bytes / 2).max(4 << 20),
             next_ino: Mutex::new(HashMap::new()),
             next_index: Mutex::new(HashMap::new()),
             open_inodes: Mutex::new(HashMap::new()),
@@ -353,6 +353,13 @@ impl Filesystem {
         self.subvol_roots.write().clear();
         self.inodes.clear();
         self.extents.clear();
+    }
+
+    /// Memory held by the running transaction's dirty tree blocks.
+    pub fn dirty_bytes(&self) -> u64 {
+        self.running
+            .as_ref()
+            .map_or(0, |t| t.dirty.len() as u64 * u64::from(self.sb.nodesize))
     }
 
     /// True while changes are waiting for a commit.

@@ -544,11 +544,26 @@ impl Filesystem {
 
     /// Writes `data` at `offset`; returns the bytes written (all of them).
     pub fn write(&mut self, id: InodeId, offset: u64, data: &[u8]) -> Result<usize> {
-        let sector = u64::from(self.sb.sectorsize);
-        // Data: the new extents plus the sector rewritten at the old end of file.
-        let need = Reserve::items(8 + data.len() as u64 / (1 << 20) * 4).data(data.len() as u64 + 2 * sector);
+        let need = self.write_reserve(id, offset, data.len() as u64)?;
         self.write_op(need, |t| t.write_file(id, offset, data))?;
         Ok(data.len())
+    }
+
+    /// What writing `len` bytes at `offset` may take: the sectors it covers, the sector
+    /// at the old end of file (rewritten with zeros past it), per-extent items and csums.
+    fn write_reserve(&self, id: InodeId, offset: u64, len: u64) -> Result<Reserve> {
+        let sector = u64::from(self.sb.sectorsize);
+        let size = self.getattr(id)?.size;
+        let end = offset.saturating_add(len);
+        let mut data = end.next_multiple_of(sector) - (offset - offset % sector);
+        if end > size && size % sector != 0 && size - size % sector < offset - offset % sector {
+            data += sector;
+        }
+        // Small inline files still get a sector in case they turn regular.
+        data = data.max(sector);
+        let csums = data / sector * self.sb.csum_type().size() as u64;
+        let extents = data / (1 << 20) + 2;
+        Ok(Reserve::items(10).bulk(csums + extents * 200).data(data))
     }
 
     pub fn fallocate(&mut self, id: InodeId, offset: u64, len: u64, mode: FallocMode) -> Result<()> {
@@ -556,8 +571,8 @@ impl Filesystem {
             FallocMode::PunchHole => 2 * u64::from(self.sb.sectorsize),
             _ => len.saturating_add(2 * u64::from(self.sb.sectorsize)),
         };
-        let items = 8 + len / crate::file_write::MAX_EXTENT * 4;
-        self.write_op(Reserve::items(items).data(data), |t| t.fallocate(id, offset, len, mode))
+        let extents = len / (1 << 20) + 2;
+        self.write_op(Reserve::items(10).bulk(extents * 200).data(data), |t| t.fallocate(id, offset, len, mode))
     }
 
     pub fn setxattr(&mut self, id: InodeId, name: &[u8], value: &[u8], how: XattrSet) -> Result<()> {
@@ -597,8 +612,8 @@ impl Filesystem {
         let inline = sa.size <= self.max_inline.min(sector - 1);
         if aligned && !inline && src != dst {
             let clone_len = len.next_multiple_of(sector);
-            let items = 8 + clone_len / (1 << 20) * 4;
-            self.write_op(Reserve::items(items).data(2 * sector), |t| t.clone_range(src, src_off, dst, dst_off, clone_len))?;
+            let extents = clone_len / (1 << 20) + 2;
+            self.write_op(Reserve::items(10).bulk(extents * 200).data(2 * sector), |t| t.clone_range(src, src_off, dst, dst_off, clone_len))?;
             if clone_len != len {
                 // The clone covered whole sectors: the size ends where the data ends.
                 let want = (dst_off + len).max(da.size);

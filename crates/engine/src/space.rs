@@ -20,12 +20,19 @@ const BLOCKS_PER_ITEM: u64 = 16;
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct Reserve {
     items: u64,
+    /// Bytes of items that go in side by side (a file's extent and csum items): they
+    /// share leaves, so they cost about their size, not a path each.
+    bulk: u64,
     data: u64,
 }
 
 impl Reserve {
     pub(crate) fn items(items: u64) -> Reserve {
-        Reserve { items, data: 0 }
+        Reserve { items, bulk: 0, data: 0 }
+    }
+
+    pub(crate) fn bulk(self, bytes: u64) -> Reserve {
+        Reserve { bulk: bytes, ..self }
     }
 
     pub(crate) fn data(self, bytes: u64) -> Reserve {
@@ -43,7 +50,8 @@ impl Transaction<'_> {
 
     fn metadata_needed(&self, r: &Reserve) -> u64 {
         let ns = u64::from(self.filesystem().sb.nodesize);
-        r.items * BLOCKS_PER_ITEM * ns + self.commit_reserve()
+        // Leaves of side-by-side items fill about half (splits), each copied once more.
+        r.items * BLOCKS_PER_ITEM * ns + r.bulk * 4 + self.commit_reserve()
     }
 
     /// Makes sure `r` fits, allocating chunks if the device has room. NoSpace otherwise.
@@ -59,6 +67,11 @@ impl Transaction<'_> {
     fn ensure_available(&mut self, kind: u64, bytes: u64) -> Result<()> {
         while self.block_groups.available(kind) < bytes {
             if !self.try_alloc_chunk(kind)? {
+                log::debug!(
+                    "no space: {} bytes of type {kind:#x} wanted, {} available",
+                    bytes,
+                    self.block_groups.available(kind)
+                );
                 return Err(Error::NoSpace);
             }
         }

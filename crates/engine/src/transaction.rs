@@ -104,11 +104,45 @@ impl Filesystem {
         }
         check_writable(self)?;
         match load_root(self, objectid::QUOTA_TREE) {
-            Err(Error::NotFound) => Ok(()),
-            Ok(_) => Err(Error::Unsupported(
-                "writing to filesystems with quotas enabled is not supported yet".into(),
-            )),
-            Err(e) => Err(e),
+            Err(Error::NotFound) => {}
+            Ok(_) => {
+                return Err(Error::Unsupported(
+                    "writing to filesystems with quotas enabled is not supported yet".into(),
+                ))
+            }
+            Err(e) => return Err(e),
+        }
+        self.check_no_snapshots()
+    }
+
+    /// Snapshots share tree blocks and data extents between subvolumes; changing shared
+    /// blocks needs their back references moved (the kernel's update_ref_for_cow), which
+    /// oleo does not do yet. Refused up front, so that no transaction meets one half-way.
+    fn check_no_snapshots(&self) -> Result<()> {
+        let mut shared = None;
+        ctree::for_each_in_range(
+            self,
+            &self.root_tree(),
+            Key::new(objectid::FS_TREE, item::ROOT_ITEM, 0),
+            Key::new(objectid::LAST_FREE, item::ROOT_ITEM, u64::MAX),
+            |key, data| {
+                if key.item_type != item::ROOT_ITEM || !objectid::is_fs_tree(key.objectid) {
+                    return Ok(ControlFlow::Continue(()));
+                }
+                let ri = RootItem::parse(data)
+                    .map_err(|e| Error::corrupt(0, format!("root item {key:?}: {e}")))?;
+                if ri.last_snapshot != 0 || ri.parent_uuid != [0; 16] || ri.refs == 0 {
+                    shared = Some(key.objectid);
+                    return Ok(ControlFlow::Break(()));
+                }
+                Ok(ControlFlow::Continue(()))
+            },
+        )?;
+        match shared {
+            Some(id) => Err(Error::Unsupported(format!(
+                "subvolume {id} is or has a snapshot (or is being deleted); writing to filesystems with snapshots is not supported yet"
+            ))),
+            None => Ok(()),
         }
     }
 }
@@ -217,6 +251,7 @@ impl<'a> Transaction<'a> {
             return Err(Error::Aborted(why.clone()));
         }
         if fs.running.is_none() {
+            fs.check_no_snapshots()?;
             let st = TxnState::new(fs)?;
             fs.running = Some(Box::new(st));
         }

@@ -1,0 +1,238 @@
+//! Filling the filesystem: one big file, many small files, xattrs. The operation that
+//! does not fit fails with ENOSPC and changes nothing; everything written before stays
+//! readable (through oleo after reopening, and through the kernel), `btrfs check` is clean,
+//! and after deleting something the space can be used again. Also: memory stays bounded
+//! while writing much more than the dirty limit.
+//!
+//! Needs root and btrfs-progs (prints `SKIP: ...` without them; fails under CI=true).
+
+use oleo::{Error, Filesystem, InodeId, OpenOptions, XattrSet};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn skip(why: &str) -> bool {
+    if std::env::var("CI").is_ok_and(|v| v == "true") {
+        panic!("{why} (CI=true: the test environment must provide it)");
+    }
+    eprintln!("SKIP: enospc: {why}");
+    true
+}
+
+fn missing_env() -> bool {
+    if unsafe { libc::geteuid() } != 0 {
+        return skip("not root (the kernel mount needs it)");
+    }
+    for tool in ["btrfs", "mkfs.btrfs"] {
+        if !Command::new(tool).arg("--version").output().is_ok_and(|o| o.status.success()) {
+            return skip(&format!("`{tool}` is missing (apt-get install btrfs-progs)"));
+        }
+    }
+    false
+}
+
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(name: &str, mb: u64, args: &[&str]) -> Scratch {
+        let dir = std::env::temp_dir().join(format!("oleo-enospc-{name}-{}", std::process::id()));
+        let _ = Command::new("umount").arg(dir.join("mnt")).output();
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("mnt")).unwrap();
+        let s = Scratch(dir);
+        std::fs::File::create(s.image()).unwrap().set_len(mb << 20).unwrap();
+        let out = Command::new("mkfs.btrfs").arg("-q").arg("-f").args(args).arg(s.image()).output().unwrap();
+        assert!(out.status.success(), "mkfs.btrfs: {}", String::from_utf8_lossy(&out.stderr));
+        s
+    }
+    fn image(&self) -> PathBuf {
+        self.0.join("image")
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(self.0.join("mnt")).output();
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn btrfs_check(image: &Path, when: &str) {
+    let out = Command::new("btrfs").args(["check", "--readonly", "--check-data-csum"]).arg(image).output().unwrap();
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    let bad = text.lines().any(|l| {
+        let l = l.to_ascii_lowercase();
+        (l.contains("error") && !l.contains("no error")) || l.contains("warning") || l.contains("mismatch")
+    });
+    assert!(out.status.success() && !bad, "btrfs check after {when}:\n{text}");
+}
+
+fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    (0..len).map(|i| (seed as usize * 31 + i / 3) as u8).collect()
+}
+
+/// Reads every listed file back through oleo and through the kernel.
+fn verify(image: &Path, mnt: &Path, files: &[(Vec<u8>, Vec<u8>)], when: &str) {
+    btrfs_check(image, when);
+    let fs = Filesystem::open(image, OpenOptions::default()).unwrap();
+    for (name, data) in files {
+        let id = fs.lookup(fs.root(), name).unwrap_or_else(|e| panic!("{when}: {} missing: {e}", String::from_utf8_lossy(name)));
+        let got = if data.is_empty() { Vec::new() } else { fs.read(id, 0, data.len() as u32).unwrap() };
+        assert!(got == *data, "{when}: {} differs through oleo", String::from_utf8_lossy(name));
+    }
+    drop(fs);
+    let st = Command::new("mount").args(["-o", "loop,ro"]).arg(image).arg(mnt).status().unwrap();
+    assert!(st.success(), "{when}: kernel mount");
+    let mut bad = Vec::new();
+    for (name, data) in files {
+        let p = mnt.join(std::str::from_utf8(name).unwrap());
+        if std::fs::read(&p).ok().as_ref() != Some(data) {
+            bad.push(String::from_utf8_lossy(name).into_owned());
+        }
+    }
+    Command::new("umount").arg(mnt).status().unwrap();
+    assert!(bad.is_empty(), "{when}: the kernel reads other bytes for {bad:?}");
+}
+
+fn init_log() {
+    let _ = env_logger::builder().is_test(true).try_init();
+}
+
+fn is_enospc(e: &Error) -> bool {
+    e.errno() == libc::ENOSPC
+}
+
+#[test]
+fn one_big_file_until_full() {
+    if missing_env() {
+        return;
+    }
+    init_log();
+    let s = Scratch::new("big", 256, &[]);
+    let mut fs = Filesystem::open_rw(s.image(), OpenOptions::default()).unwrap();
+    let root = fs.root();
+    let id = fs.mknod(root, b"big", 0o100644, 0, 0, 0, 0).unwrap().id;
+    let chunk = 1 << 20;
+    let mut written = 0u64;
+    let err = loop {
+        match fs.write(id, written, &pattern(written / chunk as u64, chunk)) {
+            Ok(_) => written += chunk as u64,
+            Err(e) => break e,
+        }
+        assert!(written < 1 << 30, "never filled up");
+    };
+    assert!(is_enospc(&err), "expected ENOSPC, got {err}");
+    assert_eq!(fs.getattr(id).unwrap().size, written, "the failed write changed the size");
+    fs.sync().expect("commit after ENOSPC");
+    eprintln!("big: {} MiB written before ENOSPC", written >> 20);
+    assert!(written >= 128 << 20, "only {written} bytes fit in 256 MiB");
+    drop(fs);
+    let expect: Vec<u8> = (0..written / chunk as u64).flat_map(|i| pattern(i, chunk)).collect();
+    verify(&s.image(), &s.0.join("mnt"), &[(b"big".to_vec(), expect)], "filling with one file");
+    // Freeing space makes room again (after the commit that unpins it).
+    let mut fs = Filesystem::open_rw(s.image(), OpenOptions::default()).unwrap();
+    let root = fs.root();
+    fs.unlink(root, b"big").unwrap();
+    let id = fs.mknod(root, b"again", 0o100644, 0, 0, 0, 0).unwrap().id;
+    fs.write(id, 0, &pattern(9, 64 << 20)).expect("space is reusable after a delete");
+    fs.sync().unwrap();
+    drop(fs);
+    verify(&s.image(), &s.0.join("mnt"), &[(b"again".to_vec(), pattern(9, 64 << 20))], "reuse after delete");
+}
+
+#[test]
+fn many_small_files_until_full() {
+    if missing_env() {
+        return;
+    }
+    let s = Scratch::new("small", 128, &["--nodesize", "4096"]);
+    let mut fs = Filesystem::open_rw(s.image(), OpenOptions::default()).unwrap();
+    let root = fs.root();
+    let mut files: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
+    let mut i = 0u64;
+    let err = loop {
+        let name = format!("file-{i:06}").into_bytes();
+        // A mix of inline (small) and regular (a few sectors) files.
+        let data = pattern(i, if i % 3 == 0 { 700 } else { 9000 });
+        let r = fs.mknod(root, &name, 0o100644, 0, 0, 0, 0).and_then(|a| {
+            fs.write(a.id, 0, &data)?;
+            Ok(a.id)
+        });
+        match r {
+            Ok(_) => files.push((name, data)),
+            Err(e) => {
+                // The file may exist (created) with its data refused: it must be empty.
+                if let Ok(id) = fs.lookup(root, &name) {
+                    assert_eq!(fs.getattr(id).unwrap().size, 0);
+                    files.push((name, Vec::new()));
+                }
+                break e;
+            }
+        }
+        i += 1;
+        assert!(i < 1_000_000, "never filled up");
+    };
+    assert!(is_enospc(&err), "expected ENOSPC, got {err}");
+    fs.sync().unwrap();
+    eprintln!("small: {} files before ENOSPC", files.len());
+    drop(fs);
+    verify(&s.image(), &s.0.join("mnt"), &files, "filling with small files");
+}
+
+#[test]
+fn xattrs_until_full() {
+    if missing_env() {
+        return;
+    }
+    let s = Scratch::new("xattr", 128, &[]);
+    let mut fs = Filesystem::open_rw(s.image(), OpenOptions::default()).unwrap();
+    let root = fs.root();
+    let mut ids: Vec<InodeId> = Vec::new();
+    for n in 0..20 {
+        ids.push(fs.mknod(root, format!("x{n}").as_bytes(), 0o100644, 0, 0, 0, 0).unwrap().id);
+    }
+    let value = vec![b'v'; 3000];
+    let mut count = 0u64;
+    let err = loop {
+        let id = ids[(count % 20) as usize];
+        match fs.setxattr(id, format!("user.a{count}").as_bytes(), &value, XattrSet::Create) {
+            Ok(()) => count += 1,
+            Err(e) => break e,
+        }
+        assert!(count < 10_000_000, "never filled up");
+    };
+    assert!(is_enospc(&err), "expected ENOSPC, got {err}");
+    fs.sync().unwrap();
+    eprintln!("xattrs: {count} xattrs of 3000 bytes before ENOSPC");
+    drop(fs);
+    btrfs_check(&s.image(), "filling with xattrs");
+    let fs = Filesystem::open(s.image(), OpenOptions::default()).unwrap();
+    let total: usize = ids.iter().map(|&id| fs.listxattr(id).unwrap().len()).sum();
+    assert_eq!(total as u64, count);
+    assert_eq!(fs.getxattr(ids[0], b"user.a0").unwrap(), value);
+}
+
+#[test]
+fn dirty_metadata_stays_bounded() {
+    if missing_env() {
+        return;
+    }
+    let s = Scratch::new("bounded", 1024, &[]);
+    // A small cache: the dirty limit is half of it, at least 4 MiB.
+    let opts = OpenOptions { cache_bytes: 8 << 20, ..Default::default() };
+    let mut fs = Filesystem::open_rw(s.image(), opts).unwrap();
+    let root = fs.root();
+    let mut peak = 0;
+    let gen0 = fs.superblock().generation;
+    for n in 0..20_000u64 {
+        let id = fs.mknod(root, format!("f{n}").as_bytes(), 0o100644, 0, 0, 0, 0).unwrap().id;
+        fs.write(id, 0, &pattern(n, 5000)).unwrap();
+        peak = peak.max(fs.dirty_bytes());
+    }
+    let commits = fs.superblock().generation - gen0;
+    eprintln!("bounded: peak dirty metadata {} KiB, {commits} commits on the way", peak >> 10);
+    assert!(peak <= (4 << 20) + (1 << 20), "dirty metadata grew to {peak} bytes");
+    assert!(commits >= 1, "the limit never forced a commit");
+    fs.sync().unwrap();
+    drop(fs);
+    btrfs_check(&s.image(), "bounded writeback");
+}
