@@ -23,6 +23,17 @@ if ! command -v cargo >/dev/null 2>&1; then
     export PATH="$HOME/.cargo/bin:$PATH"
 fi
 
+# pjdfstest (the Rust POSIX test suite from crates.io), run against an oleo mount by
+# crates/cli/tests/pjdfstest.rs. It switches to two unprivileged users, nobody:nogroup and
+# tests:tests (see crates/cli/tests/pjdfstest.toml); Debian has the first, not the second.
+if ! command -v pjdfstest >/dev/null 2>&1; then
+    echo "setup: installing pjdfstest (cargo install)"
+    cargo install --locked pjdfstest
+fi
+getent group tests >/dev/null || groupadd --system tests
+getent passwd tests >/dev/null ||
+    useradd --system --gid tests --no-create-home --home-dir / --shell /usr/sbin/nologin tests
+
 # Debian 12's btrfs-progs (6.2) cannot make block-group-tree images; the tests then use a
 # newer mkfs.btrfs unpacked from bookworm-backports beside it (not installed over it: the
 # format digest was verified against 6.2's output).

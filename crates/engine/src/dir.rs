@@ -56,8 +56,10 @@ impl Filesystem {
         if name == b".." {
             return self.parent_of(dir);
         }
+        // No such name can exist, but the answer is ENAMETOOLONG, as from kernel btrfs: the
+        // VFS leaves the check to the filesystem, and over FUSE that means this lookup.
         if name.len() > 255 {
-            return Err(Error::NotFound);
+            return Err(Error::NameTooLong);
         }
         let tree = self.tree_of(dir)?;
         let Some(body) = lookup(
@@ -142,5 +144,31 @@ impl Filesystem {
             }
             Ok(ControlFlow::Continue(()))
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::error::Error;
+    use crate::{Filesystem, OpenOptions};
+
+    #[test]
+    fn overlong_names_are_too_long_not_absent() {
+        let dir = std::env::temp_dir().join(format!("oleo-dir-unit-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let img = dir.join("lookup.img");
+        let opts = crate::mkfs::MkfsOptions {
+            size: Some(256 << 20),
+            ..Default::default()
+        };
+        crate::mkfs::mkfs(&img, &opts).unwrap();
+        let fs = Filesystem::open(&img, OpenOptions::default()).unwrap();
+        let root = fs.root();
+        assert!(matches!(fs.lookup(root, &[b'x'; 255]), Err(Error::NotFound)));
+        let too_long = fs.lookup(root, &[b'x'; 256]).unwrap_err();
+        assert!(matches!(too_long, Error::NameTooLong), "{too_long:?}");
+        assert_eq!(too_long.errno(), libc::ENAMETOOLONG);
+        drop(fs);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }
