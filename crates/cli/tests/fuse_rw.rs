@@ -152,3 +152,141 @@ fn fuse_rw_4k_nodes_no_holes_off_xxhash() {
 fn fuse_rw_kernel_filled() {
     run_case("kernel-filled", Start::KernelFilled, 300, false);
 }
+
+/// An unlinked file stays readable and writable through open descriptors until the last
+/// close (an orphan item keeps it across commits); then its space comes back. A server
+/// killed while such a file is open leaves the orphan item: the next mount deletes it.
+#[test]
+fn unlinked_open_files_live_until_closed() {
+    use std::io::{Read, Seek, SeekFrom, Write};
+    let name = "orphans";
+    if !(require_root(name) && require_fuse(name)) {
+        return;
+    }
+    let dir = TempDir::new("fuse-orphans").unwrap();
+    let image = dir.join("image");
+    let mnt = dir.subdir("mnt").unwrap();
+    std::fs::File::create(&image).unwrap().set_len(1 << 30).unwrap();
+    assert!(Command::new("mkfs.btrfs").args(["-q", "-f"]).arg(&image).status().unwrap().success());
+    let m = OleoMount::mount_rw(Path::new(OLEO), &image, &mnt, &[]).expect("mount");
+    let used = |p: &Path| {
+        let st = nix_statvfs(p);
+        st.0 - st.1
+    };
+    let before = used(&mnt);
+    let path = mnt.join("doomed");
+    let mut f = std::fs::OpenOptions::new().create(true).read(true).write(true).open(&path).unwrap();
+    f.write_all(&vec![7u8; 32 << 20]).unwrap();
+    f.sync_all().unwrap();
+    std::fs::remove_file(&path).unwrap();
+    assert!(!path.exists());
+    // A commit while it is unlinked and open.
+    std::fs::File::open(&mnt).unwrap().sync_all().unwrap();
+    f.seek(SeekFrom::Start(0)).unwrap();
+    f.write_all(b"still here").unwrap();
+    f.sync_all().unwrap();
+    let mut head = [0u8; 10];
+    f.seek(SeekFrom::Start(0)).unwrap();
+    f.read_exact(&mut head).unwrap();
+    assert_eq!(&head, b"still here");
+    assert!(used(&mnt) >= before + (30 << 20), "the open file's data must still be allocated");
+    drop(f);
+    std::fs::File::open(&mnt).unwrap().sync_all().unwrap();
+    // Freed space is reusable after the commit that follows the last close.
+    std::fs::File::open(&mnt).unwrap().sync_all().unwrap();
+    assert!(used(&mnt) < before + (4 << 20), "space not given back after the last close");
+    m.unmount().unwrap();
+    btrfs_check(&image, "orphans: after the last close");
+
+    // Killed with an unlinked file open: the orphan item is on disk; the next mount cleans.
+    let mut child = Command::new(OLEO)
+        .args(["mount", "-f", "-o", "rw"])
+        .arg(&image)
+        .arg(&mnt)
+        .spawn()
+        .unwrap();
+    let t0 = std::time::Instant::now();
+    while mount_at(&mnt).is_none() {
+        assert!(t0.elapsed().as_secs() < 10, "mount did not appear");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let path = mnt.join("doomed2");
+    let mut f = std::fs::OpenOptions::new().create(true).read(true).write(true).open(&path).unwrap();
+    f.write_all(&vec![9u8; 16 << 20]).unwrap();
+    std::fs::remove_file(&path).unwrap();
+    f.sync_all().unwrap();
+    let _ = child.kill();
+    let _ = child.wait();
+    drop(f);
+    let _ = Command::new("umount").arg("-l").arg(&mnt).status();
+    btrfs_check(&image, "orphans: killed with an orphan");
+    let m = OleoMount::mount_rw(Path::new(OLEO), &image, &mnt, &[]).expect("mount again");
+    std::fs::File::open(&mnt).unwrap().sync_all().unwrap();
+    assert!(used(&mnt) < before + (4 << 20), "the orphan was not removed at mount");
+    m.unmount().unwrap();
+    btrfs_check(&image, "orphans: cleaned at mount");
+}
+
+/// (blocks, free blocks) in bytes.
+fn nix_statvfs(p: &Path) -> (u64, u64) {
+    let c = std::ffi::CString::new(p.as_os_str().as_bytes()).unwrap();
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    assert_eq!(unsafe { libc::statvfs(c.as_ptr(), &mut st) }, 0);
+    (st.f_blocks * st.f_frsize, st.f_bfree * st.f_frsize)
+}
+
+/// copy_file_range shares whole extents (no new data space) and copies the rest.
+#[test]
+fn copy_file_range_shares_extents() {
+    let name = "copy_file_range";
+    if !(require_root(name) && require_fuse(name)) {
+        return;
+    }
+    let dir = TempDir::new("fuse-cfr").unwrap();
+    let image = dir.join("image");
+    let mnt = dir.subdir("mnt").unwrap();
+    std::fs::File::create(&image).unwrap().set_len(1 << 30).unwrap();
+    assert!(Command::new("mkfs.btrfs").args(["-q", "-f"]).arg(&image).status().unwrap().success());
+    let m = OleoMount::mount_rw(Path::new(OLEO), &image, &mnt, &[]).expect("mount");
+    let data: Vec<u8> = (0..(24u32 << 20) + 1234).map(|i| (i / 4096) as u8 ^ (i as u8)).collect();
+    std::fs::write(mnt.join("src"), &data).unwrap();
+    std::fs::File::open(&mnt).unwrap().sync_all().unwrap();
+    let before = nix_statvfs(&mnt);
+    let src = std::fs::File::open(mnt.join("src")).unwrap();
+    let dst = std::fs::File::create(mnt.join("dst")).unwrap();
+    let mut copied = 0usize;
+    while copied < data.len() {
+        use std::os::fd::AsRawFd;
+        let n = unsafe {
+            libc::copy_file_range(src.as_raw_fd(), std::ptr::null_mut(), dst.as_raw_fd(), std::ptr::null_mut(), data.len() - copied, 0)
+        };
+        assert!(n > 0, "copy_file_range: {}", std::io::Error::last_os_error());
+        copied += n as usize;
+    }
+    dst.sync_all().unwrap();
+    drop((src, dst));
+    let after = nix_statvfs(&mnt);
+    assert_eq!(std::fs::read(mnt.join("dst")).unwrap(), data);
+    let grew = before.1.saturating_sub(after.1);
+    assert!(grew < (4 << 20), "the copy took {grew} bytes of new space: extents were not shared");
+    // A partial, unaligned copy into the middle of a file is copied bytes.
+    let out = std::fs::OpenOptions::new().write(true).open(mnt.join("dst")).unwrap();
+    let src = std::fs::File::open(mnt.join("src")).unwrap();
+    {
+        use std::os::fd::AsRawFd;
+        let (mut off_in, mut off_out): (i64, i64) = (100, 5000);
+        let n = unsafe { libc::copy_file_range(src.as_raw_fd(), &mut off_in, out.as_raw_fd(), &mut off_out, 9000, 0) };
+        assert_eq!(n, 9000);
+    }
+    drop((src, out));
+    let mut want = data.clone();
+    want.copy_within(100..9100, 5000);
+    assert_eq!(std::fs::read(mnt.join("dst")).unwrap(), want);
+    m.unmount().unwrap();
+    btrfs_check(&image, "copy_file_range");
+    let k = dir.subdir("k").unwrap();
+    let km = KernelMount::mount(&image, &k, &["ro"]).unwrap();
+    assert_eq!(std::fs::read(k.join("dst")).unwrap(), want);
+    assert_eq!(std::fs::read(k.join("src")).unwrap(), data);
+    km.unmount().unwrap();
+}

@@ -26,6 +26,6 @@ pub use image::{
     superblock_log_root, ImageSpec, ImageStats,
 };
 pub use manifest::{CompareRules, DirEntry, Entry, InodeNumbers, Kind, Manifest, StatFs, Time};
-pub use mount::{subvolume_id, KernelMount, LoopDevice, OleoMount, Watchdog};
+pub use mount::{mount_at, subvolume_id, KernelMount, LoopDevice, OleoMount, Watchdog};
 pub use populate::PopulateSpec;
 pub use tempdir::TempDir;
