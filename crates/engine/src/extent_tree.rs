@@ -3,10 +3,9 @@
 //! tree blocks itself, so allocations and frees are queued (the kernel's delayed refs) and
 //! the queue is run at commit until it stays empty.
 
-use crate::ctree::{self, BlockSource, TreeRoot};
 use crate::error::{Error, Result};
 use crate::transaction::Transaction;
-use oleo_format::items::{ExtentItem, InlineRef, EXTENT_FLAG_FULL_BACKREF, EXTENT_FLAG_TREE_BLOCK};
+use oleo_format::items::{ExtentItem, InlineRef, EXTENT_FLAG_TREE_BLOCK};
 use oleo_format::key::{item, objectid, Key};
 use std::collections::BTreeMap;
 
@@ -99,31 +98,6 @@ pub(crate) fn run_delayed_refs(txn: &mut Transaction<'_>) -> Result<bool> {
         }
     }
     Ok(true)
-}
-
-/// Refuses to copy a block some other tree (a snapshot) also references: moving those
-/// references (update_ref_for_cow) is not implemented, and getting it wrong corrupts.
-pub(crate) fn check_exclusive<S: BlockSource + ?Sized>(
-    io: &S,
-    extent_root: &TreeRoot,
-    tree: u64,
-    bytenr: u64,
-    level: u8,
-    owner: u64,
-) -> Result<()> {
-    let shared =
-        || Error::Unsupported("writing to snapshot-shared metadata is not supported yet".into());
-    if owner != tree {
-        return Err(shared());
-    }
-    let key = Key::new(bytenr, item::METADATA_ITEM, u64::from(level));
-    let body = ctree::lookup(io, extent_root, &key)?
-        .ok_or_else(|| Error::corrupt(bytenr, "tree block has no METADATA_ITEM"))?;
-    let ei = ExtentItem::parse(&body, true).map_err(|e| Error::corrupt(bytenr, e.to_string()))?;
-    if ei.refs != 1 || ei.flags & EXTENT_FLAG_FULL_BACKREF != 0 {
-        return Err(shared());
-    }
-    Ok(())
 }
 
 /// Where one reference to a data extent comes from: file extent items of inode `objectid`

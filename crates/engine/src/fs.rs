@@ -168,6 +168,8 @@ pub struct Filesystem {
     /// write, so they stay valid across commits).
     pub(crate) next_ino: Mutex<HashMap<u64, u64>>,
     pub(crate) next_index: Mutex<HashMap<InodeId, u64>>,
+    /// Whether each subvolume met so far is read-only (ROOT_ITEM flag; we never change it).
+    pub(crate) readonly_subvols: Mutex<HashMap<u64, bool>>,
     /// Open counts of inodes (see `pin_open`).
     pub(crate) open_inodes: Mutex<HashMap<InodeId, u32>>,
 }
@@ -257,6 +259,7 @@ impl Filesystem {
             next_ino: Mutex::new(HashMap::new()),
             next_index: Mutex::new(HashMap::new()),
             open_inodes: Mutex::new(HashMap::new()),
+            readonly_subvols: Mutex::new(HashMap::new()),
         };
         fs.csum_tree = fs.read_root_item(objectid::CSUM_TREE)?.map(|(r, _)| r);
         if fs.subvol_root(objectid::FS_TREE)?.is_none() {

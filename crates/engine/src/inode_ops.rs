@@ -496,6 +496,7 @@ impl Filesystem {
     /// `umask` applies unless the parent has a default ACL (which is inherited instead).
     #[allow(clippy::too_many_arguments)]
     pub fn mknod(&mut self, parent: InodeId, name: &[u8], mode: u32, umask: u32, rdev: u64, uid: u32, gid: u32) -> Result<Attr> {
+        self.check_subvol_writable(parent.subvol)?;
         if matches!(mode & S_IFMT, S_IFDIR | S_IFLNK) {
             return Err(Error::InvalidArgument("mknod cannot make directories or symlinks".into()));
         }
@@ -505,6 +506,7 @@ impl Filesystem {
     }
 
     pub fn mkdir(&mut self, parent: InodeId, name: &[u8], mode: u32, umask: u32, uid: u32, gid: u32) -> Result<Attr> {
+        self.check_subvol_writable(parent.subvol)?;
         // As mkdir(2): only permission and sticky bits; set-group-ID comes from the parent.
         let mode = (mode & 0o1777) | S_IFDIR;
         let id = self.write_op(Reserve::items(8), |t| t.create_node(parent, name, mode, umask, 0, uid, gid, None))?;
@@ -512,6 +514,7 @@ impl Filesystem {
     }
 
     pub fn symlink(&mut self, parent: InodeId, name: &[u8], target: &[u8], uid: u32, gid: u32) -> Result<Attr> {
+        self.check_subvol_writable(parent.subvol)?;
         let limit = oleo_format::leaf_builder::max_item_size(self.sb.nodesize) - oleo_format::items::FILE_EXTENT_INLINE_HEADER;
         if target.is_empty() || target.len() > limit.min(4095) {
             return Err(Error::NameTooLong);
@@ -521,29 +524,35 @@ impl Filesystem {
     }
 
     pub fn link(&mut self, id: InodeId, parent: InodeId, name: &[u8]) -> Result<Attr> {
+        self.check_subvol_writable(parent.subvol)?;
         self.write_op(Reserve::items(5), |t| t.link(id, parent, name))?;
         self.getattr(id)
     }
 
     pub fn unlink(&mut self, parent: InodeId, name: &[u8]) -> Result<()> {
+        self.check_subvol_writable(parent.subvol)?;
         self.write_op(Reserve::items(8), |t| t.remove(parent, name, false))
     }
 
     pub fn rmdir(&mut self, parent: InodeId, name: &[u8]) -> Result<()> {
+        self.check_subvol_writable(parent.subvol)?;
         self.write_op(Reserve::items(8), |t| t.remove(parent, name, true))
     }
 
     pub fn rename(&mut self, parent: InodeId, name: &[u8], new_parent: InodeId, new_name: &[u8], flags: RenameFlags) -> Result<()> {
+        self.check_subvol_writable(parent.subvol)?;
         self.write_op(Reserve::items(16), |t| t.rename(parent, name, new_parent, new_name, flags))
     }
 
     pub fn setattr(&mut self, id: InodeId, set: &SetAttr) -> Result<Attr> {
+        self.check_subvol_writable(id.subvol)?;
         self.write_op(Reserve::items(8), |t| t.setattr(id, set))?;
         self.getattr(id)
     }
 
     /// Writes `data` at `offset`; returns the bytes written (all of them).
     pub fn write(&mut self, id: InodeId, offset: u64, data: &[u8]) -> Result<usize> {
+        self.check_subvol_writable(id.subvol)?;
         let need = self.write_reserve(id, offset, data.len() as u64)?;
         self.write_op(need, |t| t.write_file(id, offset, data))?;
         Ok(data.len())
@@ -567,6 +576,7 @@ impl Filesystem {
     }
 
     pub fn fallocate(&mut self, id: InodeId, offset: u64, len: u64, mode: FallocMode) -> Result<()> {
+        self.check_subvol_writable(id.subvol)?;
         let data = match mode {
             FallocMode::PunchHole => 2 * u64::from(self.sb.sectorsize),
             _ => len.saturating_add(2 * u64::from(self.sb.sectorsize)),
@@ -576,10 +586,12 @@ impl Filesystem {
     }
 
     pub fn setxattr(&mut self, id: InodeId, name: &[u8], value: &[u8], how: XattrSet) -> Result<()> {
+        self.check_subvol_writable(id.subvol)?;
         self.write_op(Reserve::items(4), |t| t.set_xattr(id, name, value, how))
     }
 
     pub fn removexattr(&mut self, id: InodeId, name: &[u8]) -> Result<()> {
+        self.check_subvol_writable(id.subvol)?;
         self.write_op(Reserve::items(4), |t| t.remove_xattr(id, name))
     }
 }
@@ -588,6 +600,7 @@ impl Filesystem {
     /// Copies up to `len` bytes (stopping at the source's end) and returns how many. Whole
     /// sectors share the source's extents (a reflink); the rest is copied.
     pub fn copy_file_range(&mut self, src: InodeId, src_off: u64, dst: InodeId, dst_off: u64, len: u64) -> Result<u64> {
+        self.check_subvol_writable(dst.subvol)?;
         let sa = self.getattr(src)?;
         let da = self.getattr(dst)?;
         if sa.kind != FileKind::File || da.kind != FileKind::File {
@@ -646,5 +659,23 @@ impl Filesystem {
             self.unpin_open(id)?;
         }
         self.sync()
+    }
+}
+
+impl Filesystem {
+    /// A read-only subvolume (a read-only snapshot) refuses every change, as in the kernel.
+    fn check_subvol_writable(&self, subvol: u64) -> Result<()> {
+        if let Some(&ro) = self.readonly_subvols.lock().get(&subvol) {
+            return if ro { Err(Error::ReadOnly) } else { Ok(()) };
+        }
+        let ro = self
+            .read_root_item(subvol)?
+            .is_some_and(|(_, ri)| ri.flags & oleo_format::items::ROOT_SUBVOL_RDONLY != 0);
+        self.readonly_subvols.lock().insert(subvol, ro);
+        if ro {
+            Err(Error::ReadOnly)
+        } else {
+            Ok(())
+        }
     }
 }

@@ -5,6 +5,7 @@
 //! find each concept in the file named after it.
 
 mod acl;
+mod backref;
 pub mod block_group;
 mod chunk_alloc;
 pub mod ctree;

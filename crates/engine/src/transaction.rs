@@ -55,6 +55,11 @@ pub struct TxnState {
     poisoned: Option<String>,
     /// Tree changes made so far (an operation that fails after changing trees aborts).
     changes: u64,
+    /// Old blocks copied in this transaction that other trees still share: freeing them
+    /// only drops this tree's reference.
+    shared_cow: std::collections::HashSet<u64>,
+    /// ROOT_ITEM.last_snapshot per subvolume tree (blocks older than it may be shared).
+    last_snapshots: BTreeMap<u64, u64>,
 }
 
 /// A handle on the running transaction (generation T = last committed + 1). Dropping it
@@ -112,38 +117,7 @@ impl Filesystem {
             }
             Err(e) => return Err(e),
         }
-        self.check_no_snapshots()
-    }
-
-    /// Snapshots share tree blocks and data extents between subvolumes; changing shared
-    /// blocks needs their back references moved (the kernel's update_ref_for_cow), which
-    /// oleo does not do yet. Refused up front, so that no transaction meets one half-way.
-    fn check_no_snapshots(&self) -> Result<()> {
-        let mut shared = None;
-        ctree::for_each_in_range(
-            self,
-            &self.root_tree(),
-            Key::new(objectid::FS_TREE, item::ROOT_ITEM, 0),
-            Key::new(objectid::LAST_FREE, item::ROOT_ITEM, u64::MAX),
-            |key, data| {
-                if key.item_type != item::ROOT_ITEM || !objectid::is_fs_tree(key.objectid) {
-                    return Ok(ControlFlow::Continue(()));
-                }
-                let ri = RootItem::parse(data)
-                    .map_err(|e| Error::corrupt(0, format!("root item {key:?}: {e}")))?;
-                if ri.last_snapshot != 0 || ri.parent_uuid != [0; 16] || ri.refs == 0 {
-                    shared = Some(key.objectid);
-                    return Ok(ControlFlow::Break(()));
-                }
-                Ok(ControlFlow::Continue(()))
-            },
-        )?;
-        match shared {
-            Some(id) => Err(Error::Unsupported(format!(
-                "subvolume {id} is or has a snapshot (or is being deleted); writing to filesystems with snapshots is not supported yet"
-            ))),
-            None => Ok(()),
-        }
+        Ok(())
     }
 }
 
@@ -240,6 +214,8 @@ impl TxnState {
             new_chunks: Default::default(),
             poisoned: None,
             changes: 0,
+            shared_cow: Default::default(),
+            last_snapshots: BTreeMap::new(),
         })
     }
 
@@ -251,7 +227,6 @@ impl<'a> Transaction<'a> {
             return Err(Error::Aborted(why.clone()));
         }
         if fs.running.is_none() {
-            fs.check_no_snapshots()?;
             let st = TxnState::new(fs)?;
             fs.running = Some(Box::new(st));
         }
@@ -532,6 +507,21 @@ impl<'a> Transaction<'a> {
         self.fs.drop_running();
     }
 
+    /// ROOT_ITEM.last_snapshot of subvolume tree `tree`.
+    pub(crate) fn last_snapshot(&mut self, tree: u64) -> Result<u64> {
+        if let Some(&v) = self.last_snapshots.get(&tree) {
+            return Ok(v);
+        }
+        let (_, key) = self.recorded_key(tree)?;
+        let body = self
+            .lookup(objectid::ROOT_TREE, &key)?
+            .ok_or_else(|| Error::corrupt(0, format!("tree {tree} has no ROOT_ITEM")))?;
+        let ri = RootItem::parse(&body)
+            .map_err(|e| Error::corrupt(0, format!("root item of tree {tree}: {e}")))?;
+        self.last_snapshots.insert(tree, ri.last_snapshot);
+        Ok(ri.last_snapshot)
+    }
+
     /// Tree changes made so far in this transaction.
     pub(crate) fn changes(&self) -> u64 {
         self.changes
@@ -763,6 +753,12 @@ impl BlockStore for Transaction<'_> {
     }
 
     fn free(&mut self, bytenr: u64, tree: u64, level: u8) -> Result<()> {
+        if self.shared_cow.remove(&bytenr) {
+            // Other trees still reach it: only this tree's reference goes.
+            let size = i64::from(self.nodesize);
+            *self.used_delta.entry(tree).or_default() -= size;
+            return self.drop_shared_block(bytenr, level, tree);
+        }
         let st = &mut **self;
         let size = u64::from(st.nodesize);
         st.dirty.remove(&bytenr);
@@ -772,14 +768,20 @@ impl BlockStore for Transaction<'_> {
     }
 
     fn on_cow(&mut self, tree: u64, old: &[u8], _new_bytenr: u64) -> Result<()> {
-        let tb = TreeBlock::new(old).map_err(|e| Error::corrupt(0, e.to_string()))?;
-        let (bytenr, level, owner) = (tb.bytenr(), tb.level(), tb.owner());
-        let extent_root = self.root(objectid::EXTENT_TREE)?;
-        let r = extent_tree::check_exclusive(&*self, &extent_root, tree, bytenr, level, owner);
-        if let Err(e) = &r {
-            self.poisoned = Some(e.to_string());
+        let bytenr = TreeBlock::new(old)
+            .map_err(|e| Error::corrupt(0, e.to_string()))?
+            .bytenr();
+        match self.update_ref_for_cow(tree, old) {
+            Ok(true) => Ok(()),
+            Ok(false) => {
+                self.shared_cow.insert(bytenr);
+                Ok(())
+            }
+            Err(e) => {
+                self.poisoned = Some(e.to_string());
+                Err(e)
+            }
         }
-        r
     }
 
     fn dirty_mut(&mut self, bytenr: u64) -> Option<&mut [u8]> {

@@ -627,7 +627,7 @@ fn non_skinny_metadata_is_refused() {
 /// After a kernel snapshot of tree 5, its blocks are shared: copying one is refused (and
 /// nothing is written), rather than corrupting the reference counts.
 #[test]
-fn snapshot_shared_blocks_are_refused() {
+fn writes_to_a_snapshotted_tree_keep_the_snapshot() {
     if missing_env() {
         return;
     }
@@ -656,21 +656,44 @@ fn snapshot_shared_blocks_are_refused() {
         .arg(mnt.join("snap")));
     umount(&mnt);
     assert!(snap_ok, "btrfs subvolume snapshot failed");
+    let snap_names: std::collections::BTreeSet<Vec<u8>> = model.files.keys().cloned().collect();
+    // The kernel gave the snapshot's entry the next directory index.
+    model.next_index += 1000;
+    // Tree 5 now shares every block below its root with the snapshot: copying them must
+    // move the back references (update_ref_for_cow), in one commit and across several.
     let mut fs = open_rw(&scratch.image());
-    let generation = fs.superblock().generation;
-    let r = fs.with_transaction(|txn| {
-        let name = random_name(&mut rng, &model);
-        create_file(txn, &mut model, &name)
-    });
-    match r {
-        Err(oleo::Error::Unsupported(why)) => assert!(why.contains("snapshot"), "{why}"),
-        other => panic!("expected a refusal, got {other:?}"),
-    }
+    run_txn(&mut fs, &mut model, &mut rng, 300, 200);
+    run_txn(&mut fs, &mut model, &mut rng, 200, 100);
     drop(fs);
+    btrfs_check(&scratch.image(), "after writing to a snapshotted tree");
     let fs = Filesystem::open(scratch.image(), OpenOptions::default()).expect("reopen");
-    assert_eq!(fs.superblock().generation, generation);
+    let list = |dir: oleo::InodeId| {
+        let mut names = std::collections::BTreeSet::new();
+        fs.readdir(dir, 0, &mut |e| {
+            names.insert(e.name.clone());
+            true
+        })
+        .expect("readdir");
+        names
+    };
+    let mut want_top: std::collections::BTreeSet<Vec<u8>> = model.files.keys().cloned().collect();
+    want_top.insert(b"snap".to_vec());
+    assert_eq!(list(fs.root()), want_top, "tree 5 after the writes");
+    let snap = fs.lookup(fs.root(), b"snap").expect("snapshot entry");
+    assert_eq!(list(snap), snap_names, "the snapshot must not change");
     drop(fs);
-    btrfs_check(&scratch.image(), "after the refused write");
+    assert!(ok(Command::new("mount")
+        .args(["-o", "loop,ro"])
+        .arg(scratch.image())
+        .arg(&mnt)));
+    let names = |p: &Path| -> std::collections::BTreeSet<Vec<u8>> {
+        use std::os::unix::ffi::OsStrExt;
+        std::fs::read_dir(p).unwrap().map(|e| e.unwrap().file_name().as_bytes().to_vec()).collect()
+    };
+    let (top, in_snap) = (names(&mnt), names(&mnt.join("snap")));
+    umount(&mnt);
+    assert_eq!(top, want_top, "the kernel's tree 5");
+    assert_eq!(in_snap, snap_names, "the kernel's snapshot");
 }
 
 /// Quota groups would go stale: refused before anything is written.
