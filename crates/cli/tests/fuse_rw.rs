@@ -31,20 +31,6 @@ fn seeds(test: &str) -> Vec<u64> {
     v
 }
 
-fn btrfs_check(image: &Path, when: &str) {
-    let out = Command::new("btrfs")
-        .args(["check", "--readonly", "--check-data-csum"])
-        .arg(image)
-        .output()
-        .expect("run btrfs check");
-    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    let bad = text.lines().any(|l| {
-        let l = l.to_ascii_lowercase();
-        (l.contains("error") && !l.contains("no error")) || l.contains("warning") || l.contains("mismatch") || l.contains("wrong")
-    });
-    assert!(out.status.success() && !bad, "btrfs check after {when}:\n{text}");
-}
-
 enum Start {
     /// mkfs.btrfs with these arguments, empty.
     Empty(&'static [&'static str]),
@@ -120,21 +106,21 @@ fn run_case(name: &str, start: Start, ops: usize, big: bool) {
         drop(_dog);
         m.unmount().expect("unmount");
         eprintln!("{name} seed {seed}: {done} operations done, {refused} refused alike");
-        btrfs_check(&image, &format!("{name} seed {seed}"));
+        assert_btrfs_check(&image, &format!("{name} seed {seed}"));
         {
             let k = KernelMount::mount(&image, &kmnt, &["rw"]).expect("kernel mount");
             compare_trees(&reference, &kmnt, "kernel");
             std::fs::write(kmnt.join("kernel-wrote-this"), b"from the kernel").unwrap();
             k.unmount().unwrap();
         }
-        btrfs_check(&image, &format!("{name} seed {seed}, after the kernel wrote"));
+        assert_btrfs_check(&image, &format!("{name} seed {seed}, after the kernel wrote"));
         let m = OleoMount::mount_rw(Path::new(OLEO), &image, &mnt, &[]).expect("oleo mount again");
         assert_eq!(std::fs::read(mnt.join("kernel-wrote-this")).unwrap(), b"from the kernel");
         if let Err(e) = std::fs::write(mnt.join("oleo-wrote-this-too"), b"and oleo again") {
             panic!("oleo cannot write after the kernel did: {e}; oleo said:\n{}", m.log_text());
         }
         m.unmount().unwrap();
-        btrfs_check(&image, &format!("{name} seed {seed}, final"));
+        assert_btrfs_check(&image, &format!("{name} seed {seed}, final"));
     }
 }
 
@@ -196,7 +182,7 @@ fn unlinked_open_files_live_until_closed() {
     std::fs::File::open(&mnt).unwrap().sync_all().unwrap();
     assert!(used(&mnt) < before + (4 << 20), "space not given back after the last close");
     m.unmount().unwrap();
-    btrfs_check(&image, "orphans: after the last close");
+    assert_btrfs_check(&image, "orphans: after the last close");
 
     // Killed with an unlinked file open: the orphan item is on disk; the next mount cleans.
     let mut child = Command::new(OLEO)
@@ -219,12 +205,12 @@ fn unlinked_open_files_live_until_closed() {
     let _ = child.wait();
     drop(f);
     let _ = Command::new("umount").arg("-l").arg(&mnt).status();
-    btrfs_check(&image, "orphans: killed with an orphan");
+    assert_btrfs_check(&image, "orphans: killed with an orphan");
     let m = OleoMount::mount_rw(Path::new(OLEO), &image, &mnt, &[]).expect("mount again");
     std::fs::File::open(&mnt).unwrap().sync_all().unwrap();
     assert!(used(&mnt) < before + (4 << 20), "the orphan was not removed at mount");
     m.unmount().unwrap();
-    btrfs_check(&image, "orphans: cleaned at mount");
+    assert_btrfs_check(&image, "orphans: cleaned at mount");
 }
 
 /// (blocks, free blocks) in bytes.
@@ -283,7 +269,7 @@ fn copy_file_range_shares_extents() {
     want.copy_within(100..9100, 5000);
     assert_eq!(std::fs::read(mnt.join("dst")).unwrap(), want);
     m.unmount().unwrap();
-    btrfs_check(&image, "copy_file_range");
+    assert_btrfs_check(&image, "copy_file_range");
     let k = dir.subdir("k").unwrap();
     let km = KernelMount::mount(&image, &k, &["ro"]).unwrap();
     assert_eq!(std::fs::read(k.join("dst")).unwrap(), want);
@@ -367,7 +353,7 @@ fn fuse_rw_snapshots() {
         }
         drop(_dog);
         m.unmount().expect("unmount");
-        btrfs_check(&image, &format!("{name} seed {seed}"));
+        assert_btrfs_check(&image, &format!("{name} seed {seed}"));
         let k = KernelMount::mount(&image, &kmnt, &["rw"]).expect("kernel mount");
         for sub in ["vol", "snap", "snap-ro"] {
             compare_trees(&reference.join(sub), &kmnt.join(sub), &format!("kernel {sub}"));
@@ -376,6 +362,6 @@ fn fuse_rw_snapshots() {
         sh(&["btrfs", "-q", "subvolume", "delete", "-c", kmnt.join("snap").to_str().unwrap()]);
         sh(&["btrfs", "-q", "subvolume", "sync", kmnt.to_str().unwrap()]);
         k.unmount().unwrap();
-        btrfs_check(&image, &format!("{name} seed {seed}, after the kernel deleted the snapshot"));
+        assert_btrfs_check(&image, &format!("{name} seed {seed}, after the kernel deleted the snapshot"));
     }
 }

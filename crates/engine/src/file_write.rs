@@ -164,6 +164,18 @@ impl Transaction<'_> {
         }
     }
 
+    /// Stores `content` (the whole file, uncompressed) as its inline extent.
+    fn insert_inline(&mut self, id: InodeId, content: &[u8]) -> Result<()> {
+        let body = FileExtent {
+            generation: self.transid,
+            ram_bytes: content.len() as u64,
+            compression: Compression::None,
+            body: FileExtentBody::Inline { data: content },
+        }
+        .to_bytes();
+        self.insert_item(id.subvol, Key::new(id.ino, item::EXTENT_DATA, 0), &body)
+    }
+
     /// True if the file has an inline extent (always its only extent).
     fn inline_extent(&mut self, id: InodeId) -> Result<bool> {
         let Some(body) = self.lookup(id.subvol, &Key::new(id.ino, item::EXTENT_DATA, 0))? else {
@@ -291,14 +303,7 @@ impl Transaction<'_> {
             let mut content = self.read_range(id, 0, new_size, old_size)?;
             content[offset as usize..end as usize].copy_from_slice(data);
             inode.nbytes -= self.drop_extents(id, 0, sector)?;
-            let body = FileExtent {
-                generation: self.transid,
-                ram_bytes: new_size,
-                compression: Compression::None,
-                body: FileExtentBody::Inline { data: &content },
-            }
-            .to_bytes();
-            self.insert_item(id.subvol, Key::new(id.ino, item::EXTENT_DATA, 0), &body)?;
+            self.insert_inline(id, &content)?;
             inode.nbytes += new_size;
         } else {
             let a = offset - offset % sector;
@@ -346,14 +351,7 @@ impl Transaction<'_> {
                 let content = self.read_range(id, 0, new_size, old_size)?;
                 inode.nbytes -= self.drop_extents(id, 0, sector)?;
                 if new_size > 0 {
-                    let body = FileExtent {
-                        generation: self.transid,
-                        ram_bytes: new_size,
-                        compression: Compression::None,
-                        body: FileExtentBody::Inline { data: &content },
-                    }
-                    .to_bytes();
-                    self.insert_item(id.subvol, Key::new(id.ino, item::EXTENT_DATA, 0), &body)?;
+                    self.insert_inline(id, &content)?;
                     inode.nbytes += new_size;
                 }
             } else {
@@ -380,14 +378,7 @@ impl Transaction<'_> {
             content[offset as usize..end as usize].fill(0);
             let size = inode.size;
             inode.nbytes -= self.drop_extents(id, 0, sector)?;
-            let body = FileExtent {
-                generation: self.transid,
-                ram_bytes: size,
-                compression: Compression::None,
-                body: FileExtentBody::Inline { data: &content },
-            }
-            .to_bytes();
-            self.insert_item(id.subvol, Key::new(id.ino, item::EXTENT_DATA, 0), &body)?;
+            self.insert_inline(id, &content)?;
             inode.nbytes += size;
             return Ok(());
         }

@@ -12,28 +12,12 @@
 
 use oleo::device::IoEvent;
 use oleo::{FileKind, Filesystem, InodeId, OpenOptions, RenameFlags, SetAttr, XattrSet};
+use oleo_testkit::ops::Rng;
 use std::collections::BTreeMap;
 use std::io::{Seek, SeekFrom};
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::process::Command;
-
-struct Rng(u64);
-
-impl Rng {
-    fn new(seed: u64) -> Rng {
-        Rng(seed.wrapping_mul(0x9E3779B97F4A7C15) | 1)
-    }
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-}
 
 fn seed(test: &str) -> u64 {
     let s = std::env::var("OLEO_TEST_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
@@ -44,26 +28,6 @@ fn seed(test: &str) -> u64 {
     });
     eprintln!("{test}: seed {s} (OLEO_TEST_SEED={s} replays)");
     s
-}
-
-fn skip(why: &str) -> bool {
-    if std::env::var("CI").is_ok_and(|v| v == "true") {
-        panic!("{why} (CI=true: the test environment must provide it)");
-    }
-    eprintln!("SKIP: crash: {why}");
-    true
-}
-
-fn missing_env() -> bool {
-    if unsafe { libc::geteuid() } != 0 {
-        return skip("not root (the kernel mount needs it)");
-    }
-    for tool in ["btrfs", "mkfs.btrfs"] {
-        if !Command::new(tool).arg("--version").output().is_ok_and(|o| o.status.success()) {
-            return skip(&format!("`{tool}` is missing (apt-get install btrfs-progs)"));
-        }
-    }
-    false
 }
 
 struct Scratch(PathBuf);
@@ -116,20 +80,6 @@ fn sparse_copy(from: &Path, to: &Path) {
         at = hole;
     }
     let _ = (&src).seek(SeekFrom::Start(0));
-}
-
-fn btrfs_check(image: &Path) -> Result<(), String> {
-    let out = Command::new("btrfs").args(["check", "--readonly"]).arg(image).output().unwrap();
-    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    let bad = text.lines().any(|l| {
-        let l = l.to_ascii_lowercase();
-        (l.contains("error") && !l.contains("no error")) || l.contains("warning") || l.contains("mismatch")
-    });
-    if out.status.success() && !bad {
-        Ok(())
-    } else {
-        Err(text)
-    }
 }
 
 /// What a committed state looks like: path -> (kind, mode, size, content, xattrs).
@@ -304,7 +254,7 @@ fn crash_image(base: &Path, out: &Path, events: &[IoEvent], n: usize, rng: &mut 
 }
 
 fn run_workload(name: &str, mkfs_args: &[&str], ops: usize) {
-    if missing_env() {
+    if !oleo_testkit::require_root(name) {
         return;
     }
     let seed = seed(name);
@@ -400,7 +350,7 @@ fn run_workload(name: &str, mkfs_args: &[&str], ops: usize) {
         let dropped = crash_image(&base, &crash, &events, n, &mut rng);
         // The newest commit whose final flush is in the prefix must be there (or the next).
         let floor = durable.iter().filter(|(at, _)| *at <= n).map(|(_, g)| *g).max().unwrap();
-        if let Err(text) = btrfs_check(&crash) {
+        if let Err(text) = oleo_testkit::btrfs_check(&crash, false) {
             panic!("{name} seed {seed}: crash after {n} of {} events ({dropped} late writes lost): btrfs check:\n{text}", events.len());
         }
         let fs = Filesystem::open(&crash, OpenOptions::default())

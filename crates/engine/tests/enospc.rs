@@ -7,28 +7,9 @@
 //! Needs root and btrfs-progs (prints `SKIP: ...` without them; fails under CI=true).
 
 use oleo::{Error, Filesystem, InodeId, OpenOptions, XattrSet};
+use oleo_testkit::assert_btrfs_check;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-
-fn skip(why: &str) -> bool {
-    if std::env::var("CI").is_ok_and(|v| v == "true") {
-        panic!("{why} (CI=true: the test environment must provide it)");
-    }
-    eprintln!("SKIP: enospc: {why}");
-    true
-}
-
-fn missing_env() -> bool {
-    if unsafe { libc::geteuid() } != 0 {
-        return skip("not root (the kernel mount needs it)");
-    }
-    for tool in ["btrfs", "mkfs.btrfs"] {
-        if !Command::new(tool).arg("--version").output().is_ok_and(|o| o.status.success()) {
-            return skip(&format!("`{tool}` is missing (apt-get install btrfs-progs)"));
-        }
-    }
-    false
-}
 
 struct Scratch(PathBuf);
 
@@ -56,23 +37,13 @@ impl Drop for Scratch {
     }
 }
 
-fn btrfs_check(image: &Path, when: &str) {
-    let out = Command::new("btrfs").args(["check", "--readonly", "--check-data-csum"]).arg(image).output().unwrap();
-    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    let bad = text.lines().any(|l| {
-        let l = l.to_ascii_lowercase();
-        (l.contains("error") && !l.contains("no error")) || l.contains("warning") || l.contains("mismatch")
-    });
-    assert!(out.status.success() && !bad, "btrfs check after {when}:\n{text}");
-}
-
 fn pattern(seed: u64, len: usize) -> Vec<u8> {
     (0..len).map(|i| (seed as usize * 31 + i / 3) as u8).collect()
 }
 
 /// Reads every listed file back through oleo and through the kernel.
 fn verify(image: &Path, mnt: &Path, files: &[(Vec<u8>, Vec<u8>)], when: &str) {
-    btrfs_check(image, when);
+    assert_btrfs_check(image, when);
     let fs = Filesystem::open(image, OpenOptions::default()).unwrap();
     for (name, data) in files {
         let id = fs.lookup(fs.root(), name).unwrap_or_else(|e| panic!("{when}: {} missing: {e}", String::from_utf8_lossy(name)));
@@ -103,7 +74,7 @@ fn is_enospc(e: &Error) -> bool {
 
 #[test]
 fn one_big_file_until_full() {
-    if missing_env() {
+    if !oleo_testkit::require_root("one_big_file_until_full") {
         return;
     }
     init_log();
@@ -141,7 +112,7 @@ fn one_big_file_until_full() {
 
 #[test]
 fn many_small_files_until_full() {
-    if missing_env() {
+    if !oleo_testkit::require_root("many_small_files_until_full") {
         return;
     }
     let s = Scratch::new("small", 128, &["--nodesize", "4096"]);
@@ -180,7 +151,7 @@ fn many_small_files_until_full() {
 
 #[test]
 fn xattrs_until_full() {
-    if missing_env() {
+    if !oleo_testkit::require_root("xattrs_until_full") {
         return;
     }
     let s = Scratch::new("xattr", 128, &[]);
@@ -204,7 +175,7 @@ fn xattrs_until_full() {
     fs.sync().unwrap();
     eprintln!("xattrs: {count} xattrs of 3000 bytes before ENOSPC");
     drop(fs);
-    btrfs_check(&s.image(), "filling with xattrs");
+    assert_btrfs_check(&s.image(), "filling with xattrs");
     let fs = Filesystem::open(s.image(), OpenOptions::default()).unwrap();
     let total: usize = ids.iter().map(|&id| fs.listxattr(id).unwrap().len()).sum();
     assert_eq!(total as u64, count);
@@ -213,7 +184,7 @@ fn xattrs_until_full() {
 
 #[test]
 fn dirty_metadata_stays_bounded() {
-    if missing_env() {
+    if !oleo_testkit::require_root("dirty_metadata_stays_bounded") {
         return;
     }
     let s = Scratch::new("bounded", 1024, &[]);
@@ -234,5 +205,5 @@ fn dirty_metadata_stays_bounded() {
     assert!(commits >= 1, "the limit never forced a commit");
     fs.sync().unwrap();
     drop(fs);
-    btrfs_check(&s.image(), "bounded writeback");
+    assert_btrfs_check(&s.image(), "bounded writeback");
 }

@@ -11,6 +11,7 @@
 //! Seeds: `OLEO_TEST_SEED` replays one; `OLEO_TEST_SEEDS=N` runs N seeds per case.
 
 use oleo::{FallocMode, FileKind, Filesystem, InodeId, OpenOptions, RenameFlags, SetAttr, Timespec, XattrSet};
+use oleo_testkit::assert_btrfs_check;
 use oleo_testkit::ops::{apply_path, compare_trees, data_for, follows, random_op, shapes, split, Op, Rng};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -27,27 +28,6 @@ fn seeds(test: &str) -> Vec<u64> {
     let v: Vec<u64> = (0..n).map(|i| base.wrapping_add(i * 7919) % 1_000_000_007).collect();
     eprintln!("{test}: seeds {v:?} (OLEO_TEST_SEED=N replays one)");
     v
-}
-
-fn skip(why: &str) -> bool {
-    if std::env::var("CI").is_ok_and(|v| v == "true") {
-        panic!("{why} (CI=true: the test environment must provide it)");
-    }
-    eprintln!("SKIP: posix_ops: {why}");
-    true
-}
-
-fn missing_env() -> bool {
-    if unsafe { libc::geteuid() } != 0 {
-        return skip("not root (the kernel mount needs it)");
-    }
-    for tool in ["btrfs", "mkfs.btrfs"] {
-        let ok = Command::new(tool).arg("--version").output().is_ok_and(|o| o.status.success());
-        if !ok {
-            return skip(&format!("`{tool}` is missing (apt-get install btrfs-progs)"));
-        }
-    }
-    false
 }
 
 struct Scratch(PathBuf);
@@ -115,20 +95,6 @@ fn make_image(path: &Path, maker: Maker, bytes: u64) {
             assert!(out.status.success(), "mkfs.btrfs: {}", String::from_utf8_lossy(&out.stderr));
         }
     }
-}
-
-fn btrfs_check(image: &Path, when: &str) {
-    let out = Command::new("btrfs")
-        .args(["check", "--readonly", "--check-data-csum"])
-        .arg(image)
-        .output()
-        .expect("run btrfs check");
-    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    let bad = text.lines().any(|l| {
-        let l = l.to_ascii_lowercase();
-        (l.contains("error") && !l.contains("no error")) || l.contains("warning") || l.contains("mismatch") || l.contains("wrong")
-    });
-    assert!(out.status.success() && !bad, "btrfs check after {when}:\n{text}");
 }
 
 // ---------------------------------------------------------------------------------------
@@ -346,7 +312,7 @@ fn run_case(case: &Case, seed: u64) {
     compare_oleo(&fs, &reference);
     drop(fs);
     eprintln!("{} seed {seed}: {agreed} operations done, {failed} refused alike", case.name);
-    btrfs_check(&image, &format!("{} seed {seed}", case.name));
+    assert_btrfs_check(&image, &format!("{} seed {seed}", case.name));
     let fs = Filesystem::open(&image, OpenOptions::default()).expect("reopen read-only");
     compare_oleo(&fs, &reference);
     drop(fs);
@@ -360,14 +326,14 @@ fn run_case(case: &Case, seed: u64) {
     if let Err(e) = r {
         std::panic::resume_unwind(e);
     }
-    btrfs_check(&image, &format!("{} seed {seed} after the kernel wrote", case.name));
+    assert_btrfs_check(&image, &format!("{} seed {seed} after the kernel wrote", case.name));
     let fs = Filesystem::open(&image, OpenOptions::default()).expect("reopen after kernel");
     let id = fs.lookup(fs.root(), b"kernel-wrote-this").expect("kernel's file");
     assert_eq!(fs.read(id, 0, 100).unwrap(), b"hello from the kernel");
 }
 
 fn run(case: Case) {
-    if missing_env() {
+    if !oleo_testkit::require_root(case.name) {
         return;
     }
     for seed in seeds(case.name) {

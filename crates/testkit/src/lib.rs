@@ -11,6 +11,7 @@
 //! Tests needing root call [`require_root`] / [`require_fuse`] first (skip locally,
 //! fail under `CI=true`).
 
+pub mod check;
 pub mod cmd;
 pub mod env;
 pub mod image;
@@ -20,6 +21,7 @@ pub mod ops;
 pub mod populate;
 pub mod tempdir;
 
+pub use check::{assert_btrfs_check, btrfs_check};
 pub use env::{is_ci, require_fuse, require_mkfs_features, require_root, seed};
 pub use image::{
     build_image, build_image_with_pending_log, image_stats, superblock_generation,

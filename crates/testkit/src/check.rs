@@ -1,0 +1,42 @@
+//! `btrfs check`, the judge of every image oleo writes.
+
+use std::path::Path;
+use std::process::Command;
+
+/// Runs `btrfs check --readonly` (with `--check-data-csum` when asked). Ok when it exits 0
+/// and prints no error, warning or mismatch; Err carries its whole output.
+pub fn btrfs_check(image: &Path, data_csum: bool) -> Result<(), String> {
+    let mut cmd = Command::new("btrfs");
+    cmd.args(["check", "--readonly"]);
+    if data_csum {
+        cmd.arg("--check-data-csum");
+    }
+    let out = cmd
+        .arg(image)
+        .output()
+        .map_err(|e| format!("cannot run btrfs check: {e}"))?;
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let bad = text.lines().any(|l| {
+        let l = l.to_ascii_lowercase();
+        (l.contains("error") && !l.contains("no error"))
+            || l.contains("warning")
+            || l.contains("mismatch")
+            || l.contains("wrong")
+    });
+    if out.status.success() && !bad {
+        Ok(())
+    } else {
+        Err(text)
+    }
+}
+
+/// Panics with `btrfs check --readonly --check-data-csum`'s output unless it is clean.
+pub fn assert_btrfs_check(image: &Path, when: &str) {
+    if let Err(text) = btrfs_check(image, true) {
+        panic!("btrfs check after {when}:\n{text}");
+    }
+}
