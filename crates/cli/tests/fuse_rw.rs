@@ -9,27 +9,13 @@
 //!
 //! `OLEO_TEST_SEED` replays a seed; `OLEO_TEST_SEEDS=N` runs N seeds per case.
 
-use oleo_testkit::ops::{apply_path, compare_trees, random_op, shapes, Rng};
+use oleo_testkit::ops::{seeds, apply_path, compare_trees, random_op, shapes, Rng};
 use std::os::unix::ffi::OsStrExt;
 use oleo_testkit::*;
 use std::path::Path;
 use std::process::Command;
 
 const OLEO: &str = env!("CARGO_BIN_EXE_oleo");
-
-fn seeds(test: &str) -> Vec<u64> {
-    if let Some(s) = std::env::var("OLEO_TEST_SEED").ok().and_then(|s| s.parse().ok()) {
-        return vec![s];
-    }
-    let n: u64 = std::env::var("OLEO_TEST_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(1);
-    let base = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos() as u64 % 1_000_000_007)
-        .unwrap_or(1);
-    let v: Vec<u64> = (0..n).map(|i| base + i * 7919).collect();
-    eprintln!("{test}: seeds {v:?} (OLEO_TEST_SEED=N replays one)");
-    v
-}
 
 enum Start {
     /// mkfs.btrfs with these arguments, empty.

@@ -12,23 +12,9 @@
 
 use oleo::{FallocMode, FileKind, Filesystem, InodeId, OpenOptions, RenameFlags, SetAttr, Timespec, XattrSet};
 use oleo_testkit::assert_btrfs_check;
-use oleo_testkit::ops::{apply_path, compare_trees, data_for, follows, random_op, shapes, split, Op, Rng};
+use oleo_testkit::ops::{seeds, apply_path, compare_trees, data_for, follows, random_op, shapes, split, Op, Rng};
 use std::path::{Path, PathBuf};
 use std::process::Command;
-
-fn seeds(test: &str) -> Vec<u64> {
-    if let Some(s) = std::env::var("OLEO_TEST_SEED").ok().and_then(|s| s.parse().ok()) {
-        return vec![s];
-    }
-    let n: u64 = std::env::var("OLEO_TEST_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(1);
-    let base = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos() as u64)
-        .unwrap_or(1);
-    let v: Vec<u64> = (0..n).map(|i| base.wrapping_add(i * 7919) % 1_000_000_007).collect();
-    eprintln!("{test}: seeds {v:?} (OLEO_TEST_SEED=N replays one)");
-    v
-}
 
 struct Scratch(PathBuf);
 

@@ -134,29 +134,9 @@ fn make_image(path: &Path, maker: &Maker) {
 
 /// `btrfs check --readonly` must exit 0 and print no error or warning.
 fn btrfs_check(path: &Path, when: &str) {
-    let out = Command::new("btrfs")
-        .args(["check", "--readonly"])
-        .arg(path)
-        .output()
-        .expect("run btrfs check");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let bad: Vec<&str> = text
-        .lines()
-        .filter(|l| {
-            let l = l.to_ascii_lowercase();
-            (l.contains("error") || l.contains("warning") || l.contains("mismatch"))
-                && !l.contains("no error found")
-        })
-        .collect();
-    assert!(
-        out.status.success() && bad.is_empty(),
-        "btrfs check {when} failed (exit {:?}):\n{text}",
-        out.status.code()
-    );
+    if let Err(text) = oleo_testkit::btrfs_check(path, false) {
+        panic!("btrfs check {when} failed:\n{text}");
+    }
 }
 
 /// What the root directory should hold: name -> inode number; plus the counters a

@@ -431,3 +431,19 @@ impl std::fmt::Display for Op {
         }
     }
 }
+
+/// The seeds a randomized test runs: `OLEO_TEST_SEED` replays one; otherwise
+/// `OLEO_TEST_SEEDS=N` (default 1) fresh ones, printed so a failure can be replayed.
+pub fn seeds(test: &str) -> Vec<u64> {
+    if let Some(s) = std::env::var("OLEO_TEST_SEED").ok().and_then(|s| s.parse().ok()) {
+        return vec![s];
+    }
+    let n: u64 = std::env::var("OLEO_TEST_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(1);
+    let base = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64 % 1_000_000_007)
+        .unwrap_or(1);
+    let v: Vec<u64> = (0..n).map(|i| base + i * 7919).collect();
+    eprintln!("{test}: seeds {v:?} (OLEO_TEST_SEED=N replays one)");
+    v
+}
