@@ -28,7 +28,7 @@ fn run_case(name: &str, start: Start, ops: usize, big: bool) {
     if !(require_root(name) && require_fuse(name)) {
         return;
     }
-    for seed in seeds(name) {
+    for seed in seeds(name, 1) {
         eprintln!("{name}: seed {seed}");
         let dir = TempDir::new(&format!("fuse-rw-{name}")).unwrap();
         let image = dir.join("image");
@@ -275,7 +275,7 @@ fn fuse_rw_snapshots() {
     if !(require_root(name) && require_fuse(name)) {
         return;
     }
-    for seed in seeds(name) {
+    for seed in seeds(name, 1) {
         let dir = TempDir::new("fuse-rw-snap").unwrap();
         let image = dir.join("image");
         let reference = dir.subdir("ref").unwrap();

@@ -8,7 +8,7 @@
 //! xattrs, names; hard-link groups), and so must oleo after reopening.
 //!
 //! Needs root and btrfs-progs; without them it prints `SKIP: ...` (fails under CI=true).
-//! Seeds: `OLEO_TEST_SEED` replays one; `OLEO_TEST_SEEDS=N` runs N seeds per case.
+//! Seeds: `OLEO_TEST_SEED` replays one; `OLEO_TEST_SEEDS=N` runs N seeds per case (default 3).
 
 use oleo::{FallocMode, FileKind, Filesystem, InodeId, OpenOptions, RenameFlags, SetAttr, Timespec, XattrSet};
 use oleo_testkit::assert_btrfs_check;
@@ -322,7 +322,7 @@ fn run(case: Case) {
     if !oleo_testkit::require_root(case.name) {
         return;
     }
-    for seed in seeds(case.name) {
+    for seed in seeds(case.name, 3) {
         eprintln!("{}: seed {seed}", case.name);
         run_case(&case, seed);
     }

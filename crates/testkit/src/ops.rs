@@ -433,12 +433,13 @@ impl std::fmt::Display for Op {
 }
 
 /// The seeds a randomized test runs: `OLEO_TEST_SEED` replays one; otherwise
-/// `OLEO_TEST_SEEDS=N` (default 1) fresh ones, printed so a failure can be replayed.
-pub fn seeds(test: &str) -> Vec<u64> {
+/// `OLEO_TEST_SEEDS=N` (default `default_count`) fresh ones, printed so a failure can be
+/// replayed.
+pub fn seeds(test: &str, default_count: u64) -> Vec<u64> {
     if let Some(s) = std::env::var("OLEO_TEST_SEED").ok().and_then(|s| s.parse().ok()) {
         return vec![s];
     }
-    let n: u64 = std::env::var("OLEO_TEST_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(1);
+    let n: u64 = std::env::var("OLEO_TEST_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(default_count);
     let base = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_nanos() as u64 % 1_000_000_007)
