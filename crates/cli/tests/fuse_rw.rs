@@ -351,3 +351,69 @@ fn fuse_rw_snapshots() {
         assert_btrfs_check(&image, &format!("{name} seed {seed}, after the kernel deleted the snapshot"));
     }
 }
+
+/// Readers listing a big directory (readdirplus: one read lock for the listing and the
+/// attributes) while writers create and write files: nothing may deadlock behind the
+/// queued writers (a watchdog turns a hang into a failure), and the result is consistent.
+#[test]
+fn readers_and_writers_at_once() {
+    let name = "readers_and_writers";
+    if !(require_root(name) && require_fuse(name)) {
+        return;
+    }
+    let dir = TempDir::new("fuse-rw-concurrent").unwrap();
+    let image = dir.join("image");
+    let mnt = dir.subdir("mnt").unwrap();
+    std::fs::File::create(&image).unwrap().set_len(1 << 30).unwrap();
+    assert!(Command::new("mkfs.btrfs").args(["-q", "-f"]).arg(&image).status().unwrap().success());
+    let m = OleoMount::mount_rw(Path::new(OLEO), &image, &mnt, &["threads=8"]).expect("mount");
+    let big = mnt.join("big");
+    std::fs::create_dir(&big).unwrap();
+    for i in 0..1500 {
+        std::fs::write(big.join(format!("f{i:05}")), b"x").unwrap();
+    }
+    let dog = m.watchdog(std::time::Duration::from_secs(120));
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut handles = Vec::new();
+    for r in 0..3 {
+        let (big, stop) = (big.clone(), stop.clone());
+        handles.push(std::thread::spawn(move || {
+            let mut rounds = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                // A writer may remove a listed file before its stat: that is a race, not an error.
+                let n = std::fs::read_dir(&big)
+                    .unwrap()
+                    .map(|e| e.unwrap().metadata().map(|m| m.len()))
+                    .filter(|m| !matches!(m, Err(e) if e.kind() == std::io::ErrorKind::NotFound))
+                    .map(|m| m.unwrap())
+                    .count();
+                assert!(n >= 1500, "reader {r} saw {n} entries");
+                rounds += 1;
+            }
+            rounds
+        }));
+    }
+    for w in 0..3 {
+        let (big, stop) = (big.clone(), stop.clone());
+        handles.push(std::thread::spawn(move || {
+            let mut n = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let p = big.join(format!("w{w}-{n}"));
+                std::fs::write(&p, vec![w as u8; 70_000]).unwrap();
+                if n % 3 == 0 {
+                    std::fs::remove_file(&p).unwrap();
+                }
+                n += 1;
+            }
+            n
+        }));
+    }
+    std::thread::sleep(std::time::Duration::from_secs(8));
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let done: Vec<usize> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    eprintln!("readers/writers: rounds and files {done:?}");
+    assert!(done.iter().all(|&n| n > 0), "someone made no progress: {done:?}");
+    drop(dog);
+    m.unmount().unwrap();
+    assert_btrfs_check(&image, "concurrent readers and writers");
+}

@@ -122,25 +122,32 @@ impl OleoFuse {
         self.file_attr(&attr)
     }
 
+    /// `entry_attr` under a read lock the caller already holds (taking it again could wait
+    /// forever behind a queued writer).
+    fn entry_attr_in(&self, fs: &Filesystem, id: InodeId) -> Result<FileAttr, Errno> {
+        let attr = fs.getattr(id).map_err(errno)?;
+        self.file_attr(&attr)
+    }
+
+    /// Lists a directory under one read lock, which `add` gets to use (it must not lock).
     fn list(
         &self,
         ino: INodeNo,
         offset: u64,
-        mut add: impl FnMut(u64, InodeId, FileKind, &[u8], u64) -> bool,
+        mut add: impl FnMut(&Filesystem, u64, InodeId, FileKind, &[u8], u64) -> bool,
     ) -> Result<(), Errno> {
         let dir = self.id(ino)?;
+        let fs = self.fs.read();
         // Offsets 1 and 2 follow "." and ".."; a real entry with DIR_INDEX i resumes at i + 1.
-        if offset < 1 && add(ino.0, dir, FileKind::Dir, b".", 1) {
+        if offset < 1 && add(&fs, ino.0, dir, FileKind::Dir, b".", 1) {
             return Ok(());
         }
-        if offset < 2 && add(ino.0, dir, FileKind::Dir, b"..", 2) {
+        if offset < 2 && add(&fs, ino.0, dir, FileKind::Dir, b"..", 2) {
             return Ok(());
         }
         let mut err = None;
-        self.fs
-            .read()
-            .readdir(dir, offset.max(2), &mut |e| match self.ids.encode(e.id) {
-                Some(node) => !add(node, e.id, e.kind, &e.name, e.next_offset),
+        fs.readdir(dir, offset.max(2), &mut |e| match self.ids.encode(e.id) {
+                Some(node) => !add(&fs, node, e.id, e.kind, &e.name, e.next_offset),
                 None => {
                     err = Some(Errno::EOVERFLOW);
                     false
@@ -605,7 +612,7 @@ impl fuser::Filesystem for OleoFuse {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
-        let r = self.list(ino, offset, |node, _id, kind, name, next| {
+        let r = self.list(ino, offset, |_fs, node, _id, kind, name, next| {
             reply.add(
                 INodeNo(node),
                 next,
@@ -628,8 +635,8 @@ impl fuser::Filesystem for OleoFuse {
         mut reply: ReplyDirectoryPlus,
     ) {
         let mut err = None;
-        let r = self.list(ino, offset, |node, id, _kind, name, next| {
-            match self.entry_attr(id) {
+        let r = self.list(ino, offset, |fs, node, id, _kind, name, next| {
+            match self.entry_attr_in(fs, id) {
                 Ok(attr) => reply.add(
                     INodeNo(node),
                     next,
