@@ -22,6 +22,10 @@ class Params:
     fsync_total_mib: int = 256       # data written per job-count point, split over jobs
     fsync_max_runtime_s: int = 120   # cap, so a very slow target still finishes
 
+    # sequential buffered write of one file with a final fsync (dd bs=1M conv=fsync)
+    seqw_file_mib: int = 4096
+    seqw_max_runtime_s: int = 180    # cap, so a very slow target still finishes (fsync still runs)
+
     # seed 001: fs_mark -S 0 -s 0 -k, one thread per directory
     fsmark_threads: int = 2
     # fuse2fs slows down with directory size (20000 x 5 per thread took it over 30 minutes)
@@ -56,6 +60,7 @@ PRESETS = {
     "quick": dict(
         reps=1, timeout_s=300,
         fsync_jobs=[1, 4, 16], fsync_total_mib=32, fsync_max_runtime_s=5,
+        seqw_file_mib=256, seqw_max_runtime_s=60,
         fsmark_files=500, fsmark_loops=2,
         uring_file_mib=128, uring_runtime_s=2,
         dbench_clients=[1, 8, 32], dbench_runtime_s=2,

@@ -134,6 +134,7 @@ def measure(ctx, seq, rnd, w, variant, tname):
     t0 = time.time()
     cl = Cleanup()
     cl.push("remove scratch", safe_rmtree, scratch)
+    m = None
     try:
         if w.kind == "read":
             golden = ctx.golden(target.family)
@@ -154,6 +155,10 @@ def measure(ctx, seq, rnd, w, variant, tname):
         ctx.deadline = None
         cl.close()
         rec["elapsed_s"] = round(time.time() - t0, 2)
+    teardown = getattr(m, "teardown", None)
+    if teardown:
+        # e.g. oleo's unmount (its final commit) time, or a daemon killed at unmount
+        rec["teardown"] = dict(teardown)
     if cl.errors:
         # Something stayed mounted or attached: that is the harness failing.
         rec["teardown_errors"] = cl.errors

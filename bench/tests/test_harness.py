@@ -110,7 +110,108 @@ def test_static_not_applicable_reasons():
     assert "read-only" in W.FsyncWrite(p).check(ro)
     assert W.SeqRead(p).check(ro) is None
     assert "snapshots" in W.SnapshotUnderWrite(p).check(_FakeTarget("xfs", family="xfs"))
-    assert T.Oleo.snapshots and T.Oleo.writable  # tried on oleo: the mount says why not
+
+
+class _OleoCtx:
+    def __init__(self, subvol=None, snap=None):
+        self.oleo_bin = "/nonexistent/oleo"
+        self.oleo_subvol_cmd, self.oleo_snapshot_cmd = subvol, snap
+
+
+def test_oleo_is_writable_but_has_no_snapshots():
+    p = P.make_params("quick")
+    oleo = T.Oleo(_OleoCtx())
+    assert oleo.writable and not oleo.raw
+    for cls in (W.FsyncWrite, W.SeqWrite, W.FsmarkCreate, W.UringRandrw, W.Dbench):
+        if cls in (W.FsmarkCreate, W.Dbench) and cls(p).check(T.Btrfs(None)):
+            continue  # the tool is missing on this machine: that is another N/A
+        assert cls(p).check(oleo) is None, cls.name
+    reason = W.SnapshotUnderWrite(p).check(oleo)
+    assert reason and "oleo cannot create snapshots" in reason
+    # Once oleo has commands for it, the templates turn seed 004 on.
+    assert W.SnapshotUnderWrite(p).check(T.Oleo(_OleoCtx("{oleo} sub {path}", "{oleo} snap {src} {dst}"))) is None
+    assert "read-only" in W.SeqWrite(p).check(T.BtrfsFuse(None))
+
+
+def test_oleo_fresh_mounts_rw_mkfs_btrfs_image(tmp_path, monkeypatch):
+    """A write workload on oleo: mkfs.btrfs on a sparse image of the workload's size,
+    then `oleo mount -f -o rw,<the kernel target's options>`."""
+    calls, spawned = [], []
+    monkeypatch.setattr(T, "run", lambda argv, **kw: calls.append([str(a) for a in argv]))
+    monkeypatch.setattr(T, "mount_options", lambda mnt: ["rw", "nosuid", "nodev"])
+
+    def fake_spawn(cl, argv, mnt, log, what, **kw):
+        spawned.append((argv, kw))
+        return "proc"
+    monkeypatch.setattr(T, "spawn_fuse", fake_spawn)
+    p = P.make_params("quick")
+    w = W.UringRandrw(p)
+    m = T.Oleo(_OleoCtx()).fresh(None, str(tmp_path), w.spec())
+    image = str(tmp_path / "oleo.img")
+    assert os.path.getsize(image) == w.image_bytes()
+    assert calls == [["mkfs.btrfs", "-f", "-q", "-R", "free-space-tree", "-O", "no-holes", image]]
+    argv, kw = spawned[0]
+    assert argv == ["/nonexistent/oleo", "mount", "-f", "-o", "rw,ssd,nodatacow", image,
+                    str(tmp_path / "mnt")]
+    assert kw["grace"] >= 60          # oleo commits at unmount: give it time
+    assert m.daemon == "proc" and m.path == str(tmp_path / "mnt") and m.image == image
+    # A mount that came up read-only anyway is not a write measurement.
+    monkeypatch.setattr(T, "mount_options", lambda mnt: ["ro", "nosuid"])
+    with pytest.raises(T.NotApplicable, match="read-only"):
+        T.Oleo(_OleoCtx()).fresh(None, str(tmp_path), W.SeqWrite(p).spec())
+
+
+def test_seq_write_sizes_and_fio_job(tmp_path, monkeypatch):
+    full, quick = P.make_params("full"), P.make_params("quick")
+    assert full.seqw_file_mib == 4096 and quick.seqw_file_mib == 256
+    for p in (full, quick):
+        w = W.SeqWrite(p)
+        # the file fits with room for btrfs metadata and chunk allocation
+        assert w.image_bytes() >= p.seqw_file_mib * (1 << 20) + (1 << 30)
+        assert w.check(_FakeTarget("raw", raw=True, family="raw")) is None  # disk limit too
+    jobs = []
+
+    def fake_run_fio(text, scratch, timeout, readonly=False):
+        jobs.append((text, readonly))
+        return tools.parse_fio_json(FIO_JSON)
+    monkeypatch.setattr(tools, "run_fio", fake_run_fio)
+
+    class Ctx:
+        def save_job(self, *a):
+            pass
+
+        def remaining(self):
+            return 100
+
+    w = W.SeqWrite(full)
+    m = T.Mounted(_FakeTarget("btrfs"), str(tmp_path / "mnt"), scratch=str(tmp_path))
+    res = w.run(Ctx(), m, None)
+    text, readonly = jobs[0]
+    lines = text.splitlines()
+    for want in ("rw=write", "bs=1M", "direct=0", "end_fsync=1", "fallocate=none", "size=4096M",
+                 f"filename={tmp_path}/mnt/seq-write.bin"):
+        assert want in lines, (want, lines)
+    assert not readonly
+    assert res["write_MiB_s"] == pytest.approx(3.0) and res["written_MiB"] == pytest.approx(30.0)
+    # raw stands for the disk: O_DIRECT
+    m = T.Mounted(_FakeTarget("raw", raw=True, family="raw"), str(tmp_path), scratch=str(tmp_path))
+    w.run(Ctx(), m, None)
+    assert "direct=1" in jobs[1][0].splitlines()
+
+
+def test_stop_fuse_records_unmount_time_and_bad_exits(monkeypatch):
+    monkeypatch.setattr(T, "umount", lambda mnt, fuse=False: None)
+    td = {}
+    T.stop_fuse(subprocess.Popen(["sh", "-c", "sleep 0.5; exit 0"]), "/x", grace=10, teardown=td)
+    assert "unmount_s" in td and "warnings" not in td
+    td = {}
+    T.stop_fuse(subprocess.Popen(["sh", "-c", "sleep 0.5; exit 3"]), "/x", grace=10, teardown=td)
+    assert td["warnings"] == ["daemon exited with status 3 after unmount"]
+    td = {}
+    hung = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    T.stop_fuse(hung, "/x", grace=0.2, teardown=td)
+    assert hung.poll() is not None
+    assert "killed" in td["warnings"][0]
 
 
 def _rec(w, v, t, status, metrics=None, reason=None, rss=None):
@@ -138,6 +239,27 @@ def test_report_median_ratio_and_na_footnote():
     # oleo listed first: the target order of the run, not alphabetical
     lines = md.splitlines()
     assert lines.index(row_oleo) < lines.index(row_btrfs)
+
+
+def test_report_seq_write_goal_and_teardown_warning():
+    recs = [
+        _rec("seq-write", None, "btrfs", "ok", {"write_MiB_s": 400.0}),
+        _rec("seq-write", None, "oleo", "ok", {"write_MiB_s": 260.0}),
+        _rec("seq-write", None, "oleo", "ok", {"write_MiB_s": 300.0}),
+        _rec("seq-write", None, "oleo", "ok", {"write_MiB_s": 320.0}),
+    ]
+    recs[1]["teardown"] = {"unmount_s": 120.5, "warnings": ["daemon still running 120 s after unmount; killed"]}
+    md = report.render(recs, {"targets": T.NAMES})
+    assert "## seq-write" in md
+    row = next(l for l in md.splitlines() if l.startswith("| oleo |"))
+    assert "300 (260–320)" in row and "| 0.75 |" in row and "[1]" in row
+    assert "[1] oleo: at teardown: daemon still running 120 s after unmount; killed" in md
+    assert "Goal: oleo ≥ 0.70× btrfs on write MiB/s (incl. final fsync): 0.75× — met." in md
+    recs[2]["metrics"]["write_MiB_s"] = 100.0   # median now 260: 0.65x
+    assert "0.65× — NOT met" in report.render(recs, {"targets": T.NAMES})
+    recs = [r for r in recs if r["target"] == "btrfs"] + [
+        _rec("seq-write", None, "oleo", "na", reason="oleo mount -o rw exited with status 1")]
+    assert "not measured" in report.render(recs, {"targets": T.NAMES})
 
 
 def test_plots_written_when_matplotlib_present(tmp_path):
@@ -194,7 +316,23 @@ def test_quick_end_to_end(tmp_path):
     # Static N/As carry their reason.
     na = {(x["workload"], x["target"]): x["reason"] for x in recs if x["status"] == "na"}
     assert "read-only" in na[("fsync-write", "btrfs-fuse")]
+    assert "read-only" in na[("seq-write", "btrfs-fuse")]
     assert "snapshots" in na[("snapshot-under-write", "xfs")]
+    # seq-write wrote the whole file (the runtime cap is for slow targets only).
+    sw = next(x for x in btrfs if x["workload"] == "seq-write")
+    assert sw["metrics"]["written_MiB"] == pytest.approx(p.seqw_file_mib)
+    # oleo is a writable target: rw mounts of a fresh mkfs.btrfs image, unmounted
+    # cleanly (its daemon exits after the final commit); only seed 004 is N/A.
+    oleo = {(x["workload"], x["variant"]): x for x in recs if x["target"] == "oleo"}
+    if os.access(os.path.join(os.path.dirname(BENCH), "target", "release", "oleo"), os.X_OK):
+        assert "oleo cannot create snapshots" in na[("snapshot-under-write", "oleo")]
+        for key in (("seq-write", None), ("fsync-write", "jobs=1"), ("fsmark-create", None)):
+            x = oleo[key]
+            assert x["status"] == "ok", x
+            assert x["teardown"]["unmount_s"] >= 0 and not x["teardown"].get("warnings"), x
+        assert oleo[("seq-write", None)]["metrics"]["written_MiB"] == pytest.approx(p.seqw_file_mib)
+    else:
+        assert all("oleo binary not found" in x["reason"] for x in oleo.values())
     # FUSE daemons report peak RSS when they ran.
     for x in recs:
         if x["status"] == "ok" and x["target"] in ("fuse2fs", "zfs-fuse", "btrfs-fuse", "oleo"):
