@@ -16,6 +16,9 @@ SEED_BSSPLIT = "4k/20:8k/20:16k/20:32k/10:64k/10:128k/5:256k/5:512k/5:1m/5"
 class Params:
     reps: int = 3
     timeout_s: int = 300             # per measurement, including mkfs/mount/teardown
+    # fsync-write and seq-write read their data back (fio verify_only, after sync and
+    # drop_caches) and fsmark-create counts its files: no number for lost data
+    verify_writes: bool = True
 
     # seed 000: fio 64 KiB sequential buffered writes, fsync after each write
     fsync_jobs: list = field(default_factory=lambda: [1, 4, 16])

@@ -12,7 +12,8 @@ import traceback
 
 from . import targets as T
 from . import workloads as W
-from .sysutil import Cleanup, CmdError, NotApplicable, drop_caches, reap_stale, run, safe_rmtree
+from .sysutil import (Cleanup, CmdError, NotApplicable, check_alive, drop_caches, reap_stale, run,
+                      safe_rmtree)
 
 
 class Context:
@@ -144,7 +145,10 @@ def measure(ctx, seq, rnd, w, variant, tname):
             ctx.deadline = time.time() + ctx.p.timeout_s
             m = target.fresh(cl, scratch, w.spec())
         drop_caches()
-        rec["metrics"] = w.run(ctx, m, variant)
+        metrics = w.run(ctx, m, variant)
+        if m.daemon is not None:
+            check_alive(m.path, m.daemon, tname)
+        rec["metrics"] = metrics
         rec["peak_rss_kib"] = m.peak_rss_kib()
     except (NotApplicable, CmdError) as e:
         rec.update(status="na", reason=str(e))

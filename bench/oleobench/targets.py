@@ -186,9 +186,14 @@ def stop_fuse(proc, mnt, grace=15.0, teardown=None, log=None):
     teardown = {} if teardown is None else teardown
     was_running = proc.poll() is None
     t0 = time.monotonic()
+    aborted = False
     try:
-        umount(mnt, fuse=True)
+        aborted = umount(mnt, fuse=True)
     finally:
+        if aborted:
+            # a hung daemon whose connection was aborted has nothing to commit
+            teardown.setdefault("warnings", []).append("unmount hung: FUSE connection aborted")
+            grace = min(grace, 10.0)
         try:
             proc.wait(timeout=grace)
             if was_running:
