@@ -16,11 +16,18 @@ SEED_BSSPLIT = "4k/20:8k/20:16k/20:32k/10:64k/10:128k/5:256k/5:512k/5:1m/5"
 class Params:
     reps: int = 3
     timeout_s: int = 300             # per measurement, including mkfs/mount/teardown
+    # fsync-write and seq-write read their data back (fio verify_only, after sync and
+    # drop_caches) and fsmark-create counts its files: no number for lost data
+    verify_writes: bool = True
 
     # seed 000: fio 64 KiB sequential buffered writes, fsync after each write
     fsync_jobs: list = field(default_factory=lambda: [1, 4, 16])
     fsync_total_mib: int = 256       # data written per job-count point, split over jobs
     fsync_max_runtime_s: int = 120   # cap, so a very slow target still finishes
+
+    # sequential buffered write of one file with a final fsync (dd bs=1M conv=fsync)
+    seqw_file_mib: int = 4096
+    seqw_max_runtime_s: int = 180    # cap, so a very slow target still finishes (fsync still runs)
 
     # seed 001: fs_mark -S 0 -s 0 -k, one thread per directory
     fsmark_threads: int = 2
@@ -56,6 +63,7 @@ PRESETS = {
     "quick": dict(
         reps=1, timeout_s=300,
         fsync_jobs=[1, 4, 16], fsync_total_mib=32, fsync_max_runtime_s=5,
+        seqw_file_mib=256, seqw_max_runtime_s=60,
         fsmark_files=500, fsmark_loops=2,
         uring_file_mib=128, uring_runtime_s=2,
         dbench_clients=[1, 8, 32], dbench_runtime_s=2,

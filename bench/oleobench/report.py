@@ -106,14 +106,44 @@ def workload_table(wcls, groups, target_order):
                 if missing:
                     why = note(t + ": " + str(missing[0]["reason"]))
                     row[-2] += f" {len(ok)}/{len(ok) + len(missing)} ok {why}"
+                warned = [w for r in ok for w in (r.get("teardown") or {}).get("warnings", [])]
+                if warned:
+                    row[-2] += " " + note(f"{t}: at teardown: {warned[0]}")
             if has_rss:
                 rss = stats(r.get("peak_rss_kib") for r in ok)
                 row.append(fmt(rss[0] / 1024) if rss else "")
             lines.append("| " + " | ".join(row) + " |")
     out = "\n".join(lines) + "\n"
+    goal = goal_lines(wcls, groups)
+    if goal:
+        out += "\n" + "\n".join(goal) + "\n"
     if notes:
         out += "\n" + "\n".join(f"[{n}] {_md(text)}  " for text, n in notes.items()) + "\n"
     return out
+
+
+def goal_lines(wcls, groups):
+    """The workload's stated goal (e.g. oleo >= 0.7x kernel btrfs), checked per
+    variant on the medians."""
+    goal = getattr(wcls, "goal", None)
+    if not goal:
+        return []
+    target, key, ratio = goal
+    label = next((m.label for m in wcls.metrics if m.key == key), key)
+    out = []
+    for (w, v, t), g in groups.items():
+        if w != wcls.name or t != target:
+            continue
+        s = stats(r["metrics"].get(key) for r in g["ok"])
+        b = stats(r["metrics"].get(key) for r in groups.get((w, v, BASELINE), {"ok": []})["ok"])
+        where = f" ({v})" if v else ""
+        if s is None or not b or not b[0]:
+            verdict = "not measured"
+        else:
+            got = s[0] / b[0]
+            verdict = f"{got:.2f}× — {'met' if got >= ratio else 'NOT met'}"
+        out.append(f"Goal{where}: {target} ≥ {ratio:.2f}× {BASELINE} on {label}: {verdict}.")
+    return sorted(out)
 
 
 def _md(text):

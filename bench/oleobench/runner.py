@@ -12,7 +12,8 @@ import traceback
 
 from . import targets as T
 from . import workloads as W
-from .sysutil import Cleanup, CmdError, NotApplicable, drop_caches, reap_stale, run, safe_rmtree
+from .sysutil import (Cleanup, CmdError, NotApplicable, check_alive, drop_caches, reap_stale, run,
+                      safe_rmtree)
 
 
 class Context:
@@ -134,6 +135,7 @@ def measure(ctx, seq, rnd, w, variant, tname):
     t0 = time.time()
     cl = Cleanup()
     cl.push("remove scratch", safe_rmtree, scratch)
+    m = None
     try:
         if w.kind == "read":
             golden = ctx.golden(target.family)
@@ -143,7 +145,10 @@ def measure(ctx, seq, rnd, w, variant, tname):
             ctx.deadline = time.time() + ctx.p.timeout_s
             m = target.fresh(cl, scratch, w.spec())
         drop_caches()
-        rec["metrics"] = w.run(ctx, m, variant)
+        metrics = w.run(ctx, m, variant)
+        if m.daemon is not None:
+            check_alive(m.path, m.daemon, tname)
+        rec["metrics"] = metrics
         rec["peak_rss_kib"] = m.peak_rss_kib()
     except (NotApplicable, CmdError) as e:
         rec.update(status="na", reason=str(e))
@@ -154,6 +159,10 @@ def measure(ctx, seq, rnd, w, variant, tname):
         ctx.deadline = None
         cl.close()
         rec["elapsed_s"] = round(time.time() - t0, 2)
+    teardown = getattr(m, "teardown", None)
+    if teardown:
+        # e.g. oleo's unmount (its final commit) time, or a daemon killed at unmount
+        rec["teardown"] = dict(teardown)
     if cl.errors:
         # Something stayed mounted or attached: that is the harness failing.
         rec["teardown_errors"] = cl.errors

@@ -70,7 +70,13 @@ def run(argv, timeout=600, check=True, cwd=None, env=None, input=None):
         out, err = p.communicate(input=input, timeout=timeout)
     except subprocess.TimeoutExpired:
         kill_group(p)
-        out, err = p.communicate()
+        try:
+            out, err = p.communicate(timeout=15)
+        except subprocess.TimeoutExpired:
+            # Still there after SIGKILL: stuck in the kernel, typically on a hung FUSE
+            # daemon. Teardown aborts that connection, which lets it exit; the harness
+            # must not wait for it here.
+            out, err = "", "(did not exit after SIGKILL: blocked in the kernel, e.g. on a hung FUSE mount)"
         raise CmdTimeout(argv, timeout, out, err)
     except BaseException:
         kill_group(p)
@@ -183,39 +189,44 @@ def fuse_abort(path):
     request fails at once, which unblocks anything waiting on a hung daemon."""
     e = _entry(path)
     if e is None or not e[3].startswith("fuse"):
-        return
+        return False
     conn = f"/sys/fs/fuse/connections/{e[1].split(':')[1]}/abort"
     try:
         with open(conn, "w") as f:
             f.write("1\n")
+        return True
     except OSError:
-        pass
+        return False
 
 
 def umount(path, fuse=False):
     """Unmount, retrying briefly (a just-killed fio may still hold files). A FUSE
     mount that will not go gets its connection aborted; the last resort is a lazy
-    unmount, so teardown never hangs the harness."""
+    unmount, so teardown never hangs the harness. Returns True if a FUSE connection
+    had to be aborted (its daemon then has nothing left to do)."""
     if not is_mounted(path):
-        return
+        return False
     cmd = ["fusermount3", "-u", path] if fuse and which("fusermount3") else ["umount", path]
-    err = ""
+    err, aborted = "", False
     for attempt in range(20):
         try:
             r = run(cmd, check=False, timeout=60)
             err = r.stderr.strip()
             if r.returncode == 0 or not is_mounted(path):
-                return
+                return aborted
         except CmdTimeout:
             err = "unmount timed out"
+            if fuse:  # the daemon does not answer: abort rather than wait again
+                aborted = fuse_abort(path) or aborted
         if fuse and attempt >= 3:
-            fuse_abort(path)
+            aborted = fuse_abort(path) or aborted
         time.sleep(0.5)
     if fuse:
-        fuse_abort(path)
+        aborted = fuse_abort(path) or aborted
     run(["umount", "-l", path], check=False, timeout=60)
     if is_mounted(path):
         raise RuntimeError(f"could not unmount {path}: {err}")
+    return aborted
 
 
 def mount(src, mnt, fstype=None, opts=None):
@@ -250,6 +261,23 @@ def wait_for_mount(mnt, proc, timeout=60.0, what="daemon", log=None, probe_s=20)
                             f"within {probe_s} s (daemon hung)") from None
     except CmdError as e:
         raise NotApplicable(f"{what}: the mount appeared but a stat of its root failed: {e}") from None
+
+
+def check_alive(mnt, proc, what, probe_s=20):
+    """After a workload on a FUSE mount: the daemon still runs and the mount still
+    answers. A tool may report numbers even though the daemon died or its
+    connection was aborted under it; those numbers are not a measurement."""
+    if proc is not None and proc.poll() is not None:
+        raise NotApplicable(f"{what} exited with status {proc.returncode} during the workload")
+    if not is_mounted(mnt):
+        raise NotApplicable(f"{what}: the mount went away during the workload")
+    try:
+        run(["stat", "-c", "%i", mnt + "/"], timeout=probe_s)
+    except CmdTimeout:
+        raise NotApplicable(f"{what}: after the workload a stat of the root did not return "
+                            f"within {probe_s} s (daemon hung)") from None
+    except CmdError as e:
+        raise NotApplicable(f"{what}: after the workload a stat of the root failed: {e}") from None
 
 
 def read_tail(path, lines=4, limit=400):

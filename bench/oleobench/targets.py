@@ -43,6 +43,10 @@ class Mounted:
     def __init__(self, target, path, daemon=None, image=None, scratch=None):
         self.target, self.path, self.daemon = target, path, daemon
         self.image, self.scratch = image, scratch
+        # Filled by teardown of a FUSE daemon: "unmount_s" (unmount until the daemon
+        # exited: oleo commits then) and "warnings" (a daemon that had to be killed or
+        # exited non-zero). The runner records it with the measurement.
+        self.teardown = {}
 
     def peak_rss_kib(self):
         return peak_rss_kib(self.daemon.pid) if self.daemon is not None else None
@@ -163,27 +167,45 @@ class Ext4(KernelTarget):
 
 # ---------------------------------------------------------------- FUSE daemons
 
-def spawn_fuse(cl, argv, mnt, log, what, timeout=60.0):
+def spawn_fuse(cl, argv, mnt, log, what, timeout=60.0, grace=15.0, teardown=None):
     """Start a FUSE daemon in the foreground (so we own its pid for peak RSS and
-    can always stop it) and wait until its mount appears."""
+    can always stop it) and wait until its mount appears. At teardown the daemon
+    gets GRACE seconds to exit after the unmount; what happened goes in the dict
+    TEARDOWN (see Mounted)."""
     os.makedirs(mnt, exist_ok=True)
     logf = open(log, "ab")
     proc = subprocess.Popen([str(a) for a in argv], stdout=logf, stderr=subprocess.STDOUT,
                             stdin=subprocess.DEVNULL, start_new_session=True)
     logf.close()
-    cl.push(f"stop {what}", stop_fuse, proc, mnt)
+    cl.push(f"stop {what}", stop_fuse, proc, mnt, grace, teardown, log)
     wait_for_mount(mnt, proc, timeout, what, log)
     return proc
 
 
-def stop_fuse(proc, mnt):
+def stop_fuse(proc, mnt, grace=15.0, teardown=None, log=None):
+    teardown = {} if teardown is None else teardown
+    was_running = proc.poll() is None
+    t0 = time.monotonic()
+    aborted = False
     try:
-        umount(mnt, fuse=True)
+        aborted = umount(mnt, fuse=True)
     finally:
+        if aborted:
+            # a hung daemon whose connection was aborted has nothing to commit
+            teardown.setdefault("warnings", []).append("unmount hung: FUSE connection aborted")
+            grace = min(grace, 10.0)
         try:
-            proc.wait(timeout=15)
+            proc.wait(timeout=grace)
+            if was_running:
+                teardown["unmount_s"] = round(time.monotonic() - t0, 2)
+                if proc.returncode != 0:
+                    teardown.setdefault("warnings", []).append(
+                        f"daemon exited with status {proc.returncode} after unmount"
+                        + (f": {read_tail(log)}" if log else ""))
         except subprocess.TimeoutExpired:
             kill_group(proc)
+            teardown.setdefault("warnings", []).append(
+                f"daemon still running {grace:.0f} s after unmount; killed")
 
 
 class Fuse2fs(Target):
@@ -203,9 +225,10 @@ class Fuse2fs(Target):
 
     def _mount(self, cl, scratch, image, opts):
         mnt = os.path.join(scratch, "mnt")
-        proc = spawn_fuse(cl, ["fuse2fs", image, mnt, "-f"] + opts, mnt,
-                          os.path.join(scratch, "fuse2fs.log"), "fuse2fs")
-        return Mounted(self, mnt, daemon=proc, image=image, scratch=scratch)
+        m = Mounted(self, mnt, image=image, scratch=scratch)
+        m.daemon = spawn_fuse(cl, ["fuse2fs", image, mnt, "-f"] + opts, mnt,
+                              os.path.join(scratch, "fuse2fs.log"), "fuse2fs", teardown=m.teardown)
+        return m
 
 
 class BtrfsFuse(Target):
@@ -222,16 +245,28 @@ class BtrfsFuse(Target):
         copy_sparse(golden, image)
         mnt = os.path.join(scratch, "mnt")
         argv = [self.ctx.btrfs_fuse_bin, "-f", image, mnt]  # -f: foreground, we own the pid
-        proc = spawn_fuse(cl, argv, mnt, os.path.join(scratch, "btrfs-fuse.log"), "btrfs-fuse")
-        return Mounted(self, mnt, daemon=proc, image=image, scratch=scratch)
+        m = Mounted(self, mnt, image=image, scratch=scratch)
+        m.daemon = spawn_fuse(cl, argv, mnt, os.path.join(scratch, "btrfs-fuse.log"), "btrfs-fuse",
+                              teardown=m.teardown)
+        return m
 
 
 class Oleo(Target):
-    """oleo: reads the same btrfs image as the kernel. Write workloads try a
-    read-write mount of a mkfs.btrfs image; while oleo refuses rw, the reason it
-    printed is the N/A reason."""
+    """oleo: reads the same btrfs image as the kernel (`-o ro`). Write workloads
+    mount a fresh mkfs.btrfs image read-write (`-o rw` explicitly, so an image oleo
+    cannot write fails the mount with oleo's reason instead of falling back to
+    read-only) with the kernel target's mount options; oleo ignores the btrfs options
+    it does not implement (ssd, nodatacow). Snapshots: oleo has no way to take one
+    (no CLI verb, and FUSE cannot pass btrfs's snapshot ioctl), so seed 004 is N/A
+    unless --oleo-subvol-cmd and --oleo-snapshot-cmd say how."""
     name, family = "oleo", "btrfs"
-    snapshots = True   # tried through oleo's CLI; N/A while rw mounts are refused
+    no_snapshots_reason = ("oleo cannot create snapshots: it has no snapshot command and FUSE "
+                           "cannot pass btrfs's snapshot ioctl")
+    unmount_grace_s = 120   # the daemon commits the running transaction at unmount
+
+    @property
+    def snapshots(self):
+        return bool(self.ctx.oleo_subvol_cmd and self.ctx.oleo_snapshot_cmd)
 
     def unavailable(self):
         b = self.ctx.oleo_bin
@@ -242,19 +277,19 @@ class Oleo(Target):
     def _mount(self, cl, scratch, image, opts):
         mnt = os.path.join(scratch, "mnt")
         argv = [self.ctx.oleo_bin, "mount", "-f", "-o", opts, image, mnt]
-        proc = spawn_fuse(cl, argv, mnt, os.path.join(scratch, "oleo.log"), f"oleo mount -o {opts}")
+        m = Mounted(self, mnt, image=image, scratch=scratch)
+        m.daemon = spawn_fuse(cl, argv, mnt, os.path.join(scratch, "oleo.log"),
+                              f"oleo mount -o {opts}", grace=self.unmount_grace_s,
+                              teardown=m.teardown)
         if opts.startswith("rw") and "ro" in mount_options(mnt):
             raise NotApplicable("oleo mount -o rw gave a read-only mount")
-        return Mounted(self, mnt, daemon=proc, image=image, scratch=scratch)
+        return m
 
     def fresh(self, cl, scratch, spec):
         image = os.path.join(scratch, "oleo.img")
         make_sparse(image, spec.size_bytes)
         run(mkfs_btrfs(spec, image), timeout=600)
-        # -o rw explicitly: without it oleo mounts read-only rather than refusing.
-        # The seed's mount options go along (nodatacow matters to seed 002), except
-        # the allocator hint `ssd`.
-        opts = ["rw"] + [o for o in spec.btrfs_mount.split(",") if o and o != "ssd"]
+        opts = ["rw"] + [o for o in spec.btrfs_mount.split(",") if o]
         return self._mount(cl, scratch, image, ",".join(opts))
 
     def from_dataset(self, cl, scratch, golden):

@@ -34,7 +34,7 @@ def run_fio(jobtext, scratch, timeout, readonly=False):
     with open(job, "w") as f:
         f.write(jobtext)
     argv = ["fio", "--output-format=json", f"--output={out}"] + (["--readonly"] if readonly else [])
-    r = run(argv + [job], timeout=timeout, check=False)
+    r = run(argv + [job], timeout=timeout, check=False, cwd=scratch)  # strays land in scratch
     try:
         with open(out) as f:
             report = parse_fio_json(f.read())
