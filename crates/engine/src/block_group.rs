@@ -212,12 +212,15 @@ impl BlockGroups {
                 continue;
             }
             let end = start + g.length;
+            // Free space allocations can get: neither pinned nor a superblock copy (those
+            // are neither used nor free, so `length - used` would count them).
             let pinned: u64 = self
                 .pinned
                 .range(start..end)
-                .map(|(_, &l)| l)
+                .map(|(&s, &l)| g.free.free_within(s, l))
                 .sum();
-            total += g.length.saturating_sub(g.used).saturating_sub(pinned);
+            let avoided: u64 = g.avoid.iter().map(|&(s, l)| g.free.free_within(s, l)).sum();
+            total += g.free.total().saturating_sub(pinned + avoided);
         }
         total
     }

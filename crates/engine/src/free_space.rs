@@ -21,6 +21,8 @@ pub(crate) struct FreeSpace {
     /// it. We keep the representation the kernel chose (switching is policy only).
     bitmaps: Option<Vec<(u64, u64)>>,
     sectorsize: u64,
+    /// Sum of `ranges`' lengths.
+    total: u64,
 }
 
 impl FreeSpace {
@@ -119,6 +121,7 @@ impl FreeSpace {
         }
         Ok(FreeSpace {
             on_disk: ranges.clone(),
+            total: ranges.values().sum(),
             ranges,
             bitmaps: using_bitmaps.then_some(bitmaps),
             sectorsize,
@@ -132,12 +135,30 @@ impl FreeSpace {
         free: impl IntoIterator<Item = (u64, u64)>,
         sectorsize: u64,
     ) -> FreeSpace {
+        let ranges: BTreeMap<u64, u64> = free.into_iter().filter(|&(_, l)| l > 0).collect();
         FreeSpace {
-            ranges: free.into_iter().filter(|&(_, l)| l > 0).collect(),
+            total: ranges.values().sum(),
+            ranges,
             on_disk: BTreeMap::new(),
             bitmaps: None,
             sectorsize,
         }
+    }
+
+    /// Free bytes in all.
+    pub(crate) fn total(&self) -> u64 {
+        self.total
+    }
+
+    /// Free bytes inside `[start, start + len)`.
+    pub(crate) fn free_within(&self, start: u64, len: u64) -> u64 {
+        let end = start.saturating_add(len);
+        self.ranges
+            .range(..end)
+            .rev()
+            .take_while(|(&s, &l)| s + l > start)
+            .map(|(&s, &l)| (s + l).min(end).saturating_sub(s.max(start)))
+            .sum()
     }
 
     pub(crate) fn ranges(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
@@ -161,6 +182,7 @@ impl FreeSpace {
         if s + l > start + len {
             self.ranges.insert(start + len, s + l - start - len);
         }
+        self.total -= len;
         Ok(())
     }
 
@@ -183,6 +205,7 @@ impl FreeSpace {
             self.ranges.remove(&end);
         }
         self.ranges.insert(new_start, new_end - new_start);
+        self.total += len;
         Ok(())
     }
 

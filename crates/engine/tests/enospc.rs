@@ -207,3 +207,29 @@ fn dirty_metadata_stays_bounded() {
     drop(fs);
     assert_btrfs_check(&s.image(), "bounded writeback");
 }
+
+/// Data block groups that hold a superblock copy (at 64 MiB on the device): those bytes are
+/// neither used nor free, and must not be counted as available, or the write that needs
+/// them fails with ENOSPC instead of getting a new chunk (found by the fsync-write bench).
+#[test]
+fn superblock_copies_are_not_free_space() {
+    if !oleo_testkit::require_root("superblock_copies_are_not_free_space") {
+        return;
+    }
+    let s = Scratch::new("sbcopy", 2048, &["-d", "single", "-m", "single"]);
+    let mut fs = Filesystem::open_rw(s.image(), OpenOptions::default()).unwrap();
+    let root = fs.root();
+    let id = fs.mknod(root, b"f", 0o100644, 0, 0, 0, 0).unwrap().id;
+    let piece = 64 << 10;
+    for i in 0..(400u64 << 20) / piece as u64 {
+        fs.write(id, i * piece as u64, &pattern(i, piece))
+            .unwrap_or_else(|e| panic!("write at {} MiB: {e}", (i * piece as u64) >> 20));
+        if i % 64 == 0 {
+            fs.sync().unwrap();
+        }
+    }
+    fs.sync().unwrap();
+    drop(fs);
+    let expect: Vec<u8> = (0..(400u64 << 20) / piece as u64).flat_map(|i| pattern(i, piece)).collect();
+    verify(&s.image(), &s.0.join("mnt"), &[(b"f".to_vec(), expect)], "writing across a superblock copy");
+}
