@@ -8,6 +8,66 @@ use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+/// Writes at least this large go around the page cache (O_DIRECT, when aligned) or get
+/// their writeback started at once (see `write_all_at`).
+const WRITEBACK_KICK: usize = 256 << 10;
+/// Offset, length and memory alignment O_DIRECT needs (the largest logical block size).
+pub const DIRECT_ALIGN: usize = 4096;
+
+/// A zeroed byte buffer aligned for O_DIRECT: file data is staged in these.
+pub struct IoBuf {
+    ptr: std::ptr::NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: IoBuf owns its allocation exclusively, like a Box<[u8]>.
+unsafe impl Send for IoBuf {}
+// SAFETY: shared access is read-only through Deref.
+unsafe impl Sync for IoBuf {}
+
+impl IoBuf {
+    pub fn zeroed(len: usize) -> IoBuf {
+        if len == 0 {
+            return IoBuf {
+                ptr: std::ptr::NonNull::<u8>::dangling(),
+                len: 0,
+            };
+        }
+        let layout = std::alloc::Layout::from_size_align(len, DIRECT_ALIGN)
+            .expect("buffer size overflows");
+        // SAFETY: the layout has a non-zero size.
+        let raw = unsafe { std::alloc::alloc_zeroed(layout) };
+        let ptr = std::ptr::NonNull::new(raw).unwrap_or_else(|| std::alloc::handle_alloc_error(layout));
+        IoBuf { ptr, len }
+    }
+}
+
+impl std::ops::Deref for IoBuf {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        // SAFETY: ptr is valid for len initialized (zeroed) bytes, or dangling with len 0.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl std::ops::DerefMut for IoBuf {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as in deref, and we hold the only reference.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl Drop for IoBuf {
+    fn drop(&mut self) {
+        if self.len > 0 {
+            let layout = std::alloc::Layout::from_size_align(self.len, DIRECT_ALIGN)
+                .expect("layout was valid at allocation");
+            // SAFETY: allocated in `zeroed` with this very layout.
+            unsafe { std::alloc::dealloc(self.ptr.as_ptr(), layout) };
+        }
+    }
+}
+
 /// One thing the device was asked to do, as a crash simulator records it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum IoEvent {
@@ -17,6 +77,9 @@ pub enum IoEvent {
 
 pub struct Device {
     file: File,
+    /// The same file opened with O_DIRECT, for large aligned (data) writes: they skip the
+    /// host page cache copy, as the kernel's loop device does with direct IO.
+    direct: Option<File>,
     /// When set, every write and flush is also appended here (crash simulation).
     recording: parking_lot::Mutex<Option<Vec<IoEvent>>>,
     size: u64,
@@ -38,7 +101,15 @@ impl Device {
             .read(true)
             .write(true)
             .open(path)?;
-        Device::with_file(file, true)
+        let mut dev = Device::with_file(file, true)?;
+        use std::os::unix::fs::OpenOptionsExt;
+        // Not every filesystem under an image supports O_DIRECT (tmpfs): then buffered only.
+        dev.direct = std::fs::OpenOptions::new()
+            .write(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(path)
+            .ok();
+        Ok(dev)
     }
 
     fn with_file(file: File, writable: bool) -> Result<Device> {
@@ -50,6 +121,7 @@ impl Device {
         };
         Ok(Device {
             file,
+            direct: None,
             recording: parking_lot::Mutex::new(None),
             size,
             writable,
@@ -97,7 +169,32 @@ impl Device {
         if budget != u64::MAX {
             self.write_budget.store(budget - 1, Ordering::SeqCst);
         }
-        self.file.write_all_at(buf, offset)?;
+        let aligned = |x: u64| x % DIRECT_ALIGN as u64 == 0;
+        let direct = self.direct.as_ref().filter(|_| {
+            buf.len() >= WRITEBACK_KICK
+                && aligned(offset)
+                && aligned(buf.len() as u64)
+                && aligned(buf.as_ptr() as u64)
+        });
+        if let Some(d) = direct {
+            d.write_all_at(buf, offset)?;
+        } else {
+            self.file.write_all_at(buf, offset)?;
+        }
+        if direct.is_none() && buf.len() >= WRITEBACK_KICK {
+            // Start writing large (data) writes out now, so the commit's flush finds little
+            // left to do instead of the whole transaction's data in the page cache.
+            use std::os::fd::AsRawFd;
+            // SAFETY: a plain syscall on our open descriptor; failure only loses the hint.
+            unsafe {
+                libc::sync_file_range(
+                    self.file.as_raw_fd(),
+                    offset as i64,
+                    buf.len() as i64,
+                    libc::SYNC_FILE_RANGE_WRITE,
+                )
+            };
+        }
         if let Some(log) = self.recording.lock().as_mut() {
             log.push(IoEvent::Write {
                 offset,

@@ -311,7 +311,8 @@ impl Transaction<'_> {
                 self.prepare_extend(id, &mut inode, old_size, a)?;
             }
             let b = end.next_multiple_of(sector);
-            let mut buf = vec![0u8; (b - a) as usize];
+            // Aligned, so the data can go to the device with direct IO.
+            let mut buf = crate::device::IoBuf::zeroed((b - a) as usize);
             if a < offset {
                 let head = self.read_range(id, a, sector, old_size)?;
                 buf[..sector as usize].copy_from_slice(&head);
