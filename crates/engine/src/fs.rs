@@ -170,6 +170,8 @@ pub struct Filesystem {
     pub(crate) next_index: Mutex<HashMap<InodeId, u64>>,
     /// Whether each subvolume met so far is read-only (ROOT_ITEM flag; we never change it).
     pub(crate) readonly_subvols: Mutex<HashMap<u64, bool>>,
+    /// A direct-IO-aligned buffer reused by writes (see `file_write`).
+    pub(crate) staging: Mutex<Option<crate::device::IoBuf>>,
     /// Open counts of inodes (see `pin_open`).
     pub(crate) open_inodes: Mutex<HashMap<InodeId, u32>>,
 }
@@ -260,6 +262,7 @@ impl Filesystem {
             next_index: Mutex::new(HashMap::new()),
             open_inodes: Mutex::new(HashMap::new()),
             readonly_subvols: Mutex::new(HashMap::new()),
+            staging: Mutex::new(None),
         };
         fs.csum_tree = fs.read_root_item(objectid::CSUM_TREE)?.map(|(r, _)| r);
         if fs.subvol_root(objectid::FS_TREE)?.is_none() {
@@ -356,6 +359,21 @@ impl Filesystem {
         self.subvol_roots.write().clear();
         self.inodes.clear();
         self.extents.clear();
+    }
+
+    /// An aligned buffer of at least `len` bytes (contents undefined).
+    pub(crate) fn take_staging(&self, len: usize) -> crate::device::IoBuf {
+        match self.staging.lock().take() {
+            Some(b) if b.len() >= len => b,
+            _ => crate::device::IoBuf::zeroed(len.next_multiple_of(1 << 20)),
+        }
+    }
+
+    /// Keeps a buffer for the next write, unless it is too big to hold on to.
+    pub(crate) fn give_back_staging(&self, buf: crate::device::IoBuf) {
+        if buf.len() <= 8 << 20 {
+            *self.staging.lock() = Some(buf);
+        }
     }
 
     /// Memory held by the running transaction's dirty tree blocks.
