@@ -339,10 +339,24 @@ mod tests {
         let ranges: BTreeMap<u64, u64> = ranges.iter().copied().collect();
         FreeSpace {
             on_disk: ranges.clone(),
+            total: ranges.values().sum(),
             ranges,
             bitmaps: None,
             sectorsize: 4096,
         }
+    }
+
+    #[test]
+    fn total_and_free_within_follow_changes() {
+        let mut fs = space(&[(0, 65536), (131072, 8192)]);
+        assert_eq!(fs.total(), 73728);
+        assert_eq!(fs.free_within(60000, 80000), 5536 + 8192);
+        fs.remove(4096, 4096).unwrap();
+        assert_eq!(fs.total(), 69632);
+        assert_eq!(fs.free_within(0, 16384), 12288);
+        fs.add(4096, 4096).unwrap();
+        assert_eq!(fs.total(), 73728);
+        assert_eq!(fs.free_within(139264, 4096), 0);
     }
 
     #[test]
