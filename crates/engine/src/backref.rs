@@ -54,7 +54,7 @@ impl Transaction<'_> {
     /// Adds one reference to the tree block at `bytenr`.
     fn add_tree_ref(&mut self, bytenr: u64, level: u8, by: By) -> Result<()> {
         let mut ei = self.tree_block_item(bytenr, level)?;
-        ei.refs += 1;
+        ei.refs = ei.refs.checked_add(1).ok_or_else(|| corrupt(bytenr, "extent refs overflow"))?;
         let inline = match by {
             By::Root(root) => InlineRef::TreeBlock { root },
             By::Parent(parent) => InlineRef::SharedBlock { parent },
@@ -123,14 +123,14 @@ impl Transaction<'_> {
             .position(|r| matches!(r, InlineRef::SharedData { parent: p, .. } if *p == parent));
         let rkey = Key::new(bytenr, item::SHARED_DATA_REF, parent);
         if add {
-            ei.refs += 1;
+            ei.refs = ei.refs.checked_add(1).ok_or_else(|| corrupt(bytenr, "extent refs overflow"))?;
             if let Some(p) = pos {
                 if let InlineRef::SharedData { count, .. } = &mut ei.inline_refs[p] {
-                    *count += 1;
+                    *count = count.checked_add(1).ok_or_else(|| corrupt(bytenr, "shared data ref count overflow"))?;
                 }
             } else if let Some(b) = self.lookup(objectid::EXTENT_TREE, &rkey)? {
                 let c = u32::from_le_bytes(b.get(..4).and_then(|x| x.try_into().ok()).ok_or_else(|| corrupt(bytenr, "short SHARED_DATA_REF"))?);
-                self.replace_item(objectid::EXTENT_TREE, &rkey, &(c + 1).to_le_bytes())?;
+                self.replace_item(objectid::EXTENT_TREE, &rkey, &c.checked_add(1).ok_or_else(|| corrupt(bytenr, "shared data ref count overflow"))?.to_le_bytes())?;
             } else if ei.encoded_len() + 13 <= MAX_INLINE_METADATA_ITEM * 2 {
                 ei.inline_refs.push(InlineRef::SharedData { parent, count: 1 });
                 ei.sort_inline_refs();

@@ -159,7 +159,7 @@ impl Transaction<'_> {
             };
             return self.insert_item(objectid::EXTENT_TREE, key, &ei.to_bytes());
         };
-        ei.refs += 1;
+        ei.refs = ei.refs.checked_add(1).ok_or_else(|| Error::corrupt(bytenr, "extent refs overflow"))?;
         let inline = ei.inline_refs.iter_mut().find_map(|x| match x {
             InlineRef::Data {
                 root,
@@ -177,7 +177,7 @@ impl Transaction<'_> {
             let rkey = keyed_data_ref_key(bytenr, r);
             if let Some(body) = self.lookup(objectid::EXTENT_TREE, &rkey)? {
                 let count = u32::from_le_bytes(body.get(24..28).and_then(|b| b.try_into().ok()).ok_or_else(|| Error::corrupt(bytenr, "short EXTENT_DATA_REF"))?);
-                self.replace_item(objectid::EXTENT_TREE, &rkey, &data_ref_body(r, count + 1))?;
+                self.replace_item(objectid::EXTENT_TREE, &rkey, &data_ref_body(r, count.checked_add(1).ok_or_else(|| Error::corrupt(bytenr, "data ref count overflow"))?))?;
             } else if ei.encoded_len() + 29 <= MAX_INLINE_EXTENT_ITEM {
                 ei.inline_refs.push(InlineRef::Data {
                     root: r.root,

@@ -275,13 +275,13 @@ impl Transaction<'_> {
         let sector = self.sector();
         if self.inline_extent(id)? {
             let data = self.read_range(id, 0, sector, old_size)?;
-            inode.nbytes -= self.drop_extents(id, 0, sector)?;
-            inode.nbytes += self.insert_data(id, inode, 0, &data)?;
+            inode.nbytes = inode.nbytes.saturating_sub(self.drop_extents(id, 0, sector)?);
+            inode.nbytes = inode.nbytes.saturating_add(self.insert_data(id, inode, 0, &data)?);
         } else if old_size % sector != 0 && old_size - old_size % sector < rewritten_from {
             let from = old_size - old_size % sector;
             let data = self.read_range(id, from, sector, old_size)?;
-            inode.nbytes -= self.drop_extents(id, from, from + sector)?;
-            inode.nbytes += self.insert_data(id, inode, from, &data)?;
+            inode.nbytes = inode.nbytes.saturating_sub(self.drop_extents(id, from, from + sector)?);
+            inode.nbytes = inode.nbytes.saturating_add(self.insert_data(id, inode, from, &data)?);
         }
         Ok(())
     }
@@ -302,9 +302,9 @@ impl Transaction<'_> {
         if new_size <= self.inline_limit() && !self.has_regular_extents(id)? {
             let mut content = self.read_range(id, 0, new_size, old_size)?;
             content[offset as usize..end as usize].copy_from_slice(data);
-            inode.nbytes -= self.drop_extents(id, 0, sector)?;
+            inode.nbytes = inode.nbytes.saturating_sub(self.drop_extents(id, 0, sector)?);
             self.insert_inline(id, &content)?;
-            inode.nbytes += new_size;
+            inode.nbytes = inode.nbytes.saturating_add(new_size);
         } else {
             let a = offset - offset % sector;
             if end > old_size || self.inline_extent(id)? {
@@ -328,14 +328,14 @@ impl Transaction<'_> {
                 buf[(end - a) as usize..].fill(0);
             }
             buf[(offset - a) as usize..(end - a) as usize].copy_from_slice(data);
-            inode.nbytes -= self.drop_extents(id, a, b)?;
+            inode.nbytes = inode.nbytes.saturating_sub(self.drop_extents(id, a, b)?);
             let hole_from = old_size.next_multiple_of(sector);
             if hole_from < a {
-                inode.nbytes -= self.insert_hole(id, hole_from, a)?;
+                inode.nbytes = inode.nbytes.saturating_sub(self.insert_hole(id, hole_from, a)?);
             }
             let added = self.insert_data(id, &inode, a, &staging[..len]);
             self.filesystem().give_back_staging(staging);
-            inode.nbytes += added?;
+            inode.nbytes = inode.nbytes.saturating_add(added?);
         }
         let t = now();
         inode.size = new_size;
@@ -353,17 +353,17 @@ impl Transaction<'_> {
         let old_size = inode.size;
         if new_size > old_size {
             self.prepare_extend(id, inode, old_size, u64::MAX)?;
-            inode.nbytes -= self.insert_hole(id, old_size.next_multiple_of(sector), new_size.next_multiple_of(sector))?;
+            inode.nbytes = inode.nbytes.saturating_sub(self.insert_hole(id, old_size.next_multiple_of(sector), new_size.next_multiple_of(sector))?);
         } else if new_size < old_size {
             if self.inline_extent(id)? {
                 let content = self.read_range(id, 0, new_size, old_size)?;
-                inode.nbytes -= self.drop_extents(id, 0, sector)?;
+                inode.nbytes = inode.nbytes.saturating_sub(self.drop_extents(id, 0, sector)?);
                 if new_size > 0 {
                     self.insert_inline(id, &content)?;
-                    inode.nbytes += new_size;
+                    inode.nbytes = inode.nbytes.saturating_add(new_size);
                 }
             } else {
-                inode.nbytes -= self.drop_extents(id, new_size.next_multiple_of(sector), u64::MAX)?;
+                inode.nbytes = inode.nbytes.saturating_sub(self.drop_extents(id, new_size.next_multiple_of(sector), u64::MAX)?);
             }
         }
         inode.size = new_size;
@@ -385,9 +385,9 @@ impl Transaction<'_> {
             let mut content = self.read_range(id, 0, inode.size, inode.size)?;
             content[offset as usize..end as usize].fill(0);
             let size = inode.size;
-            inode.nbytes -= self.drop_extents(id, 0, sector)?;
+            inode.nbytes = inode.nbytes.saturating_sub(self.drop_extents(id, 0, sector)?);
             self.insert_inline(id, &content)?;
-            inode.nbytes += size;
+            inode.nbytes = inode.nbytes.saturating_add(size);
             return Ok(());
         }
         let zero = |t: &mut Self, inode: &mut InodeItem, from: u64, to: u64| -> Result<()> {
@@ -397,8 +397,8 @@ impl Transaction<'_> {
             let s = from - from % sector;
             let mut buf = t.read_range(id, s, sector, inode.size)?;
             buf[(from - s) as usize..(to - s) as usize].fill(0);
-            inode.nbytes -= t.drop_extents(id, s, s + sector)?;
-            inode.nbytes += t.insert_data(id, inode, s, &buf)?;
+            inode.nbytes = inode.nbytes.saturating_sub(t.drop_extents(id, s, s + sector)?);
+            inode.nbytes = inode.nbytes.saturating_add(t.insert_data(id, inode, s, &buf)?);
             Ok(())
         };
         if a > b {
@@ -409,8 +409,8 @@ impl Transaction<'_> {
         zero(self, inode, offset, a)?;
         zero(self, inode, b, end)?;
         if a < b {
-            inode.nbytes -= self.drop_extents(id, a, b)?;
-            inode.nbytes -= self.insert_hole(id, a, b)?;
+            inode.nbytes = inode.nbytes.saturating_sub(self.drop_extents(id, a, b)?);
+            inode.nbytes = inode.nbytes.saturating_sub(self.insert_hole(id, a, b)?);
         }
         Ok(())
     }
@@ -429,7 +429,7 @@ impl Transaction<'_> {
         if !keep_size && end > inode.size {
             let hole_from = inode.size.next_multiple_of(sector);
             if hole_from < a {
-                inode.nbytes -= self.insert_hole(id, hole_from, a)?;
+                inode.nbytes = inode.nbytes.saturating_sub(self.insert_hole(id, hole_from, a)?);
             }
         }
         // Find the holes in [a, b) (ranges without a non-hole extent).
@@ -455,14 +455,14 @@ impl Transaction<'_> {
             holes.push((at, b));
         }
         for (s, e) in holes {
-            inode.nbytes -= self.drop_extents(id, s, e)?;
+            inode.nbytes = inode.nbytes.saturating_sub(self.drop_extents(id, s, e)?);
             let mut at = s;
             while at < e {
                 let (bytenr, got) = self.alloc_data((e - at).min(MAX_EXTENT), sector)?;
                 let body = extent_item(self.transid, got, Compression::None, true, bytenr, got, 0, got);
                 self.insert_item(id.subvol, Key::new(id.ino, item::EXTENT_DATA, at), &body)?;
                 self.add_data_ref(bytenr, got, DataRef { root: id.subvol, objectid: id.ino, offset: at })?;
-                inode.nbytes += got;
+                inode.nbytes = inode.nbytes.saturating_add(got);
                 at += got;
             }
         }
@@ -485,7 +485,7 @@ impl Transaction<'_> {
         if dst_off > dst_old {
             self.prepare_extend(dst, &mut inode, dst_old, u64::MAX)?;
         }
-        inode.nbytes -= self.drop_extents(dst, dst_off, dst_off + len)?;
+        inode.nbytes = inode.nbytes.saturating_sub(self.drop_extents(dst, dst_off, dst_off + len)?);
         let mut covered_to = dst_off;
         for f in found {
             let Some((prealloc, disk_bytenr, disk_num_bytes, offset, num_bytes)) = f.ext else {
@@ -499,22 +499,22 @@ impl Transaction<'_> {
             }
             let at = dst_off + (from - src_off);
             if covered_to < at {
-                inode.nbytes -= self.insert_hole(dst, covered_to, at)?;
+                inode.nbytes = inode.nbytes.saturating_sub(self.insert_hole(dst, covered_to, at)?);
             }
             let ext_off = offset + (from - k);
             let body = extent_item(self.transid, f.ram_bytes, f.compression, prealloc, disk_bytenr, disk_num_bytes, ext_off, to - from);
             self.insert_item(dst.subvol, Key::new(dst.ino, item::EXTENT_DATA, at), &body)?;
             self.add_data_ref(disk_bytenr, disk_num_bytes, DataRef { root: dst.subvol, objectid: dst.ino, offset: at.wrapping_sub(ext_off) })?;
-            inode.nbytes += to - from;
+            inode.nbytes = inode.nbytes.saturating_add(to - from);
             covered_to = at + (to - from);
         }
         let dst_end = dst_off + len;
         if covered_to < dst_end.min(dst_end.next_multiple_of(sector)) {
-            inode.nbytes -= self.insert_hole(dst, covered_to, dst_end)?;
+            inode.nbytes = inode.nbytes.saturating_sub(self.insert_hole(dst, covered_to, dst_end)?);
         }
         let hole_from = dst_old.next_multiple_of(sector);
         if hole_from < dst_off {
-            inode.nbytes -= self.insert_hole(dst, hole_from, dst_off)?;
+            inode.nbytes = inode.nbytes.saturating_sub(self.insert_hole(dst, hole_from, dst_off)?);
         }
         let t = now();
         inode.size = inode.size.max(dst_end);
