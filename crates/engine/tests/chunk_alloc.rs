@@ -20,31 +20,15 @@ const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
 const ROOT_DIR: u64 = 256;
 
+/// Prints why the test cannot run (a failure under CI=true); always true.
 fn skip(why: &str) -> bool {
-    if std::env::var("CI").is_ok_and(|v| v == "true") {
-        panic!("{why} (CI=true: the test environment must provide it)");
-    }
-    eprintln!("SKIP: chunk allocation tests: {why}");
-    true
+    !oleo_testkit::env::skip("chunk_alloc tests", why)
 }
 
 /// True when the test cannot run here (after printing why).
+/// True when the test cannot run here: root, loop devices, kernel btrfs, btrfs-progs.
 fn missing_env() -> bool {
-    if unsafe { libc::geteuid() } != 0 {
-        return skip("not root (the kernel mount needs it)");
-    }
-    for tool in ["btrfs", "mkfs.btrfs"] {
-        let ok = Command::new(tool)
-            .arg("--version")
-            .output()
-            .is_ok_and(|o| o.status.success());
-        if !ok {
-            return skip(&format!(
-                "`{tool}` is missing (apt-get install btrfs-progs)"
-            ));
-        }
-    }
-    false
+    !oleo_testkit::require_root("chunk_alloc tests")
 }
 
 struct Scratch(PathBuf);

@@ -46,34 +46,10 @@ impl Rng {
     }
 }
 
-fn skip(why: &str) -> bool {
-    if std::env::var("CI").is_ok_and(|v| v == "true") {
-        panic!("{why} (CI=true: the test environment must provide it)");
-    }
-    eprintln!("SKIP: transaction tests: {why}");
-    true
-}
-
-fn have(tool: &str) -> bool {
-    Command::new(tool)
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success())
-}
-
 /// True when the test cannot run here (after printing why).
+/// True when the test cannot run here: root, loop devices, kernel btrfs, btrfs-progs.
 fn missing_env() -> bool {
-    if unsafe { libc::geteuid() } != 0 {
-        return skip("not root (the kernel mount needs it)");
-    }
-    for tool in ["btrfs", "mkfs.btrfs"] {
-        if !have(tool) {
-            return skip(&format!(
-                "`{tool}` is missing (apt-get install btrfs-progs)"
-            ));
-        }
-    }
-    false
+    !oleo_testkit::require_root("transaction tests")
 }
 
 struct Scratch(PathBuf);

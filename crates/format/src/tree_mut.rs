@@ -180,6 +180,36 @@ impl<'a> HeaderMut<'a> {
 }
 
 /// A leaf (level 0) open for editing.
+/// The header-level accessors leaves and nodes share (`$what` names the count in errors).
+macro_rules! block_common {
+    ($ty:ident, $what:literal) => {
+        impl $ty<'_> {
+            pub fn bytes(&self) -> &[u8] {
+                self.data
+            }
+
+            pub fn header_mut(&mut self) -> HeaderMut<'_> {
+                HeaderMut::of_view(self.data)
+            }
+
+            pub fn finalize(&mut self, csum: CsumType) -> Result<()> {
+                write_csum(self.data, csum)
+            }
+
+            pub fn nritems(&self) -> usize {
+                u32_at(self.data, NRITEMS_OFF).unwrap_or(0) as usize
+            }
+
+            fn set_nritems(&mut self, n: usize) -> Result<()> {
+                put_at(self.data, NRITEMS_OFF, &to_u32(n, $what)?.to_le_bytes())
+            }
+        }
+    };
+}
+
+block_common!(LeafMut, "item count");
+block_common!(NodeMut, "pointer count");
+
 pub struct LeafMut<'a> {
     data: &'a mut [u8],
 }
@@ -225,29 +255,6 @@ impl<'a> LeafMut<'a> {
         self.data.len() - HEADER_SIZE
     }
 
-    pub fn bytes(&self) -> &[u8] {
-        self.data
-    }
-
-    pub fn header_mut(&mut self) -> HeaderMut<'_> {
-        HeaderMut::of_view(self.data)
-    }
-
-    pub fn finalize(&mut self, csum: CsumType) -> Result<()> {
-        write_csum(self.data, csum)
-    }
-
-    pub fn nritems(&self) -> usize {
-        u32_at(self.data, NRITEMS_OFF).unwrap_or(0) as usize
-    }
-
-    fn set_nritems(&mut self, n: usize) -> Result<()> {
-        put_at(
-            self.data,
-            NRITEMS_OFF,
-            &to_u32(n, "item count")?.to_le_bytes(),
-        )
-    }
 
     fn check_slot(&self, slot: usize) -> Result<()> {
         if slot >= self.nritems() {
@@ -636,29 +643,6 @@ impl<'a> NodeMut<'a> {
         (self.data.len() - HEADER_SIZE) / KEY_PTR_SIZE
     }
 
-    pub fn bytes(&self) -> &[u8] {
-        self.data
-    }
-
-    pub fn header_mut(&mut self) -> HeaderMut<'_> {
-        HeaderMut::of_view(self.data)
-    }
-
-    pub fn finalize(&mut self, csum: CsumType) -> Result<()> {
-        write_csum(self.data, csum)
-    }
-
-    pub fn nritems(&self) -> usize {
-        u32_at(self.data, NRITEMS_OFF).unwrap_or(0) as usize
-    }
-
-    fn set_nritems(&mut self, n: usize) -> Result<()> {
-        put_at(
-            self.data,
-            NRITEMS_OFF,
-            &to_u32(n, "pointer count")?.to_le_bytes(),
-        )
-    }
 
     pub fn key_ptr(&self, slot: usize) -> Result<KeyPtr> {
         if slot >= self.nritems() {
