@@ -307,8 +307,17 @@ fn run_case(case: &Case, seed: u64) {
     let r = std::panic::catch_unwind(|| compare_trees(&reference, &scratch.mnt(), "kernel"));
     // The kernel writes too: a file of its own, then check again.
     std::fs::write(scratch.mnt().join("kernel-wrote-this"), b"hello from the kernel").unwrap();
-    let st = Command::new("umount").arg(scratch.mnt()).status().unwrap();
-    assert!(st.success(), "umount");
+    // umount can find the mount briefly busy right after the walk: retry, then report why.
+    let mut last = String::new();
+    let unmounted = (0..20).any(|_| {
+        let out = Command::new("umount").arg(scratch.mnt()).output().unwrap();
+        last = String::from_utf8_lossy(&out.stderr).into_owned();
+        out.status.success() || {
+            std::thread::sleep(std::time::Duration::from_millis(100));
+            false
+        }
+    });
+    assert!(unmounted, "umount: {last}");
     if let Err(e) = r {
         std::panic::resume_unwind(e);
     }
