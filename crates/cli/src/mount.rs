@@ -69,12 +69,41 @@ const IGNORED: &[&str] = &[
 /// data, recovery modes): accepted so an fstab line written for the kernel works. Options
 /// with a value are matched by name.
 const BTRFS_IGNORED: &[&str] = &[
-    "ssd", "nossd", "ssd_spread", "nossd_spread", "discard", "nodiscard", "compress", "compress-force",
-    "space_cache", "nospace_cache", "clear_cache", "autodefrag", "noautodefrag", "nodatacow",
-    "datacow", "nodatasum", "datasum", "skip_balance", "acl", "noacl", "barrier", "nobarrier",
-    "flushoncommit", "noflushoncommit", "thread_pool", "user_subvol_rm_allowed",
-    "metadata_ratio", "fatal_errors", "enospc_debug", "noenospc_debug", "treelog", "notreelog",
-    "usebackuproot", "norecovery", "rescue",
+    "ssd",
+    "nossd",
+    "ssd_spread",
+    "nossd_spread",
+    "discard",
+    "nodiscard",
+    "compress",
+    "compress-force",
+    "space_cache",
+    "nospace_cache",
+    "clear_cache",
+    "autodefrag",
+    "noautodefrag",
+    "nodatacow",
+    "datacow",
+    "nodatasum",
+    "datasum",
+    "skip_balance",
+    "acl",
+    "noacl",
+    "barrier",
+    "nobarrier",
+    "flushoncommit",
+    "noflushoncommit",
+    "thread_pool",
+    "user_subvol_rm_allowed",
+    "metadata_ratio",
+    "fatal_errors",
+    "enospc_debug",
+    "noenospc_debug",
+    "treelog",
+    "notreelog",
+    "usebackuproot",
+    "norecovery",
+    "rescue",
 ];
 
 fn parse_size(s: &str) -> Option<u64> {
@@ -133,7 +162,11 @@ fn plan(options: &[String], rw_is_explicit: bool) -> Result<Plan, String> {
             ("cache_size", Some(v)) => {
                 p.open.cache_bytes = parse_size(v).ok_or(format!("cache_size={v}: not a size"))?
             }
-            ("readahead", Some(v)) => p.readahead_kib = v.parse().map_err(|_| format!("readahead={v}: KiB as a number"))?,
+            ("readahead", Some(v)) => {
+                p.readahead_kib = v
+                    .parse()
+                    .map_err(|_| format!("readahead={v}: KiB as a number"))?
+            }
             ("threads", Some(v)) => {
                 p.threads = v
                     .parse()
@@ -142,7 +175,9 @@ fn plan(options: &[String], rw_is_explicit: bool) -> Result<Plan, String> {
                     .ok_or(format!("threads={v}: 1..256"))?
             }
             _ if IGNORED.contains(&opt) || name.starts_with("x-") || name == "comment" => {}
-            _ if BTRFS_IGNORED.contains(&name) => log::info!("ignoring {opt}: oleo does not implement it"),
+            _ if BTRFS_IGNORED.contains(&name) => {
+                log::info!("ignoring {opt}: oleo does not implement it")
+            }
             _ => return Err(format!("unknown mount option {opt:?}")),
         }
     }
@@ -213,7 +248,8 @@ fn mount(
         ));
     }
     // Resolved now: once mounted, touching the path would wait on this very server.
-    let mountpoint = &std::fs::canonicalize(mountpoint).map_err(|e| format!("{}: {e}", mountpoint.display()))?;
+    let mountpoint =
+        &std::fs::canonicalize(mountpoint).map_err(|e| format!("{}: {e}", mountpoint.display()))?;
     let (fs, writable) = open(image, &plan)?;
     let source = std::fs::canonicalize(image)
         .unwrap_or_else(|_| image.to_path_buf())
@@ -241,7 +277,10 @@ fn mount(
 fn open(image: &Path, plan: &Plan) -> Result<(Filesystem, bool), String> {
     let show = |e: oleo::Error| format!("{}: {e}", image.display());
     if plan.writable == Some(false) {
-        return Ok((Filesystem::open(image, plan.open.clone()).map_err(show)?, false));
+        return Ok((
+            Filesystem::open(image, plan.open.clone()).map_err(show)?,
+            false,
+        ));
     }
     let why_not = match Filesystem::open_rw(image, plan.open.clone()) {
         Ok(fs) => match fs.can_write() {
@@ -249,16 +288,27 @@ fn open(image: &Path, plan: &Plan) -> Result<(Filesystem, bool), String> {
             Err(e) => e,
         },
         // The image or device itself is read-only to us.
-        Err(oleo::Error::Io(e)) if matches!(e.raw_os_error(), Some(libc::EACCES | libc::EROFS | libc::EPERM)) => {
+        Err(oleo::Error::Io(e))
+            if matches!(
+                e.raw_os_error(),
+                Some(libc::EACCES | libc::EROFS | libc::EPERM)
+            ) =>
+        {
             oleo::Error::Io(e)
         }
         Err(e) => return Err(show(e)),
     };
     if plan.writable == Some(true) {
-        return Err(format!("{}: cannot mount read-write: {why_not}", image.display()));
+        return Err(format!(
+            "{}: cannot mount read-write: {why_not}",
+            image.display()
+        ));
     }
     log::warn!("{}: mounting read-only: {why_not}", image.display());
-    Ok((Filesystem::open(image, plan.open.clone()).map_err(show)?, false))
+    Ok((
+        Filesystem::open(image, plan.open.clone()).map_err(show)?,
+        false,
+    ))
 }
 
 fn tune(mountpoint: &Path, readahead_kib: u32) {

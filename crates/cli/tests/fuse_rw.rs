@@ -9,9 +9,9 @@
 //!
 //! `OLEO_TEST_SEED` replays a seed; `OLEO_TEST_SEEDS=N` runs N seeds per case.
 
-use oleo_testkit::ops::{seeds, apply_path, compare_trees, random_op, shapes, Rng};
-use std::os::unix::ffi::OsStrExt;
+use oleo_testkit::ops::{apply_path, compare_trees, random_op, seeds, shapes, Rng};
 use oleo_testkit::*;
+use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::process::Command;
 
@@ -37,20 +37,43 @@ fn run_case(name: &str, start: Start, ops: usize, big: bool) {
         let kmnt = dir.subdir("kmnt").unwrap();
         match start {
             Start::Empty(args) => {
-                std::fs::File::create(&image).unwrap().set_len(2 << 30).unwrap();
-                let out = Command::new("mkfs.btrfs").arg("-q").arg("-f").args(args).arg(&image).output().unwrap();
-                assert!(out.status.success(), "mkfs.btrfs: {}", String::from_utf8_lossy(&out.stderr));
+                std::fs::File::create(&image)
+                    .unwrap()
+                    .set_len(2 << 30)
+                    .unwrap();
+                let out = Command::new("mkfs.btrfs")
+                    .arg("-q")
+                    .arg("-f")
+                    .args(args)
+                    .arg(&image)
+                    .output()
+                    .unwrap();
+                assert!(
+                    out.status.success(),
+                    "mkfs.btrfs: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
             }
             Start::KernelFilled => {
-                let spec = ImageSpec::new(name, seed).size_mb(2048).populate(PopulateSpec::basic());
+                let spec = ImageSpec::new(name, seed)
+                    .size_mb(2048)
+                    .populate(PopulateSpec::basic());
                 build_image(&spec, &image).expect("build image");
                 // The reference starts as a copy of what the kernel wrote. xattrs larger than
                 // the host filesystem holds are dropped on the image too (through the kernel).
                 let k = KernelMount::mount(&image, &kmnt, &["rw"]).expect("kernel mount");
-                let st = Command::new("cp").arg("-a").arg(format!("{}/.", kmnt.display())).arg(&reference).status().unwrap();
+                let st = Command::new("cp")
+                    .arg("-a")
+                    .arg(format!("{}/.", kmnt.display()))
+                    .arg(&reference)
+                    .status()
+                    .unwrap();
                 assert!(st.success());
                 for (path, shape) in shapes(&kmnt) {
-                    let have = shapes(&reference).remove(&path).map(|s| s.xattrs).unwrap_or_default();
+                    let have = shapes(&reference)
+                        .remove(&path)
+                        .map(|s| s.xattrs)
+                        .unwrap_or_default();
                     for name in shape.xattrs.keys().filter(|n| !have.contains_key(*n)) {
                         let st = Command::new("setfattr")
                             .arg("-x")
@@ -73,7 +96,12 @@ fn run_case(name: &str, start: Start, ops: usize, big: bool) {
             let op = random_op(&mut rng, &reference, big);
             let want = apply_path(&reference, &op);
             let got = apply_path(&mnt, &op);
-            assert_eq!(got, want, "{name} seed {seed} op {i}: {op}: oleo {got:?} vs reference {want:?}\n{}", m.log_text());
+            assert_eq!(
+                got,
+                want,
+                "{name} seed {seed} op {i}: {op}: oleo {got:?} vs reference {want:?}\n{}",
+                m.log_text()
+            );
             if want.is_ok() {
                 done += 1;
             } else {
@@ -99,11 +127,20 @@ fn run_case(name: &str, start: Start, ops: usize, big: bool) {
             std::fs::write(kmnt.join("kernel-wrote-this"), b"from the kernel").unwrap();
             k.unmount().unwrap();
         }
-        assert_btrfs_check(&image, &format!("{name} seed {seed}, after the kernel wrote"));
+        assert_btrfs_check(
+            &image,
+            &format!("{name} seed {seed}, after the kernel wrote"),
+        );
         let m = OleoMount::mount_rw(Path::new(OLEO), &image, &mnt, &[]).expect("oleo mount again");
-        assert_eq!(std::fs::read(mnt.join("kernel-wrote-this")).unwrap(), b"from the kernel");
+        assert_eq!(
+            std::fs::read(mnt.join("kernel-wrote-this")).unwrap(),
+            b"from the kernel"
+        );
         if let Err(e) = std::fs::write(mnt.join("oleo-wrote-this-too"), b"and oleo again") {
-            panic!("oleo cannot write after the kernel did: {e}; oleo said:\n{}", m.log_text());
+            panic!(
+                "oleo cannot write after the kernel did: {e}; oleo said:\n{}",
+                m.log_text()
+            );
         }
         m.unmount().unwrap();
         assert_btrfs_check(&image, &format!("{name} seed {seed}, final"));
@@ -117,7 +154,12 @@ fn fuse_rw_default_mkfs() {
 
 #[test]
 fn fuse_rw_4k_nodes_no_holes_off_xxhash() {
-    run_case("4k-holes-xxhash", Start::Empty(&["--nodesize", "4096", "-O", "^no-holes", "--csum", "xxhash"]), 300, true);
+    run_case(
+        "4k-holes-xxhash",
+        Start::Empty(&["--nodesize", "4096", "-O", "^no-holes", "--csum", "xxhash"]),
+        300,
+        true,
+    );
 }
 
 #[test]
@@ -138,8 +180,16 @@ fn unlinked_open_files_live_until_closed() {
     let dir = TempDir::new("fuse-orphans").unwrap();
     let image = dir.join("image");
     let mnt = dir.subdir("mnt").unwrap();
-    std::fs::File::create(&image).unwrap().set_len(1 << 30).unwrap();
-    assert!(Command::new("mkfs.btrfs").args(["-q", "-f"]).arg(&image).status().unwrap().success());
+    std::fs::File::create(&image)
+        .unwrap()
+        .set_len(1 << 30)
+        .unwrap();
+    assert!(Command::new("mkfs.btrfs")
+        .args(["-q", "-f"])
+        .arg(&image)
+        .status()
+        .unwrap()
+        .success());
     let m = OleoMount::mount_rw(Path::new(OLEO), &image, &mnt, &[]).expect("mount");
     let used = |p: &Path| {
         let st = nix_statvfs(p);
@@ -147,7 +197,12 @@ fn unlinked_open_files_live_until_closed() {
     };
     let before = used(&mnt);
     let path = mnt.join("doomed");
-    let mut f = std::fs::OpenOptions::new().create(true).read(true).write(true).open(&path).unwrap();
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .read(true)
+        .write(true)
+        .open(&path)
+        .unwrap();
     f.write_all(&vec![7u8; 32 << 20]).unwrap();
     f.sync_all().unwrap();
     std::fs::remove_file(&path).unwrap();
@@ -161,12 +216,18 @@ fn unlinked_open_files_live_until_closed() {
     f.seek(SeekFrom::Start(0)).unwrap();
     f.read_exact(&mut head).unwrap();
     assert_eq!(&head, b"still here");
-    assert!(used(&mnt) >= before + (30 << 20), "the open file's data must still be allocated");
+    assert!(
+        used(&mnt) >= before + (30 << 20),
+        "the open file's data must still be allocated"
+    );
     drop(f);
     std::fs::File::open(&mnt).unwrap().sync_all().unwrap();
     // Freed space is reusable after the commit that follows the last close.
     std::fs::File::open(&mnt).unwrap().sync_all().unwrap();
-    assert!(used(&mnt) < before + (4 << 20), "space not given back after the last close");
+    assert!(
+        used(&mnt) < before + (4 << 20),
+        "space not given back after the last close"
+    );
     m.unmount().unwrap();
     assert_btrfs_check(&image, "orphans: after the last close");
 
@@ -183,7 +244,12 @@ fn unlinked_open_files_live_until_closed() {
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
     let path = mnt.join("doomed2");
-    let mut f = std::fs::OpenOptions::new().create(true).read(true).write(true).open(&path).unwrap();
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .read(true)
+        .write(true)
+        .open(&path)
+        .unwrap();
     f.write_all(&vec![9u8; 16 << 20]).unwrap();
     std::fs::remove_file(&path).unwrap();
     f.sync_all().unwrap();
@@ -194,7 +260,10 @@ fn unlinked_open_files_live_until_closed() {
     assert_btrfs_check(&image, "orphans: killed with an orphan");
     let m = OleoMount::mount_rw(Path::new(OLEO), &image, &mnt, &[]).expect("mount again");
     std::fs::File::open(&mnt).unwrap().sync_all().unwrap();
-    assert!(used(&mnt) < before + (4 << 20), "the orphan was not removed at mount");
+    assert!(
+        used(&mnt) < before + (4 << 20),
+        "the orphan was not removed at mount"
+    );
     m.unmount().unwrap();
     assert_btrfs_check(&image, "orphans: cleaned at mount");
 }
@@ -217,10 +286,20 @@ fn copy_file_range_shares_extents() {
     let dir = TempDir::new("fuse-cfr").unwrap();
     let image = dir.join("image");
     let mnt = dir.subdir("mnt").unwrap();
-    std::fs::File::create(&image).unwrap().set_len(1 << 30).unwrap();
-    assert!(Command::new("mkfs.btrfs").args(["-q", "-f"]).arg(&image).status().unwrap().success());
+    std::fs::File::create(&image)
+        .unwrap()
+        .set_len(1 << 30)
+        .unwrap();
+    assert!(Command::new("mkfs.btrfs")
+        .args(["-q", "-f"])
+        .arg(&image)
+        .status()
+        .unwrap()
+        .success());
     let m = OleoMount::mount_rw(Path::new(OLEO), &image, &mnt, &[]).expect("mount");
-    let data: Vec<u8> = (0..(24u32 << 20) + 1234).map(|i| (i / 4096) as u8 ^ (i as u8)).collect();
+    let data: Vec<u8> = (0..(24u32 << 20) + 1234)
+        .map(|i| (i / 4096) as u8 ^ (i as u8))
+        .collect();
     std::fs::write(mnt.join("src"), &data).unwrap();
     std::fs::File::open(&mnt).unwrap().sync_all().unwrap();
     let before = nix_statvfs(&mnt);
@@ -230,9 +309,20 @@ fn copy_file_range_shares_extents() {
     while copied < data.len() {
         use std::os::fd::AsRawFd;
         let n = unsafe {
-            libc::copy_file_range(src.as_raw_fd(), std::ptr::null_mut(), dst.as_raw_fd(), std::ptr::null_mut(), data.len() - copied, 0)
+            libc::copy_file_range(
+                src.as_raw_fd(),
+                std::ptr::null_mut(),
+                dst.as_raw_fd(),
+                std::ptr::null_mut(),
+                data.len() - copied,
+                0,
+            )
         };
-        assert!(n > 0, "copy_file_range: {}", std::io::Error::last_os_error());
+        assert!(
+            n > 0,
+            "copy_file_range: {}",
+            std::io::Error::last_os_error()
+        );
         copied += n as usize;
     }
     dst.sync_all().unwrap();
@@ -240,14 +330,29 @@ fn copy_file_range_shares_extents() {
     let after = nix_statvfs(&mnt);
     assert_eq!(std::fs::read(mnt.join("dst")).unwrap(), data);
     let grew = before.1.saturating_sub(after.1);
-    assert!(grew < (4 << 20), "the copy took {grew} bytes of new space: extents were not shared");
+    assert!(
+        grew < (4 << 20),
+        "the copy took {grew} bytes of new space: extents were not shared"
+    );
     // A partial, unaligned copy into the middle of a file is copied bytes.
-    let out = std::fs::OpenOptions::new().write(true).open(mnt.join("dst")).unwrap();
+    let out = std::fs::OpenOptions::new()
+        .write(true)
+        .open(mnt.join("dst"))
+        .unwrap();
     let src = std::fs::File::open(mnt.join("src")).unwrap();
     {
         use std::os::fd::AsRawFd;
         let (mut off_in, mut off_out): (i64, i64) = (100, 5000);
-        let n = unsafe { libc::copy_file_range(src.as_raw_fd(), &mut off_in, out.as_raw_fd(), &mut off_out, 9000, 0) };
+        let n = unsafe {
+            libc::copy_file_range(
+                src.as_raw_fd(),
+                &mut off_in,
+                out.as_raw_fd(),
+                &mut off_out,
+                9000,
+                0,
+            )
+        };
         assert_eq!(n, 9000);
     }
     drop((src, out));
@@ -281,8 +386,15 @@ fn fuse_rw_snapshots() {
         let reference = dir.subdir("ref").unwrap();
         let mnt = dir.subdir("mnt").unwrap();
         let kmnt = dir.subdir("kmnt").unwrap();
-        std::fs::File::create(&image).unwrap().set_len(2 << 30).unwrap();
-        let out = Command::new("mkfs.btrfs").args(["-q", "-f", "--nodesize", "4096"]).arg(&image).output().unwrap();
+        std::fs::File::create(&image)
+            .unwrap()
+            .set_len(2 << 30)
+            .unwrap();
+        let out = Command::new("mkfs.btrfs")
+            .args(["-q", "-f", "--nodesize", "4096"])
+            .arg(&image)
+            .output()
+            .unwrap();
         assert!(out.status.success());
         let sh = |args: &[&str]| {
             let st = Command::new(args[0]).args(&args[1..]).status().unwrap();
@@ -297,17 +409,52 @@ fn fuse_rw_snapshots() {
                 let dd = vol.join(format!("d{d}"));
                 std::fs::create_dir(&dd).unwrap();
                 for f in 0..250 {
-                    let len = if f % 25 == 0 { 200_000 + rng.below(300_000) } else { rng.below(3000) };
+                    let len = if f % 25 == 0 {
+                        200_000 + rng.below(300_000)
+                    } else {
+                        rng.below(3000)
+                    };
                     let data: Vec<u8> = (0..len).map(|i| (i as u8) ^ (f as u8)).collect();
                     std::fs::write(dd.join(format!("file-{f:04}")), data).unwrap();
                 }
             }
-            sh(&["setfattr", "-n", "user.k", "-v", "original", vol.join("d0/file-0001").to_str().unwrap()]);
-            sh(&["btrfs", "-q", "subvolume", "snapshot", vol.to_str().unwrap(), kmnt.join("snap").to_str().unwrap()]);
-            std::fs::write(vol.join("d1/after-snapshot"), b"kernel wrote this after the snapshot").unwrap();
-            sh(&["btrfs", "-q", "subvolume", "snapshot", "-r", vol.to_str().unwrap(), kmnt.join("snap-ro").to_str().unwrap()]);
+            sh(&[
+                "setfattr",
+                "-n",
+                "user.k",
+                "-v",
+                "original",
+                vol.join("d0/file-0001").to_str().unwrap(),
+            ]);
+            sh(&[
+                "btrfs",
+                "-q",
+                "subvolume",
+                "snapshot",
+                vol.to_str().unwrap(),
+                kmnt.join("snap").to_str().unwrap(),
+            ]);
+            std::fs::write(
+                vol.join("d1/after-snapshot"),
+                b"kernel wrote this after the snapshot",
+            )
+            .unwrap();
+            sh(&[
+                "btrfs",
+                "-q",
+                "subvolume",
+                "snapshot",
+                "-r",
+                vol.to_str().unwrap(),
+                kmnt.join("snap-ro").to_str().unwrap(),
+            ]);
             for sub in ["vol", "snap", "snap-ro"] {
-                let st = Command::new("cp").arg("-a").arg(kmnt.join(sub)).arg(&reference).status().unwrap();
+                let st = Command::new("cp")
+                    .arg("-a")
+                    .arg(kmnt.join(sub))
+                    .arg(&reference)
+                    .status()
+                    .unwrap();
                 assert!(st.success());
             }
             k.unmount().unwrap();
@@ -315,7 +462,11 @@ fn fuse_rw_snapshots() {
         let m = OleoMount::mount_rw(Path::new(OLEO), &image, &mnt, &[]).expect("oleo mount rw");
         let _dog = m.watchdog(std::time::Duration::from_secs(600));
         for sub in ["vol", "snap", "snap-ro"] {
-            compare_trees(&reference.join(sub), &mnt.join(sub), &format!("oleo {sub} (before)"));
+            compare_trees(
+                &reference.join(sub),
+                &mnt.join(sub),
+                &format!("oleo {sub} (before)"),
+            );
         }
         // The read-only snapshot refuses changes.
         let e = std::fs::write(mnt.join("snap-ro/new"), b"x").unwrap_err();
@@ -329,7 +480,12 @@ fn fuse_rw_snapshots() {
             let op = random_op(&mut rng, &r, false);
             let want = apply_path(&r, &op);
             let got = apply_path(&o, &op);
-            assert_eq!(got, want, "{name} seed {seed} op {i} in {sub}: {op}: oleo {got:?} vs reference {want:?}\n{}", m.log_text());
+            assert_eq!(
+                got,
+                want,
+                "{name} seed {seed} op {i} in {sub}: {op}: oleo {got:?} vs reference {want:?}\n{}",
+                m.log_text()
+            );
             if rng.chance(3) {
                 std::fs::File::open(&mnt).unwrap().sync_all().unwrap();
             }
@@ -342,13 +498,27 @@ fn fuse_rw_snapshots() {
         assert_btrfs_check(&image, &format!("{name} seed {seed}"));
         let k = KernelMount::mount(&image, &kmnt, &["rw"]).expect("kernel mount");
         for sub in ["vol", "snap", "snap-ro"] {
-            compare_trees(&reference.join(sub), &kmnt.join(sub), &format!("kernel {sub}"));
+            compare_trees(
+                &reference.join(sub),
+                &kmnt.join(sub),
+                &format!("kernel {sub}"),
+            );
         }
         // The kernel deletes the writable snapshot: every reference oleo moved must add up.
-        sh(&["btrfs", "-q", "subvolume", "delete", "-c", kmnt.join("snap").to_str().unwrap()]);
+        sh(&[
+            "btrfs",
+            "-q",
+            "subvolume",
+            "delete",
+            "-c",
+            kmnt.join("snap").to_str().unwrap(),
+        ]);
         sh(&["btrfs", "-q", "subvolume", "sync", kmnt.to_str().unwrap()]);
         k.unmount().unwrap();
-        assert_btrfs_check(&image, &format!("{name} seed {seed}, after the kernel deleted the snapshot"));
+        assert_btrfs_check(
+            &image,
+            &format!("{name} seed {seed}, after the kernel deleted the snapshot"),
+        );
     }
 }
 
@@ -364,8 +534,16 @@ fn readers_and_writers_at_once() {
     let dir = TempDir::new("fuse-rw-concurrent").unwrap();
     let image = dir.join("image");
     let mnt = dir.subdir("mnt").unwrap();
-    std::fs::File::create(&image).unwrap().set_len(1 << 30).unwrap();
-    assert!(Command::new("mkfs.btrfs").args(["-q", "-f"]).arg(&image).status().unwrap().success());
+    std::fs::File::create(&image)
+        .unwrap()
+        .set_len(1 << 30)
+        .unwrap();
+    assert!(Command::new("mkfs.btrfs")
+        .args(["-q", "-f"])
+        .arg(&image)
+        .status()
+        .unwrap()
+        .success());
     let m = OleoMount::mount_rw(Path::new(OLEO), &image, &mnt, &["threads=8"]).expect("mount");
     let big = mnt.join("big");
     std::fs::create_dir(&big).unwrap();
@@ -412,7 +590,10 @@ fn readers_and_writers_at_once() {
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let done: Vec<usize> = handles.into_iter().map(|h| h.join().unwrap()).collect();
     eprintln!("readers/writers: rounds and files {done:?}");
-    assert!(done.iter().all(|&n| n > 0), "someone made no progress: {done:?}");
+    assert!(
+        done.iter().all(|&n| n > 0),
+        "someone made no progress: {done:?}"
+    );
     drop(dog);
     m.unmount().unwrap();
     assert_btrfs_check(&image, "concurrent readers and writers");

@@ -152,7 +152,10 @@ fn refusals_are_one_clear_message() {
     let (img, mnt) = (image.to_str().unwrap(), mp.to_str().unwrap());
     // An image oleo reads but cannot write (no skinny metadata items).
     let old = dir.join("old-format.img");
-    std::fs::File::create(&old).unwrap().set_len(256 << 20).unwrap();
+    std::fs::File::create(&old)
+        .unwrap()
+        .set_len(256 << 20)
+        .unwrap();
     let st = Command::new("mkfs.btrfs")
         .args(["-q", "-f", "-O", "^skinny-metadata"])
         .arg(&old)

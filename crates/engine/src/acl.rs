@@ -86,7 +86,11 @@ impl Acl {
             }
         }
         // The group class is the mask when there is one, else the owning group.
-        let class = if self.find(MASK).is_some() { MASK } else { GROUP_OBJ };
+        let class = if self.find(MASK).is_some() {
+            MASK
+        } else {
+            GROUP_OBJ
+        };
         if let Some(e) = self.find(class) {
             e.perm &= ((mode >> 3) & 7) as u16;
             group_perm = Some(e.perm);
@@ -100,7 +104,11 @@ impl Acl {
 
     /// chmod: the owner, group class and other entries take the new permission bits.
     pub(crate) fn chmod(&mut self, mode: u32) {
-        let class = if self.find(MASK).is_some() { MASK } else { GROUP_OBJ };
+        let class = if self.find(MASK).is_some() {
+            MASK
+        } else {
+            GROUP_OBJ
+        };
         for e in self.0.iter_mut() {
             match e.tag {
                 USER_OBJ => e.perm = ((mode >> 6) & 7) as u16,
@@ -114,7 +122,11 @@ impl Acl {
     /// The permission bits an access ACL implies, and whether it is needed at all.
     pub(crate) fn mode_bits(&self) -> (u32, bool) {
         let mut acl = self.clone();
-        let class = if acl.find(MASK).is_some() { MASK } else { GROUP_OBJ };
+        let class = if acl.find(MASK).is_some() {
+            MASK
+        } else {
+            GROUP_OBJ
+        };
         let mut bits = 0u32;
         for e in &acl.0 {
             match e.tag {
@@ -135,17 +147,33 @@ mod tests {
     use super::*;
 
     fn acl(entries: &[(u16, u16, u32)]) -> Acl {
-        Acl(entries.iter().map(|&(tag, perm, id)| Entry { tag, perm, id }).collect())
+        Acl(entries
+            .iter()
+            .map(|&(tag, perm, id)| Entry { tag, perm, id })
+            .collect())
     }
 
     #[test]
     fn inherit_narrows_mode_and_mask() {
         // default: u::rwx, u:1000:rwx, g::r-x, m::rwx, o::---
-        let d = acl(&[(USER_OBJ, 7, 0), (0x02, 7, 1000), (GROUP_OBJ, 5, 0), (MASK, 7, 0), (OTHER, 0, 0)]);
+        let d = acl(&[
+            (USER_OBJ, 7, 0),
+            (0x02, 7, 1000),
+            (GROUP_OBJ, 5, 0),
+            (MASK, 7, 0),
+            (OTHER, 0, 0),
+        ]);
         let (mode, access) = d.inherit(0o100644);
         assert_eq!(mode, 0o100640);
         let access = access.expect("named user entry needs an access ACL");
-        assert_eq!(access.0[3], Entry { tag: MASK, perm: 4, id: 0 });
+        assert_eq!(
+            access.0[3],
+            Entry {
+                tag: MASK,
+                perm: 4,
+                id: 0
+            }
+        );
         assert_eq!(Acl::parse(&access.to_bytes()).unwrap(), access);
     }
 
@@ -159,7 +187,12 @@ mod tests {
 
     #[test]
     fn chmod_sets_mask_not_group() {
-        let mut a = acl(&[(USER_OBJ, 7, 0), (GROUP_OBJ, 7, 0), (MASK, 7, 0), (OTHER, 7, 0)]);
+        let mut a = acl(&[
+            (USER_OBJ, 7, 0),
+            (GROUP_OBJ, 7, 0),
+            (MASK, 7, 0),
+            (OTHER, 7, 0),
+        ]);
         a.chmod(0o640);
         assert_eq!(a.mode_bits(), (0o640, true));
         assert_eq!(a.0[1].perm, 7);

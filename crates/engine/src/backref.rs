@@ -54,13 +54,19 @@ impl Transaction<'_> {
     /// Adds one reference to the tree block at `bytenr`.
     fn add_tree_ref(&mut self, bytenr: u64, level: u8, by: By) -> Result<()> {
         let mut ei = self.tree_block_item(bytenr, level)?;
-        ei.refs = ei.refs.checked_add(1).ok_or_else(|| corrupt(bytenr, "extent refs overflow"))?;
+        ei.refs = ei
+            .refs
+            .checked_add(1)
+            .ok_or_else(|| corrupt(bytenr, "extent refs overflow"))?;
         let inline = match by {
             By::Root(root) => InlineRef::TreeBlock { root },
             By::Parent(parent) => InlineRef::SharedBlock { parent },
         };
         if ei.inline_refs.contains(&inline) {
-            return Err(corrupt(bytenr, format!("tree block already has the reference {by:?}")));
+            return Err(corrupt(
+                bytenr,
+                format!("tree block already has the reference {by:?}"),
+            ));
         }
         if ei.encoded_len() + inline.encoded_len() <= MAX_INLINE_METADATA_ITEM {
             ei.inline_refs.push(inline);
@@ -92,7 +98,10 @@ impl Transaction<'_> {
             };
             match self.delete_item(objectid::EXTENT_TREE, &Key::new(bytenr, t, off)) {
                 Err(Error::NotFound) => {
-                    return Err(corrupt(bytenr, format!("tree block has no reference {by:?} to drop")))
+                    return Err(corrupt(
+                        bytenr,
+                        format!("tree block has no reference {by:?} to drop"),
+                    ))
                 }
                 r => r?,
             }
@@ -111,7 +120,13 @@ impl Transaction<'_> {
     }
 
     /// Adds or drops a data extent reference held through a parent block (snapshots).
-    fn change_shared_data_ref(&mut self, bytenr: u64, len: u64, parent: u64, add: bool) -> Result<()> {
+    fn change_shared_data_ref(
+        &mut self,
+        bytenr: u64,
+        len: u64,
+        parent: u64,
+        add: bool,
+    ) -> Result<()> {
         let key = Key::new(bytenr, item::EXTENT_ITEM, len);
         let body = self
             .lookup(objectid::EXTENT_TREE, &key)?
@@ -123,16 +138,32 @@ impl Transaction<'_> {
             .position(|r| matches!(r, InlineRef::SharedData { parent: p, .. } if *p == parent));
         let rkey = Key::new(bytenr, item::SHARED_DATA_REF, parent);
         if add {
-            ei.refs = ei.refs.checked_add(1).ok_or_else(|| corrupt(bytenr, "extent refs overflow"))?;
+            ei.refs = ei
+                .refs
+                .checked_add(1)
+                .ok_or_else(|| corrupt(bytenr, "extent refs overflow"))?;
             if let Some(p) = pos {
                 if let InlineRef::SharedData { count, .. } = &mut ei.inline_refs[p] {
-                    *count = count.checked_add(1).ok_or_else(|| corrupt(bytenr, "shared data ref count overflow"))?;
+                    *count = count
+                        .checked_add(1)
+                        .ok_or_else(|| corrupt(bytenr, "shared data ref count overflow"))?;
                 }
             } else if let Some(b) = self.lookup(objectid::EXTENT_TREE, &rkey)? {
-                let c = u32::from_le_bytes(b.get(..4).and_then(|x| x.try_into().ok()).ok_or_else(|| corrupt(bytenr, "short SHARED_DATA_REF"))?);
-                self.replace_item(objectid::EXTENT_TREE, &rkey, &c.checked_add(1).ok_or_else(|| corrupt(bytenr, "shared data ref count overflow"))?.to_le_bytes())?;
+                let c = u32::from_le_bytes(
+                    b.get(..4)
+                        .and_then(|x| x.try_into().ok())
+                        .ok_or_else(|| corrupt(bytenr, "short SHARED_DATA_REF"))?,
+                );
+                self.replace_item(
+                    objectid::EXTENT_TREE,
+                    &rkey,
+                    &c.checked_add(1)
+                        .ok_or_else(|| corrupt(bytenr, "shared data ref count overflow"))?
+                        .to_le_bytes(),
+                )?;
             } else if ei.encoded_len() + 13 <= MAX_INLINE_METADATA_ITEM * 2 {
-                ei.inline_refs.push(InlineRef::SharedData { parent, count: 1 });
+                ei.inline_refs
+                    .push(InlineRef::SharedData { parent, count: 1 });
                 ei.sort_inline_refs();
             } else {
                 self.insert_item(objectid::EXTENT_TREE, rkey, &1u32.to_le_bytes())?;
@@ -147,17 +178,27 @@ impl Transaction<'_> {
                 }
             }
         } else {
-            let b = self
-                .lookup(objectid::EXTENT_TREE, &rkey)?
-                .ok_or_else(|| corrupt(bytenr, format!("data extent has no shared reference from {parent}")))?;
-            let c = u32::from_le_bytes(b.get(..4).and_then(|x| x.try_into().ok()).ok_or_else(|| corrupt(bytenr, "short SHARED_DATA_REF"))?);
+            let b = self.lookup(objectid::EXTENT_TREE, &rkey)?.ok_or_else(|| {
+                corrupt(
+                    bytenr,
+                    format!("data extent has no shared reference from {parent}"),
+                )
+            })?;
+            let c = u32::from_le_bytes(
+                b.get(..4)
+                    .and_then(|x| x.try_into().ok())
+                    .ok_or_else(|| corrupt(bytenr, "short SHARED_DATA_REF"))?,
+            );
             if c <= 1 {
                 self.delete_item(objectid::EXTENT_TREE, &rkey)?;
             } else {
                 self.replace_item(objectid::EXTENT_TREE, &rkey, &(c - 1).to_le_bytes())?;
             }
         }
-        ei.refs = ei.refs.checked_sub(1).ok_or_else(|| corrupt(bytenr, "data extent refs below zero"))?;
+        ei.refs = ei
+            .refs
+            .checked_sub(1)
+            .ok_or_else(|| corrupt(bytenr, "data extent refs below zero"))?;
         if ei.refs == 0 {
             // Only a snapshot's last reference can go this way; the extent is then free.
             self.delete_item(objectid::EXTENT_TREE, &key)?;
@@ -170,17 +211,30 @@ impl Transaction<'_> {
     /// Adds (or drops) one reference for every child of `block`: tree blocks below a node,
     /// data extents of a leaf. `by_parent`: references by this block's address (FULL_BACKREF);
     /// otherwise by root `tree`.
-    fn change_child_refs(&mut self, block: &[u8], tree: u64, by_parent: bool, add: bool) -> Result<()> {
+    fn change_child_refs(
+        &mut self,
+        block: &[u8],
+        tree: u64,
+        by_parent: bool,
+        add: bool,
+    ) -> Result<()> {
         let tb = TreeBlock::new(block).map_err(|e| corrupt(0, e))?;
         let (bytenr, level) = (tb.bytenr(), tb.level());
-        let by = if by_parent { By::Parent(bytenr) } else { By::Root(tree) };
+        let by = if by_parent {
+            By::Parent(bytenr)
+        } else {
+            By::Root(tree)
+        };
         if level > 0 {
             for slot in 0..tb.nritems() {
                 let ptr = tb.key_ptr(slot).map_err(|e| corrupt(bytenr, e))?;
                 if add {
                     self.add_tree_ref(ptr.blockptr, level - 1, by)?;
                 } else if self.drop_tree_ref(ptr.blockptr, level - 1, by)? {
-                    return Err(corrupt(ptr.blockptr, "a child lost its last reference while its parent still holds it"));
+                    return Err(corrupt(
+                        ptr.blockptr,
+                        "a child lost its last reference while its parent still holds it",
+                    ));
                 }
             }
             return Ok(());
@@ -192,7 +246,13 @@ impl Transaction<'_> {
             }
             let body = tb.item_data(slot).map_err(|e| corrupt(bytenr, e))?;
             let fe = FileExtent::parse(body).map_err(|e| corrupt(bytenr, e))?;
-            let FileExtentBody::Extent { disk_bytenr, disk_num_bytes, offset, .. } = fe.body else {
+            let FileExtentBody::Extent {
+                disk_bytenr,
+                disk_num_bytes,
+                offset,
+                ..
+            } = fe.body
+            else {
                 continue;
             };
             if disk_bytenr == 0 {
@@ -200,8 +260,24 @@ impl Transaction<'_> {
             }
             match (by_parent, add) {
                 (true, a) => self.change_shared_data_ref(disk_bytenr, disk_num_bytes, bytenr, a)?,
-                (false, true) => self.add_data_ref(disk_bytenr, disk_num_bytes, DataRef { root: tree, objectid: key.objectid, offset: key.offset.wrapping_sub(offset) })?,
-                (false, false) => self.drop_data_ref(disk_bytenr, disk_num_bytes, DataRef { root: tree, objectid: key.objectid, offset: key.offset.wrapping_sub(offset) })?,
+                (false, true) => self.add_data_ref(
+                    disk_bytenr,
+                    disk_num_bytes,
+                    DataRef {
+                        root: tree,
+                        objectid: key.objectid,
+                        offset: key.offset.wrapping_sub(offset),
+                    },
+                )?,
+                (false, false) => self.drop_data_ref(
+                    disk_bytenr,
+                    disk_num_bytes,
+                    DataRef {
+                        root: tree,
+                        objectid: key.objectid,
+                        offset: key.offset.wrapping_sub(offset),
+                    },
+                )?,
             }
         }
         Ok(())
@@ -213,7 +289,8 @@ impl Transaction<'_> {
     /// reference is dropped, see `drop_shared_block`).
     pub(crate) fn update_ref_for_cow(&mut self, tree: u64, old: &[u8]) -> Result<bool> {
         let tb = TreeBlock::new(old).map_err(|e| corrupt(0, e))?;
-        let (bytenr, level, owner, generation) = (tb.bytenr(), tb.level(), tb.owner(), tb.generation());
+        let (bytenr, level, owner, generation) =
+            (tb.bytenr(), tb.level(), tb.owner(), tb.generation());
         if !self.can_be_shared(tree, bytenr, generation)? {
             return Ok(true);
         }

@@ -33,11 +33,12 @@ impl IoBuf {
                 len: 0,
             };
         }
-        let layout = std::alloc::Layout::from_size_align(len, DIRECT_ALIGN)
-            .expect("buffer size overflows");
+        let layout =
+            std::alloc::Layout::from_size_align(len, DIRECT_ALIGN).expect("buffer size overflows");
         // SAFETY: the layout has a non-zero size.
         let raw = unsafe { std::alloc::alloc_zeroed(layout) };
-        let ptr = std::ptr::NonNull::new(raw).unwrap_or_else(|| std::alloc::handle_alloc_error(layout));
+        let ptr =
+            std::ptr::NonNull::new(raw).unwrap_or_else(|| std::alloc::handle_alloc_error(layout));
         IoBuf { ptr, len }
     }
 }

@@ -88,7 +88,10 @@ impl Filesystem {
             }
             return Ok(self
                 .root_backref(dir.subvol)?
-                .map(|(subvol, r)| InodeId { subvol, ino: r.dirid })
+                .map(|(subvol, r)| InodeId {
+                    subvol,
+                    ino: r.dirid,
+                })
                 .unwrap_or(dir));
         }
         let mut parent = None;
@@ -164,7 +167,10 @@ mod tests {
         crate::mkfs::mkfs(&img, &opts).unwrap();
         let fs = Filesystem::open(&img, OpenOptions::default()).unwrap();
         let root = fs.root();
-        assert!(matches!(fs.lookup(root, &[b'x'; 255]), Err(Error::NotFound)));
+        assert!(matches!(
+            fs.lookup(root, &[b'x'; 255]),
+            Err(Error::NotFound)
+        ));
         let too_long = fs.lookup(root, &[b'x'; 256]).unwrap_err();
         assert!(matches!(too_long, Error::NameTooLong), "{too_long:?}");
         assert_eq!(too_long.errno(), libc::ENAMETOOLONG);

@@ -17,7 +17,13 @@ pub(crate) struct EntryTarget {
     pub file_type: u8,
 }
 
-fn entry_bytes(location: Key, transid: u64, file_type: u8, name: &[u8], data: &[u8]) -> Result<Vec<u8>> {
+fn entry_bytes(
+    location: Key,
+    transid: u64,
+    file_type: u8,
+    name: &[u8],
+    data: &[u8],
+) -> Result<Vec<u8>> {
     DirEntryItem {
         location,
         transid,
@@ -32,7 +38,13 @@ fn entry_bytes(location: Key, transid: u64, file_type: u8, name: &[u8], data: &[
 impl Transaction<'_> {
     /// Adds one entry to the hashed item at `key` (DIR_ITEM or XATTR_ITEM), creating it or
     /// appending to the names that share its hash. AlreadyExists if the name is there.
-    pub(crate) fn add_hashed_entry(&mut self, tree: u64, key: Key, entry: &[u8], name: &[u8]) -> Result<()> {
+    pub(crate) fn add_hashed_entry(
+        &mut self,
+        tree: u64,
+        key: Key,
+        entry: &[u8],
+        name: &[u8],
+    ) -> Result<()> {
         match self.lookup(tree, &key)? {
             None => self.insert_item(tree, key, entry),
             Some(mut body) => {
@@ -43,7 +55,9 @@ impl Transaction<'_> {
                     }
                 }
                 body.extend_from_slice(entry);
-                if body.len() > oleo_format::leaf_builder::max_item_size(self.filesystem().sb.nodesize) {
+                if body.len()
+                    > oleo_format::leaf_builder::max_item_size(self.filesystem().sb.nodesize)
+                {
                     return Err(Error::NoSpace);
                 }
                 self.replace_item(tree, &key, &body)
@@ -62,7 +76,8 @@ impl Transaction<'_> {
                 found = true;
                 continue;
             }
-            e.write_into(&mut rest).map_err(|e| Error::corrupt(0, e.to_string()))?;
+            e.write_into(&mut rest)
+                .map_err(|e| Error::corrupt(0, e.to_string()))?;
         }
         if !found {
             return Err(Error::NotFound);
@@ -75,7 +90,11 @@ impl Transaction<'_> {
     }
 
     /// The entry `name` in directory `dir`, as this transaction sees it.
-    pub(crate) fn find_dir_entry(&mut self, dir: InodeId, name: &[u8]) -> Result<Option<EntryTarget>> {
+    pub(crate) fn find_dir_entry(
+        &mut self,
+        dir: InodeId,
+        name: &[u8],
+    ) -> Result<Option<EntryTarget>> {
         let key = Key::new(dir.ino, item::DIR_ITEM, name_hash(name));
         let Some(body) = self.lookup(dir.subvol, &key)? else {
             return Ok(None);
@@ -110,21 +129,46 @@ impl Transaction<'_> {
 
     /// Adds `name` -> `target` to directory `dir` at `index` (both the DIR_ITEM and the
     /// DIR_INDEX). The caller updates the directory's size and times.
-    pub(crate) fn add_dir_entry(&mut self, dir: InodeId, name: &[u8], target: EntryTarget, index: u64) -> Result<()> {
+    pub(crate) fn add_dir_entry(
+        &mut self,
+        dir: InodeId,
+        name: &[u8],
+        target: EntryTarget,
+        index: u64,
+    ) -> Result<()> {
         let transid = self.transid;
         let entry = entry_bytes(target.location, transid, target.file_type, name, &[])?;
-        self.add_hashed_entry(dir.subvol, Key::new(dir.ino, item::DIR_ITEM, name_hash(name)), &entry, name)?;
-        self.insert_item(dir.subvol, Key::new(dir.ino, item::DIR_INDEX, index), &entry)
+        self.add_hashed_entry(
+            dir.subvol,
+            Key::new(dir.ino, item::DIR_ITEM, name_hash(name)),
+            &entry,
+            name,
+        )?;
+        self.insert_item(
+            dir.subvol,
+            Key::new(dir.ino, item::DIR_INDEX, index),
+            &entry,
+        )
     }
 
     /// Removes `name` (at `index`) from directory `dir`.
     pub(crate) fn remove_dir_entry(&mut self, dir: InodeId, name: &[u8], index: u64) -> Result<()> {
-        self.remove_hashed_entry(dir.subvol, Key::new(dir.ino, item::DIR_ITEM, name_hash(name)), name)?;
+        self.remove_hashed_entry(
+            dir.subvol,
+            Key::new(dir.ino, item::DIR_ITEM, name_hash(name)),
+            name,
+        )?;
         self.delete_item(dir.subvol, &Key::new(dir.ino, item::DIR_INDEX, index))
     }
 }
 
 /// An xattr entry body (a DIR_ITEM-shaped record with the value as data).
 pub(crate) fn xattr_entry(transid: u64, name: &[u8], value: &[u8]) -> Result<Vec<u8>> {
-    entry_bytes(Key::new(0, 0, 0), transid, oleo_format::items::FileType::Xattr.raw(), name, value)
+    entry_bytes(
+        Key::new(0, 0, 0),
+        transid,
+        oleo_format::items::FileType::Xattr.raw(),
+        name,
+        value,
+    )
 }

@@ -159,7 +159,10 @@ impl Transaction<'_> {
             };
             return self.insert_item(objectid::EXTENT_TREE, key, &ei.to_bytes());
         };
-        ei.refs = ei.refs.checked_add(1).ok_or_else(|| Error::corrupt(bytenr, "extent refs overflow"))?;
+        ei.refs = ei
+            .refs
+            .checked_add(1)
+            .ok_or_else(|| Error::corrupt(bytenr, "extent refs overflow"))?;
         let inline = ei.inline_refs.iter_mut().find_map(|x| match x {
             InlineRef::Data {
                 root,
@@ -176,8 +179,21 @@ impl Transaction<'_> {
         } else {
             let rkey = keyed_data_ref_key(bytenr, r);
             if let Some(body) = self.lookup(objectid::EXTENT_TREE, &rkey)? {
-                let count = u32::from_le_bytes(body.get(24..28).and_then(|b| b.try_into().ok()).ok_or_else(|| Error::corrupt(bytenr, "short EXTENT_DATA_REF"))?);
-                self.replace_item(objectid::EXTENT_TREE, &rkey, &data_ref_body(r, count.checked_add(1).ok_or_else(|| Error::corrupt(bytenr, "data ref count overflow"))?))?;
+                let count = u32::from_le_bytes(
+                    body.get(24..28)
+                        .and_then(|b| b.try_into().ok())
+                        .ok_or_else(|| Error::corrupt(bytenr, "short EXTENT_DATA_REF"))?,
+                );
+                self.replace_item(
+                    objectid::EXTENT_TREE,
+                    &rkey,
+                    &data_ref_body(
+                        r,
+                        count
+                            .checked_add(1)
+                            .ok_or_else(|| Error::corrupt(bytenr, "data ref count overflow"))?,
+                    ),
+                )?;
             } else if ei.encoded_len() + 29 <= MAX_INLINE_EXTENT_ITEM {
                 ei.inline_refs.push(InlineRef::Data {
                     root: r.root,
@@ -197,9 +213,15 @@ impl Transaction<'_> {
     /// and deletes its checksums.
     pub(crate) fn drop_data_ref(&mut self, bytenr: u64, len: u64, r: DataRef) -> Result<()> {
         let key = Key::new(bytenr, item::EXTENT_ITEM, len);
-        let mut ei = self
-            .data_extent_item(bytenr, len)?
-            .ok_or_else(|| Error::corrupt(bytenr, format!("file extent of inode {} points at a data extent with no extent item", r.objectid)))?;
+        let mut ei = self.data_extent_item(bytenr, len)?.ok_or_else(|| {
+            Error::corrupt(
+                bytenr,
+                format!(
+                    "file extent of inode {} points at a data extent with no extent item",
+                    r.objectid
+                ),
+            )
+        })?;
         let pos = ei.inline_refs.iter().position(|x| {
             matches!(x, InlineRef::Data { root, objectid, offset, .. }
                 if *root == r.root && *objectid == r.objectid && *offset == r.offset)
@@ -220,7 +242,11 @@ impl Transaction<'_> {
                         "data extent {bytenr} is referenced through a shared (snapshot) back reference; changing it is not supported yet"
                     ))
                 })?;
-                let count = u32::from_le_bytes(body.get(24..28).and_then(|b| b.try_into().ok()).ok_or_else(|| Error::corrupt(bytenr, "short EXTENT_DATA_REF"))?);
+                let count = u32::from_le_bytes(
+                    body.get(24..28)
+                        .and_then(|b| b.try_into().ok())
+                        .ok_or_else(|| Error::corrupt(bytenr, "short EXTENT_DATA_REF"))?,
+                );
                 if count <= 1 {
                     self.delete_item(objectid::EXTENT_TREE, &rkey)?;
                 } else {

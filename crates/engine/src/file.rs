@@ -88,11 +88,7 @@ impl Filesystem {
         f: &mut dyn FnMut(Mapping) -> ControlFlow<()>,
     ) -> Result<()> {
         let tree = self.tree_of(id)?;
-        let mut cur = Cursor::search(
-            self,
-            &tree,
-            &Key::new(id.ino, item::EXTENT_DATA, start),
-        )?;
+        let mut cur = Cursor::search(self, &tree, &Key::new(id.ino, item::EXTENT_DATA, start))?;
         // The item covering `start` may begin before it: step back one if so.
         let at_start = matches!(cur.item()?, Some((k, _)) if k.objectid == id.ino && k.item_type == item::EXTENT_DATA && k.offset == start);
         if !at_start && cur.prev()? {
@@ -158,7 +154,11 @@ impl Filesystem {
                 return ControlFlow::Continue(());
             }
             let start = m.file_start - m.file_start % sector;
-            let end = m.file_start.saturating_add(m.file_len).div_ceil(sector).saturating_mul(sector);
+            let end = m
+                .file_start
+                .saturating_add(m.file_len)
+                .div_ceil(sector)
+                .saturating_mul(sector);
             if end <= pos {
                 return ControlFlow::Continue(());
             }

@@ -31,7 +31,16 @@ struct Found {
     inline_len: u64,
 }
 
-fn extent_item(generation: u64, ram_bytes: u64, compression: Compression, prealloc: bool, disk_bytenr: u64, disk_num_bytes: u64, offset: u64, num_bytes: u64) -> Vec<u8> {
+fn extent_item(
+    generation: u64,
+    ram_bytes: u64,
+    compression: Compression,
+    prealloc: bool,
+    disk_bytenr: u64,
+    disk_num_bytes: u64,
+    offset: u64,
+    num_bytes: u64,
+) -> Vec<u8> {
     FileExtent {
         generation,
         ram_bytes,
@@ -91,7 +100,16 @@ impl Transaction<'_> {
             }
             if keep_tail {
                 let skip = end - k;
-                let body = extent_item(f.generation, f.ram_bytes, f.compression, prealloc, disk_bytenr, disk_num_bytes, offset + skip, num_bytes - skip);
+                let body = extent_item(
+                    f.generation,
+                    f.ram_bytes,
+                    f.compression,
+                    prealloc,
+                    disk_bytenr,
+                    disk_num_bytes,
+                    offset + skip,
+                    num_bytes - skip,
+                );
                 let tail_key = Key::new(id.ino, item::EXTENT_DATA, end);
                 if keep_head {
                     self.insert_item(id.subvol, tail_key, &body)?;
@@ -104,7 +122,16 @@ impl Transaction<'_> {
                 }
             }
             if keep_head {
-                let body = extent_item(f.generation, f.ram_bytes, f.compression, prealloc, disk_bytenr, disk_num_bytes, offset, start - k);
+                let body = extent_item(
+                    f.generation,
+                    f.ram_bytes,
+                    f.compression,
+                    prealloc,
+                    disk_bytenr,
+                    disk_num_bytes,
+                    offset,
+                    start - k,
+                );
                 self.replace_item(id.subvol, &f.key, &body)?;
             } else if !keep_tail {
                 self.delete_item(id.subvol, &f.key)?;
@@ -143,7 +170,11 @@ impl Transaction<'_> {
                         disk_num_bytes,
                         offset,
                         num_bytes,
-                    } => (Some((prealloc, disk_bytenr, disk_num_bytes, offset, num_bytes)), num_bytes, 0),
+                    } => (
+                        Some((prealloc, disk_bytenr, disk_num_bytes, offset, num_bytes)),
+                        num_bytes,
+                        0,
+                    ),
                 };
                 if key.offset.saturating_add(len) > start {
                     out.push(Found {
@@ -181,7 +212,8 @@ impl Transaction<'_> {
         let Some(body) = self.lookup(id.subvol, &Key::new(id.ino, item::EXTENT_DATA, 0))? else {
             return Ok(false);
         };
-        let fe = FileExtent::parse(&body).map_err(|e| Error::corrupt(0, format!("extent of {}: {e}", id.ino)))?;
+        let fe = FileExtent::parse(&body)
+            .map_err(|e| Error::corrupt(0, format!("extent of {}: {e}", id.ino)))?;
         Ok(matches!(fe.body, FileExtentBody::Inline { .. }))
     }
 
@@ -193,8 +225,15 @@ impl Transaction<'_> {
             Key::new(id.ino, item::EXTENT_DATA, 0),
             Key::new(id.ino, item::EXTENT_DATA, u64::MAX),
             |_, body| {
-                any = !matches!(FileExtent::parse(body).map(|f| f.body), Ok(FileExtentBody::Inline { .. }));
-                Ok(if any { ControlFlow::Break(()) } else { ControlFlow::Continue(()) })
+                any = !matches!(
+                    FileExtent::parse(body).map(|f| f.body),
+                    Ok(FileExtentBody::Inline { .. })
+                );
+                Ok(if any {
+                    ControlFlow::Break(())
+                } else {
+                    ControlFlow::Continue(())
+                })
             },
         )?;
         Ok(any)
@@ -231,9 +270,30 @@ impl Transaction<'_> {
                 self.insert_csums(bytenr, piece)?;
             }
             let file_off = at + done as u64;
-            let body = extent_item(self.transid, len, Compression::None, false, bytenr, len, 0, len);
-            self.insert_item(id.subvol, Key::new(id.ino, item::EXTENT_DATA, file_off), &body)?;
-            self.add_data_ref(bytenr, len, DataRef { root: id.subvol, objectid: id.ino, offset: file_off })?;
+            let body = extent_item(
+                self.transid,
+                len,
+                Compression::None,
+                false,
+                bytenr,
+                len,
+                0,
+                len,
+            );
+            self.insert_item(
+                id.subvol,
+                Key::new(id.ino, item::EXTENT_DATA, file_off),
+                &body,
+            )?;
+            self.add_data_ref(
+                bytenr,
+                len,
+                DataRef {
+                    root: id.subvol,
+                    objectid: id.ino,
+                    offset: file_off,
+                },
+            )?;
             done += len as usize;
         }
         Ok(data.len() as u64)
@@ -261,7 +321,16 @@ impl Transaction<'_> {
             return Ok(0);
         }
         let removed = self.drop_extents(id, from, to)?;
-        let body = extent_item(self.transid, to - from, Compression::None, false, 0, 0, 0, to - from);
+        let body = extent_item(
+            self.transid,
+            to - from,
+            Compression::None,
+            false,
+            0,
+            0,
+            0,
+            to - from,
+        );
         self.insert_item(id.subvol, Key::new(id.ino, item::EXTENT_DATA, from), &body)?;
         Ok(removed)
     }
@@ -271,17 +340,32 @@ impl Transaction<'_> {
     /// regular one.
     /// `rewritten_from`: where the caller's own read-modify-write begins (it zeroes the
     /// tail itself if that covers the last sector).
-    fn prepare_extend(&mut self, id: InodeId, inode: &mut InodeItem, old_size: u64, rewritten_from: u64) -> Result<()> {
+    fn prepare_extend(
+        &mut self,
+        id: InodeId,
+        inode: &mut InodeItem,
+        old_size: u64,
+        rewritten_from: u64,
+    ) -> Result<()> {
         let sector = self.sector();
         if self.inline_extent(id)? {
             let data = self.read_range(id, 0, sector, old_size)?;
-            inode.nbytes = inode.nbytes.saturating_sub(self.drop_extents(id, 0, sector)?);
-            inode.nbytes = inode.nbytes.saturating_add(self.insert_data(id, inode, 0, &data)?);
+            inode.nbytes = inode
+                .nbytes
+                .saturating_sub(self.drop_extents(id, 0, sector)?);
+            inode.nbytes = inode
+                .nbytes
+                .saturating_add(self.insert_data(id, inode, 0, &data)?);
         } else if old_size % sector != 0 && old_size - old_size % sector < rewritten_from {
             let from = old_size - old_size % sector;
             let data = self.read_range(id, from, sector, old_size)?;
-            inode.nbytes = inode.nbytes.saturating_sub(self.drop_extents(id, from, from + sector)?);
-            inode.nbytes = inode.nbytes.saturating_add(self.insert_data(id, inode, from, &data)?);
+            inode.nbytes =
+                inode
+                    .nbytes
+                    .saturating_sub(self.drop_extents(id, from, from + sector)?);
+            inode.nbytes = inode
+                .nbytes
+                .saturating_add(self.insert_data(id, inode, from, &data)?);
         }
         Ok(())
     }
@@ -290,19 +374,28 @@ impl Transaction<'_> {
     pub(crate) fn write_file(&mut self, id: InodeId, offset: u64, data: &[u8]) -> Result<()> {
         let mut inode = self.read_inode(id)?;
         if inode.mode & 0o170000 != 0o100000 {
-            return Err(if inode.mode & 0o170000 == 0o040000 { Error::IsDir } else { Error::InvalidArgument("not a regular file".into()) });
+            return Err(if inode.mode & 0o170000 == 0o040000 {
+                Error::IsDir
+            } else {
+                Error::InvalidArgument("not a regular file".into())
+            });
         }
         if data.is_empty() {
             return Ok(());
         }
-        let end = offset.checked_add(data.len() as u64).filter(|&e| e <= MAX_FILE_SIZE).ok_or(Error::FileTooBig)?;
+        let end = offset
+            .checked_add(data.len() as u64)
+            .filter(|&e| e <= MAX_FILE_SIZE)
+            .ok_or(Error::FileTooBig)?;
         let sector = self.sector();
         let old_size = inode.size;
         let new_size = old_size.max(end);
         if new_size <= self.inline_limit() && !self.has_regular_extents(id)? {
             let mut content = self.read_range(id, 0, new_size, old_size)?;
             content[offset as usize..end as usize].copy_from_slice(data);
-            inode.nbytes = inode.nbytes.saturating_sub(self.drop_extents(id, 0, sector)?);
+            inode.nbytes = inode
+                .nbytes
+                .saturating_sub(self.drop_extents(id, 0, sector)?);
             self.insert_inline(id, &content)?;
             inode.nbytes = inode.nbytes.saturating_add(new_size);
         } else {
@@ -331,7 +424,9 @@ impl Transaction<'_> {
             inode.nbytes = inode.nbytes.saturating_sub(self.drop_extents(id, a, b)?);
             let hole_from = old_size.next_multiple_of(sector);
             if hole_from < a {
-                inode.nbytes = inode.nbytes.saturating_sub(self.insert_hole(id, hole_from, a)?);
+                inode.nbytes = inode
+                    .nbytes
+                    .saturating_sub(self.insert_hole(id, hole_from, a)?);
             }
             let added = self.insert_data(id, &inode, a, &staging[..len]);
             self.filesystem().give_back_staging(staging);
@@ -345,7 +440,12 @@ impl Transaction<'_> {
     }
 
     /// Sets the size of regular file `id` (ctime/mtime are the caller's).
-    pub(crate) fn truncate_file(&mut self, id: InodeId, inode: &mut InodeItem, new_size: u64) -> Result<()> {
+    pub(crate) fn truncate_file(
+        &mut self,
+        id: InodeId,
+        inode: &mut InodeItem,
+        new_size: u64,
+    ) -> Result<()> {
         if new_size > MAX_FILE_SIZE {
             return Err(Error::FileTooBig);
         }
@@ -353,17 +453,27 @@ impl Transaction<'_> {
         let old_size = inode.size;
         if new_size > old_size {
             self.prepare_extend(id, inode, old_size, u64::MAX)?;
-            inode.nbytes = inode.nbytes.saturating_sub(self.insert_hole(id, old_size.next_multiple_of(sector), new_size.next_multiple_of(sector))?);
+            inode.nbytes = inode.nbytes.saturating_sub(self.insert_hole(
+                id,
+                old_size.next_multiple_of(sector),
+                new_size.next_multiple_of(sector),
+            )?);
         } else if new_size < old_size {
             if self.inline_extent(id)? {
                 let content = self.read_range(id, 0, new_size, old_size)?;
-                inode.nbytes = inode.nbytes.saturating_sub(self.drop_extents(id, 0, sector)?);
+                inode.nbytes = inode
+                    .nbytes
+                    .saturating_sub(self.drop_extents(id, 0, sector)?);
                 if new_size > 0 {
                     self.insert_inline(id, &content)?;
                     inode.nbytes = inode.nbytes.saturating_add(new_size);
                 }
             } else {
-                inode.nbytes = inode.nbytes.saturating_sub(self.drop_extents(id, new_size.next_multiple_of(sector), u64::MAX)?);
+                inode.nbytes = inode.nbytes.saturating_sub(self.drop_extents(
+                    id,
+                    new_size.next_multiple_of(sector),
+                    u64::MAX,
+                )?);
             }
         }
         inode.size = new_size;
@@ -372,7 +482,13 @@ impl Transaction<'_> {
 
     /// Deallocates `[offset, offset + len)`: whole sectors lose their extents (holes), the
     /// partial sectors at the ends are zeroed in place.
-    pub(crate) fn punch_hole(&mut self, id: InodeId, inode: &mut InodeItem, offset: u64, len: u64) -> Result<()> {
+    pub(crate) fn punch_hole(
+        &mut self,
+        id: InodeId,
+        inode: &mut InodeItem,
+        offset: u64,
+        len: u64,
+    ) -> Result<()> {
         let sector = self.sector();
         let end = offset.saturating_add(len).min(inode.size);
         if offset >= end {
@@ -385,7 +501,9 @@ impl Transaction<'_> {
             let mut content = self.read_range(id, 0, inode.size, inode.size)?;
             content[offset as usize..end as usize].fill(0);
             let size = inode.size;
-            inode.nbytes = inode.nbytes.saturating_sub(self.drop_extents(id, 0, sector)?);
+            inode.nbytes = inode
+                .nbytes
+                .saturating_sub(self.drop_extents(id, 0, sector)?);
             self.insert_inline(id, &content)?;
             inode.nbytes = inode.nbytes.saturating_add(size);
             return Ok(());
@@ -397,8 +515,12 @@ impl Transaction<'_> {
             let s = from - from % sector;
             let mut buf = t.read_range(id, s, sector, inode.size)?;
             buf[(from - s) as usize..(to - s) as usize].fill(0);
-            inode.nbytes = inode.nbytes.saturating_sub(t.drop_extents(id, s, s + sector)?);
-            inode.nbytes = inode.nbytes.saturating_add(t.insert_data(id, inode, s, &buf)?);
+            inode.nbytes = inode
+                .nbytes
+                .saturating_sub(t.drop_extents(id, s, s + sector)?);
+            inode.nbytes = inode
+                .nbytes
+                .saturating_add(t.insert_data(id, inode, s, &buf)?);
             Ok(())
         };
         if a > b {
@@ -417,9 +539,19 @@ impl Transaction<'_> {
 
     /// Preallocates `[offset, offset + len)`: holes in it get prealloc extents (reading as
     /// zeros); data already there stays. Grows the size unless `keep_size`.
-    pub(crate) fn preallocate(&mut self, id: InodeId, inode: &mut InodeItem, offset: u64, len: u64, keep_size: bool) -> Result<()> {
+    pub(crate) fn preallocate(
+        &mut self,
+        id: InodeId,
+        inode: &mut InodeItem,
+        offset: u64,
+        len: u64,
+        keep_size: bool,
+    ) -> Result<()> {
         let sector = self.sector();
-        let end = offset.checked_add(len).filter(|&e| e <= MAX_FILE_SIZE).ok_or(Error::FileTooBig)?;
+        let end = offset
+            .checked_add(len)
+            .filter(|&e| e <= MAX_FILE_SIZE)
+            .ok_or(Error::FileTooBig)?;
         if (!keep_size && end > inode.size) || self.inline_extent(id)? {
             let old = inode.size;
             self.prepare_extend(id, inode, old, u64::MAX)?;
@@ -429,7 +561,9 @@ impl Transaction<'_> {
         if !keep_size && end > inode.size {
             let hole_from = inode.size.next_multiple_of(sector);
             if hole_from < a {
-                inode.nbytes = inode.nbytes.saturating_sub(self.insert_hole(id, hole_from, a)?);
+                inode.nbytes = inode
+                    .nbytes
+                    .saturating_sub(self.insert_hole(id, hole_from, a)?);
             }
         }
         // Find the holes in [a, b) (ranges without a non-hole extent).
@@ -459,9 +593,26 @@ impl Transaction<'_> {
             let mut at = s;
             while at < e {
                 let (bytenr, got) = self.alloc_data((e - at).min(MAX_EXTENT), sector)?;
-                let body = extent_item(self.transid, got, Compression::None, true, bytenr, got, 0, got);
+                let body = extent_item(
+                    self.transid,
+                    got,
+                    Compression::None,
+                    true,
+                    bytenr,
+                    got,
+                    0,
+                    got,
+                );
                 self.insert_item(id.subvol, Key::new(id.ino, item::EXTENT_DATA, at), &body)?;
-                self.add_data_ref(bytenr, got, DataRef { root: id.subvol, objectid: id.ino, offset: at })?;
+                self.add_data_ref(
+                    bytenr,
+                    got,
+                    DataRef {
+                        root: id.subvol,
+                        objectid: id.ino,
+                        offset: at,
+                    },
+                )?;
                 inode.nbytes = inode.nbytes.saturating_add(got);
                 at += got;
             }
@@ -476,7 +627,14 @@ impl Transaction<'_> {
 impl Transaction<'_> {
     /// Makes `[dst_off, dst_off + len)` of `dst` share the extents of `[src_off, ...)` of
     /// `src` (a reflink). All three numbers are sector-aligned and src has no inline extent.
-    pub(crate) fn clone_range(&mut self, src: InodeId, src_off: u64, dst: InodeId, dst_off: u64, len: u64) -> Result<()> {
+    pub(crate) fn clone_range(
+        &mut self,
+        src: InodeId,
+        src_off: u64,
+        dst: InodeId,
+        dst_off: u64,
+        len: u64,
+    ) -> Result<()> {
         let sector = self.sector();
         let end = src_off + len;
         let found = self.extents_overlapping(src, src_off, end)?;
@@ -485,11 +643,16 @@ impl Transaction<'_> {
         if dst_off > dst_old {
             self.prepare_extend(dst, &mut inode, dst_old, u64::MAX)?;
         }
-        inode.nbytes = inode.nbytes.saturating_sub(self.drop_extents(dst, dst_off, dst_off + len)?);
+        inode.nbytes =
+            inode
+                .nbytes
+                .saturating_sub(self.drop_extents(dst, dst_off, dst_off + len)?);
         let mut covered_to = dst_off;
         for f in found {
             let Some((prealloc, disk_bytenr, disk_num_bytes, offset, num_bytes)) = f.ext else {
-                return Err(Error::InvalidArgument("inline extents cannot be cloned".into()));
+                return Err(Error::InvalidArgument(
+                    "inline extents cannot be cloned".into(),
+                ));
             };
             let k = f.key.offset;
             let from = k.max(src_off);
@@ -499,22 +662,45 @@ impl Transaction<'_> {
             }
             let at = dst_off + (from - src_off);
             if covered_to < at {
-                inode.nbytes = inode.nbytes.saturating_sub(self.insert_hole(dst, covered_to, at)?);
+                inode.nbytes = inode
+                    .nbytes
+                    .saturating_sub(self.insert_hole(dst, covered_to, at)?);
             }
             let ext_off = offset + (from - k);
-            let body = extent_item(self.transid, f.ram_bytes, f.compression, prealloc, disk_bytenr, disk_num_bytes, ext_off, to - from);
+            let body = extent_item(
+                self.transid,
+                f.ram_bytes,
+                f.compression,
+                prealloc,
+                disk_bytenr,
+                disk_num_bytes,
+                ext_off,
+                to - from,
+            );
             self.insert_item(dst.subvol, Key::new(dst.ino, item::EXTENT_DATA, at), &body)?;
-            self.add_data_ref(disk_bytenr, disk_num_bytes, DataRef { root: dst.subvol, objectid: dst.ino, offset: at.wrapping_sub(ext_off) })?;
+            self.add_data_ref(
+                disk_bytenr,
+                disk_num_bytes,
+                DataRef {
+                    root: dst.subvol,
+                    objectid: dst.ino,
+                    offset: at.wrapping_sub(ext_off),
+                },
+            )?;
             inode.nbytes = inode.nbytes.saturating_add(to - from);
             covered_to = at + (to - from);
         }
         let dst_end = dst_off + len;
         if covered_to < dst_end.min(dst_end.next_multiple_of(sector)) {
-            inode.nbytes = inode.nbytes.saturating_sub(self.insert_hole(dst, covered_to, dst_end)?);
+            inode.nbytes = inode
+                .nbytes
+                .saturating_sub(self.insert_hole(dst, covered_to, dst_end)?);
         }
         let hole_from = dst_old.next_multiple_of(sector);
         if hole_from < dst_off {
-            inode.nbytes = inode.nbytes.saturating_sub(self.insert_hole(dst, hole_from, dst_off)?);
+            inode.nbytes = inode
+                .nbytes
+                .saturating_sub(self.insert_hole(dst, hole_from, dst_off)?);
         }
         let t = now();
         inode.size = inode.size.max(dst_end);

@@ -363,7 +363,10 @@ mod tests {
     fn remove_splits_and_add_merges() {
         let mut fs = space(&[(0, 65536)]);
         fs.remove(16384, 16384).unwrap();
-        assert_eq!(fs.ranges().collect::<Vec<_>>(), [(0, 16384), (32768, 32768)]);
+        assert_eq!(
+            fs.ranges().collect::<Vec<_>>(),
+            [(0, 16384), (32768, 32768)]
+        );
         assert!(fs.needs_sync());
         assert!(fs.remove(20480, 4096).is_err(), "space already used");
         assert!(fs.add(8192, 4096).is_err(), "space already free");

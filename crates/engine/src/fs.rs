@@ -336,12 +336,15 @@ impl Filesystem {
 
     /// The root of tree `id` as the running transaction left it, if it changed it.
     pub(crate) fn running_root(&self, id: u64) -> Option<TreeRoot> {
-        self.running.as_ref().and_then(|t| t.roots.get(&id).copied())
+        self.running
+            .as_ref()
+            .and_then(|t| t.roots.get(&id).copied())
     }
 
     /// The root tree as current reads see it.
     pub(crate) fn root_tree(&self) -> TreeRoot {
-        self.running_root(objectid::ROOT_TREE).unwrap_or(self.root_tree)
+        self.running_root(objectid::ROOT_TREE)
+            .unwrap_or(self.root_tree)
     }
 
     /// The checksum tree as current reads see it.
@@ -503,6 +506,7 @@ impl crate::ctree::BlockSource for Filesystem {
             crate::transaction::check_promises(block, bytenr, level, generation, first_key)?;
             return Ok(block.as_slice().into());
         }
-        self.io.read_tree_block(bytenr, level, generation, first_key)
+        self.io
+            .read_tree_block(bytenr, level, generation, first_key)
     }
 }

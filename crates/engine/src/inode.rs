@@ -32,8 +32,8 @@ impl Filesystem {
             return Ok(i);
         }
         let tree = self.tree_of(id)?;
-        let body = lookup(self, &tree, &Key::new(id.ino, item::INODE_ITEM, 0))?
-            .ok_or(Error::NotFound)?;
+        let body =
+            lookup(self, &tree, &Key::new(id.ino, item::INODE_ITEM, 0))?.ok_or(Error::NotFound)?;
         let inode = Arc::new(InodeItem::parse(&body).map_err(|e| {
             Error::corrupt(
                 0,

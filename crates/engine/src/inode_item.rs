@@ -33,8 +33,12 @@ impl Transaction<'_> {
         let body = self
             .lookup(id.subvol, &Key::new(id.ino, item::INODE_ITEM, 0))?
             .ok_or(Error::NotFound)?;
-        InodeItem::parse(&body)
-            .map_err(|e| Error::corrupt(0, format!("inode {} of subvolume {}: {e}", id.ino, id.subvol)))
+        InodeItem::parse(&body).map_err(|e| {
+            Error::corrupt(
+                0,
+                format!("inode {} of subvolume {}: {e}", id.ino, id.subvol),
+            )
+        })
     }
 
     /// Writes the inode item back, stamped with this transaction.
@@ -50,7 +54,11 @@ impl Transaction<'_> {
     }
 
     pub(crate) fn insert_inode(&mut self, id: InodeId, inode: &InodeItem) -> Result<()> {
-        self.insert_item(id.subvol, Key::new(id.ino, item::INODE_ITEM, 0), &inode.to_bytes())?;
+        self.insert_item(
+            id.subvol,
+            Key::new(id.ino, item::INODE_ITEM, 0),
+            &inode.to_bytes(),
+        )?;
         self.filesystem().inodes.remove(&id);
         Ok(())
     }
@@ -87,7 +95,13 @@ impl Transaction<'_> {
     }
 
     /// Records `name` (at directory index `index`) as a name of `id` in directory `parent`.
-    pub(crate) fn add_inode_ref(&mut self, id: InodeId, parent: u64, name: &[u8], index: u64) -> Result<()> {
+    pub(crate) fn add_inode_ref(
+        &mut self,
+        id: InodeId,
+        parent: u64,
+        name: &[u8],
+        index: u64,
+    ) -> Result<()> {
         let key = Key::new(id.ino, item::INODE_REF, parent);
         let entry = InodeRef {
             index,
@@ -95,13 +109,16 @@ impl Transaction<'_> {
         };
         match self.lookup(id.subvol, &key)? {
             None => {
-                let body = InodeRef::to_bytes_all(&[entry]).map_err(|e| Error::InvalidArgument(e.to_string()))?;
+                let body = InodeRef::to_bytes_all(&[entry])
+                    .map_err(|e| Error::InvalidArgument(e.to_string()))?;
                 self.insert_item(id.subvol, key, &body)
             }
             Some(old) => {
-                let mut refs = InodeRef::parse_all(&old).map_err(|e| Error::corrupt(0, format!("inode ref of {}: {e}", id.ino)))?;
+                let mut refs = InodeRef::parse_all(&old)
+                    .map_err(|e| Error::corrupt(0, format!("inode ref of {}: {e}", id.ino)))?;
                 refs.push(entry);
-                let body = InodeRef::to_bytes_all(&refs).map_err(|e| Error::InvalidArgument(e.to_string()))?;
+                let body = InodeRef::to_bytes_all(&refs)
+                    .map_err(|e| Error::InvalidArgument(e.to_string()))?;
                 if body.len() <= ref_item_budget(self.filesystem().sb.nodesize) {
                     return self.replace_item(id.subvol, &key, &body);
                 }
@@ -110,7 +127,13 @@ impl Transaction<'_> {
         }
     }
 
-    fn add_inode_extref(&mut self, id: InodeId, parent: u64, name: &[u8], index: u64) -> Result<()> {
+    fn add_inode_extref(
+        &mut self,
+        id: InodeId,
+        parent: u64,
+        name: &[u8],
+        index: u64,
+    ) -> Result<()> {
         if !self.filesystem().sb.has_incompat(incompat::EXTENDED_IREF) {
             return Err(Error::TooManyLinks);
         }
@@ -121,12 +144,14 @@ impl Transaction<'_> {
             name: name.to_vec(),
         };
         let mut refs = match self.lookup(id.subvol, &key)? {
-            Some(old) => InodeExtref::parse_all(&old).map_err(|e| Error::corrupt(0, format!("extref of {}: {e}", id.ino)))?,
+            Some(old) => InodeExtref::parse_all(&old)
+                .map_err(|e| Error::corrupt(0, format!("extref of {}: {e}", id.ino)))?,
             None => Vec::new(),
         };
         let fresh = refs.is_empty();
         refs.push(entry);
-        let body = InodeExtref::to_bytes_all(&refs).map_err(|e| Error::InvalidArgument(e.to_string()))?;
+        let body =
+            InodeExtref::to_bytes_all(&refs).map_err(|e| Error::InvalidArgument(e.to_string()))?;
         if body.len() > ref_item_budget(self.filesystem().sb.nodesize) {
             return Err(Error::TooManyLinks);
         }
@@ -138,16 +163,23 @@ impl Transaction<'_> {
     }
 
     /// Removes the name `name` in `parent` from `id`'s back references; returns its index.
-    pub(crate) fn remove_inode_ref(&mut self, id: InodeId, parent: u64, name: &[u8]) -> Result<u64> {
+    pub(crate) fn remove_inode_ref(
+        &mut self,
+        id: InodeId,
+        parent: u64,
+        name: &[u8],
+    ) -> Result<u64> {
         let key = Key::new(id.ino, item::INODE_REF, parent);
         if let Some(old) = self.lookup(id.subvol, &key)? {
-            let mut refs = InodeRef::parse_all(&old).map_err(|e| Error::corrupt(0, format!("inode ref of {}: {e}", id.ino)))?;
+            let mut refs = InodeRef::parse_all(&old)
+                .map_err(|e| Error::corrupt(0, format!("inode ref of {}: {e}", id.ino)))?;
             if let Some(pos) = refs.iter().position(|r| r.name == name) {
                 let index = refs.remove(pos).index;
                 if refs.is_empty() {
                     self.delete_item(id.subvol, &key)?;
                 } else {
-                    let body = InodeRef::to_bytes_all(&refs).map_err(|e| Error::InvalidArgument(e.to_string()))?;
+                    let body = InodeRef::to_bytes_all(&refs)
+                        .map_err(|e| Error::InvalidArgument(e.to_string()))?;
                     self.replace_item(id.subvol, &key, &body)?;
                 }
                 return Ok(index);
@@ -155,18 +187,34 @@ impl Transaction<'_> {
         }
         let key = Key::new(id.ino, item::INODE_EXTREF, extref_hash(parent, name));
         let old = self.lookup(id.subvol, &key)?.ok_or_else(|| {
-            Error::corrupt(0, format!("inode {} has no back reference for its name in {parent}", id.ino))
+            Error::corrupt(
+                0,
+                format!(
+                    "inode {} has no back reference for its name in {parent}",
+                    id.ino
+                ),
+            )
         })?;
-        let mut refs = InodeExtref::parse_all(&old).map_err(|e| Error::corrupt(0, format!("extref of {}: {e}", id.ino)))?;
+        let mut refs = InodeExtref::parse_all(&old)
+            .map_err(|e| Error::corrupt(0, format!("extref of {}: {e}", id.ino)))?;
         let pos = refs
             .iter()
             .position(|r| r.parent == parent && r.name == name)
-            .ok_or_else(|| Error::corrupt(0, format!("inode {} has no back reference for its name in {parent}", id.ino)))?;
+            .ok_or_else(|| {
+                Error::corrupt(
+                    0,
+                    format!(
+                        "inode {} has no back reference for its name in {parent}",
+                        id.ino
+                    ),
+                )
+            })?;
         let index = refs.remove(pos).index;
         if refs.is_empty() {
             self.delete_item(id.subvol, &key)?;
         } else {
-            let body = InodeExtref::to_bytes_all(&refs).map_err(|e| Error::InvalidArgument(e.to_string()))?;
+            let body = InodeExtref::to_bytes_all(&refs)
+                .map_err(|e| Error::InvalidArgument(e.to_string()))?;
             self.replace_item(id.subvol, &key, &body)?;
         }
         Ok(index)
@@ -188,7 +236,10 @@ impl Transaction<'_> {
         let min = Key::new(id.ino, 0, 0);
         let max = Key::new(id.ino, u8::MAX, u64::MAX);
         self.delete_items_in_range(id.subvol, min, max)?;
-        match self.delete_item(id.subvol, &Key::new(objectid::ORPHAN, item::ORPHAN_ITEM, id.ino)) {
+        match self.delete_item(
+            id.subvol,
+            &Key::new(objectid::ORPHAN, item::ORPHAN_ITEM, id.ino),
+        ) {
             Err(Error::NotFound) => {}
             r => r?,
         }

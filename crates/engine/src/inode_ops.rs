@@ -12,7 +12,7 @@ use crate::space::Reserve;
 use crate::transaction::Transaction;
 use oleo_format::csum::name_hash;
 use oleo_format::items::{
-    FileExtent, FileExtentBody, FileType, InodeItem, Compression, Timespec as DiskTime,
+    Compression, FileExtent, FileExtentBody, FileType, InodeItem, Timespec as DiskTime,
     INODE_FLAG_NODATACOW, INODE_FLAG_NODATASUM,
 };
 use oleo_format::key::{item, Key};
@@ -67,7 +67,10 @@ pub enum XattrSet {
 }
 
 fn disk_time(t: Timespec) -> DiskTime {
-    DiskTime { sec: t.sec, nsec: t.nsec }
+    DiskTime {
+        sec: t.sec,
+        nsec: t.nsec,
+    }
 }
 
 fn check_name(name: &[u8]) -> Result<()> {
@@ -84,7 +87,8 @@ fn check_name(name: &[u8]) -> Result<()> {
 }
 
 fn file_type_of(mode: u32) -> Result<u8> {
-    let kind = FileKind::from_mode(mode).ok_or_else(|| Error::InvalidArgument(format!("bad file type in mode {mode:o}")))?;
+    let kind = FileKind::from_mode(mode)
+        .ok_or_else(|| Error::InvalidArgument(format!("bad file type in mode {mode:o}")))?;
     Ok(match kind {
         FileKind::File => FileType::RegFile,
         FileKind::Dir => FileType::Dir,
@@ -114,7 +118,14 @@ impl Transaction<'_> {
     }
 
     /// Adds `name` -> `target` in `dir` and its back reference; grows the directory.
-    fn link_name(&mut self, dir: InodeId, dir_inode: &mut InodeItem, name: &[u8], target: InodeId, file_type: u8) -> Result<()> {
+    fn link_name(
+        &mut self,
+        dir: InodeId,
+        dir_inode: &mut InodeItem,
+        name: &[u8],
+        target: InodeId,
+        file_type: u8,
+    ) -> Result<()> {
         let index = self.next_dir_index(dir)?;
         self.add_inode_ref(target, dir.ino, name, index)?;
         let entry = EntryTarget {
@@ -130,7 +141,13 @@ impl Transaction<'_> {
     }
 
     /// Removes `name` -> `target` from `dir` and its back reference; shrinks the directory.
-    fn unlink_name(&mut self, dir: InodeId, dir_inode: &mut InodeItem, name: &[u8], target: InodeId) -> Result<()> {
+    fn unlink_name(
+        &mut self,
+        dir: InodeId,
+        dir_inode: &mut InodeItem,
+        name: &[u8],
+        target: InodeId,
+    ) -> Result<()> {
         let index = self.remove_inode_ref(target, dir.ino, name)?;
         self.remove_dir_entry(dir, name, index)?;
         dir_inode.size = dir_inode.size.saturating_sub(2 * name.len() as u64);
@@ -144,15 +161,27 @@ impl Transaction<'_> {
     fn entry_inode(&mut self, dir: InodeId, name: &[u8]) -> Result<Option<(InodeId, u8)>> {
         match self.find_dir_entry(dir, name)? {
             None => Ok(None),
-            Some(e) if e.location.item_type == item::INODE_ITEM => Ok(Some((InodeId { subvol: dir.subvol, ino: e.location.objectid }, e.file_type))),
-            Some(_) => Err(Error::Unsupported("changing a subvolume's directory entry is not supported yet".into())),
+            Some(e) if e.location.item_type == item::INODE_ITEM => Ok(Some((
+                InodeId {
+                    subvol: dir.subvol,
+                    ino: e.location.objectid,
+                },
+                e.file_type,
+            ))),
+            Some(_) => Err(Error::Unsupported(
+                "changing a subvolume's directory entry is not supported yet".into(),
+            )),
         }
     }
 
     /// One link fewer for `id`; the last one deletes it, or orphans it while it is open.
     fn drop_link(&mut self, id: InodeId, inode: &mut InodeItem) -> Result<()> {
         let is_dir = inode.mode & S_IFMT == S_IFDIR;
-        inode.nlink = if is_dir { 0 } else { inode.nlink.saturating_sub(1) };
+        inode.nlink = if is_dir {
+            0
+        } else {
+            inode.nlink.saturating_sub(1)
+        };
         inode.ctime = now();
         if inode.nlink > 0 {
             return self.write_inode(id, inode);
@@ -166,7 +195,17 @@ impl Transaction<'_> {
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn create_node(&mut self, parent: InodeId, name: &[u8], mode: u32, umask: u32, rdev: u64, uid: u32, gid: u32, symlink: Option<&[u8]>) -> Result<InodeId> {
+    fn create_node(
+        &mut self,
+        parent: InodeId,
+        name: &[u8],
+        mode: u32,
+        umask: u32,
+        rdev: u64,
+        uid: u32,
+        gid: u32,
+        symlink: Option<&[u8]>,
+    ) -> Result<InodeId> {
         check_name(name)?;
         let mut dir = self.dir_inode(parent)?;
         if self.find_dir_entry(parent, name)?.is_some() {
@@ -174,7 +213,10 @@ impl Transaction<'_> {
         }
         let file_type = file_type_of(mode)?;
         let ino = self.new_ino(parent.subvol)?;
-        let id = InodeId { subvol: parent.subvol, ino };
+        let id = InodeId {
+            subvol: parent.subvol,
+            ino,
+        };
         let t = now();
         let mut mode = mode;
         let mut gid = gid;
@@ -216,7 +258,11 @@ impl Transaction<'_> {
             uid,
             gid,
             mode,
-            rdev: if matches!(mode & S_IFMT, 0o020000 | 0o060000) { user_rdev_to_disk(rdev) } else { 0 },
+            rdev: if matches!(mode & S_IFMT, 0o020000 | 0o060000) {
+                user_rdev_to_disk(rdev)
+            } else {
+                0
+            },
             flags,
             atime: t,
             ctime: t,
@@ -242,11 +288,21 @@ impl Transaction<'_> {
         let transid = self.transid;
         if let (Some(d), true) = (&default_acl, mode & S_IFMT == S_IFDIR) {
             let entry = xattr_entry(transid, acl::DEFAULT, d)?;
-            self.add_hashed_entry(id.subvol, Key::new(ino, item::XATTR_ITEM, name_hash(acl::DEFAULT)), &entry, acl::DEFAULT)?;
+            self.add_hashed_entry(
+                id.subvol,
+                Key::new(ino, item::XATTR_ITEM, name_hash(acl::DEFAULT)),
+                &entry,
+                acl::DEFAULT,
+            )?;
         }
         if let Some(a) = access_acl {
             let entry = xattr_entry(transid, acl::ACCESS, &a.to_bytes())?;
-            self.add_hashed_entry(id.subvol, Key::new(ino, item::XATTR_ITEM, name_hash(acl::ACCESS)), &entry, acl::ACCESS)?;
+            self.add_hashed_entry(
+                id.subvol,
+                Key::new(ino, item::XATTR_ITEM, name_hash(acl::ACCESS)),
+                &entry,
+                acl::ACCESS,
+            )?;
         }
         self.link_name(parent, &mut dir, name, id, file_type)?;
         self.write_inode(parent, &mut dir)?;
@@ -276,7 +332,14 @@ impl Transaction<'_> {
         inode.ctime = now();
         // A linked orphan (O_TMPFILE style) is no longer one.
         if inode.nlink == 1 {
-            match self.delete_item(id.subvol, &Key::new(oleo_format::key::objectid::ORPHAN, item::ORPHAN_ITEM, id.ino)) {
+            match self.delete_item(
+                id.subvol,
+                &Key::new(
+                    oleo_format::key::objectid::ORPHAN,
+                    item::ORPHAN_ITEM,
+                    id.ino,
+                ),
+            ) {
                 Err(Error::NotFound) => {}
                 r => r?,
             }
@@ -300,7 +363,14 @@ impl Transaction<'_> {
         self.drop_link(target, &mut inode)
     }
 
-    fn rename(&mut self, sp: InodeId, sname: &[u8], dp: InodeId, dname: &[u8], flags: RenameFlags) -> Result<()> {
+    fn rename(
+        &mut self,
+        sp: InodeId,
+        sname: &[u8],
+        dp: InodeId,
+        dname: &[u8],
+        flags: RenameFlags,
+    ) -> Result<()> {
         check_name(dname)?;
         if sp.subvol != dp.subvol {
             return Err(Error::CrossDevice);
@@ -364,7 +434,11 @@ impl Transaction<'_> {
         let t = now();
         if let Some(size) = set.size {
             if inode.mode & S_IFMT != S_IFREG {
-                return Err(if inode.mode & S_IFMT == S_IFDIR { Error::IsDir } else { Error::InvalidArgument("not a regular file".into()) });
+                return Err(if inode.mode & S_IFMT == S_IFDIR {
+                    Error::IsDir
+                } else {
+                    Error::InvalidArgument("not a regular file".into())
+                });
             }
             // Times change with the size (POSIX); ftruncate's own time update arrives as
             // explicit mtime/ctime.
@@ -415,13 +489,19 @@ impl Transaction<'_> {
     fn fallocate(&mut self, id: InodeId, offset: u64, len: u64, mode: FallocMode) -> Result<()> {
         let mut inode = self.read_inode(id)?;
         if inode.mode & S_IFMT != S_IFREG {
-            return Err(if inode.mode & S_IFMT == S_IFDIR { Error::IsDir } else { Error::NoDevice });
+            return Err(if inode.mode & S_IFMT == S_IFDIR {
+                Error::IsDir
+            } else {
+                Error::NoDevice
+            });
         }
         if len == 0 {
             return Err(Error::InvalidArgument("fallocate of zero bytes".into()));
         }
         match mode {
-            FallocMode::Allocate { keep_size } => self.preallocate(id, &mut inode, offset, len, keep_size)?,
+            FallocMode::Allocate { keep_size } => {
+                self.preallocate(id, &mut inode, offset, len, keep_size)?
+            }
             FallocMode::PunchHole => self.punch_hole(id, &mut inode, offset, len)?,
             FallocMode::ZeroRange { keep_size } => {
                 self.punch_hole(id, &mut inode, offset, len)?;
@@ -495,31 +575,68 @@ impl Filesystem {
     /// named `name` in `parent`. `mode` includes the type bits; `rdev` is a userspace dev_t.
     /// `umask` applies unless the parent has a default ACL (which is inherited instead).
     #[allow(clippy::too_many_arguments)]
-    pub fn mknod(&mut self, parent: InodeId, name: &[u8], mode: u32, umask: u32, rdev: u64, uid: u32, gid: u32) -> Result<Attr> {
+    pub fn mknod(
+        &mut self,
+        parent: InodeId,
+        name: &[u8],
+        mode: u32,
+        umask: u32,
+        rdev: u64,
+        uid: u32,
+        gid: u32,
+    ) -> Result<Attr> {
         self.check_subvol_writable(parent.subvol)?;
         if matches!(mode & S_IFMT, S_IFDIR | S_IFLNK) {
-            return Err(Error::InvalidArgument("mknod cannot make directories or symlinks".into()));
+            return Err(Error::InvalidArgument(
+                "mknod cannot make directories or symlinks".into(),
+            ));
         }
-        let mode = if mode & S_IFMT == 0 { mode | S_IFREG } else { mode };
-        let id = self.write_op(Reserve::items(8), |t| t.create_node(parent, name, mode, umask, rdev, uid, gid, None))?;
+        let mode = if mode & S_IFMT == 0 {
+            mode | S_IFREG
+        } else {
+            mode
+        };
+        let id = self.write_op(Reserve::items(8), |t| {
+            t.create_node(parent, name, mode, umask, rdev, uid, gid, None)
+        })?;
         self.getattr(id)
     }
 
-    pub fn mkdir(&mut self, parent: InodeId, name: &[u8], mode: u32, umask: u32, uid: u32, gid: u32) -> Result<Attr> {
+    pub fn mkdir(
+        &mut self,
+        parent: InodeId,
+        name: &[u8],
+        mode: u32,
+        umask: u32,
+        uid: u32,
+        gid: u32,
+    ) -> Result<Attr> {
         self.check_subvol_writable(parent.subvol)?;
         // As mkdir(2): only permission and sticky bits; set-group-ID comes from the parent.
         let mode = (mode & 0o1777) | S_IFDIR;
-        let id = self.write_op(Reserve::items(8), |t| t.create_node(parent, name, mode, umask, 0, uid, gid, None))?;
+        let id = self.write_op(Reserve::items(8), |t| {
+            t.create_node(parent, name, mode, umask, 0, uid, gid, None)
+        })?;
         self.getattr(id)
     }
 
-    pub fn symlink(&mut self, parent: InodeId, name: &[u8], target: &[u8], uid: u32, gid: u32) -> Result<Attr> {
+    pub fn symlink(
+        &mut self,
+        parent: InodeId,
+        name: &[u8],
+        target: &[u8],
+        uid: u32,
+        gid: u32,
+    ) -> Result<Attr> {
         self.check_subvol_writable(parent.subvol)?;
-        let limit = oleo_format::leaf_builder::max_item_size(self.sb.nodesize) - oleo_format::items::FILE_EXTENT_INLINE_HEADER;
+        let limit = oleo_format::leaf_builder::max_item_size(self.sb.nodesize)
+            - oleo_format::items::FILE_EXTENT_INLINE_HEADER;
         if target.is_empty() || target.len() > limit.min(4095) {
             return Err(Error::NameTooLong);
         }
-        let id = self.write_op(Reserve::items(7), |t| t.create_node(parent, name, S_IFLNK | 0o777, 0, 0, uid, gid, Some(target)))?;
+        let id = self.write_op(Reserve::items(7), |t| {
+            t.create_node(parent, name, S_IFLNK | 0o777, 0, 0, uid, gid, Some(target))
+        })?;
         self.getattr(id)
     }
 
@@ -539,9 +656,18 @@ impl Filesystem {
         self.write_op(Reserve::items(8), |t| t.remove(parent, name, true))
     }
 
-    pub fn rename(&mut self, parent: InodeId, name: &[u8], new_parent: InodeId, new_name: &[u8], flags: RenameFlags) -> Result<()> {
+    pub fn rename(
+        &mut self,
+        parent: InodeId,
+        name: &[u8],
+        new_parent: InodeId,
+        new_name: &[u8],
+        flags: RenameFlags,
+    ) -> Result<()> {
         self.check_subvol_writable(parent.subvol)?;
-        self.write_op(Reserve::items(16), |t| t.rename(parent, name, new_parent, new_name, flags))
+        self.write_op(Reserve::items(16), |t| {
+            t.rename(parent, name, new_parent, new_name, flags)
+        })
     }
 
     pub fn setattr(&mut self, id: InodeId, set: &SetAttr) -> Result<Attr> {
@@ -575,17 +701,31 @@ impl Filesystem {
         Ok(Reserve::items(10).bulk(csums + extents * 200).data(data))
     }
 
-    pub fn fallocate(&mut self, id: InodeId, offset: u64, len: u64, mode: FallocMode) -> Result<()> {
+    pub fn fallocate(
+        &mut self,
+        id: InodeId,
+        offset: u64,
+        len: u64,
+        mode: FallocMode,
+    ) -> Result<()> {
         self.check_subvol_writable(id.subvol)?;
         let data = match mode {
             FallocMode::PunchHole => 2 * u64::from(self.sb.sectorsize),
             _ => len.saturating_add(2 * u64::from(self.sb.sectorsize)),
         };
         let extents = len / (1 << 20) + 2;
-        self.write_op(Reserve::items(10).bulk(extents * 200).data(data), |t| t.fallocate(id, offset, len, mode))
+        self.write_op(Reserve::items(10).bulk(extents * 200).data(data), |t| {
+            t.fallocate(id, offset, len, mode)
+        })
     }
 
-    pub fn setxattr(&mut self, id: InodeId, name: &[u8], value: &[u8], how: XattrSet) -> Result<()> {
+    pub fn setxattr(
+        &mut self,
+        id: InodeId,
+        name: &[u8],
+        value: &[u8],
+        how: XattrSet,
+    ) -> Result<()> {
         self.check_subvol_writable(id.subvol)?;
         self.write_op(Reserve::items(4), |t| t.set_xattr(id, name, value, how))
     }
@@ -599,12 +739,23 @@ impl Filesystem {
 impl Filesystem {
     /// Copies up to `len` bytes (stopping at the source's end) and returns how many. Whole
     /// sectors share the source's extents (a reflink); the rest is copied.
-    pub fn copy_file_range(&mut self, src: InodeId, src_off: u64, dst: InodeId, dst_off: u64, len: u64) -> Result<u64> {
+    pub fn copy_file_range(
+        &mut self,
+        src: InodeId,
+        src_off: u64,
+        dst: InodeId,
+        dst_off: u64,
+        len: u64,
+    ) -> Result<u64> {
         self.check_subvol_writable(dst.subvol)?;
         let sa = self.getattr(src)?;
         let da = self.getattr(dst)?;
         if sa.kind != FileKind::File || da.kind != FileKind::File {
-            return Err(if sa.kind == FileKind::Dir || da.kind == FileKind::Dir { Error::IsDir } else { Error::InvalidArgument("not a regular file".into()) });
+            return Err(if sa.kind == FileKind::Dir || da.kind == FileKind::Dir {
+                Error::IsDir
+            } else {
+                Error::InvalidArgument("not a regular file".into())
+            });
         }
         if src.subvol != dst.subvol {
             return Err(Error::CrossDevice);
@@ -614,19 +765,25 @@ impl Filesystem {
             return Ok(0);
         }
         if src == dst && src_off < dst_off + len && dst_off < src_off + len {
-            return Err(Error::InvalidArgument("overlapping copy within one file".into()));
+            return Err(Error::InvalidArgument(
+                "overlapping copy within one file".into(),
+            ));
         }
         let sector = u64::from(self.sb.sectorsize);
         let src_end = src_off + len;
         // A tail that ends at the source's EOF may be cloned whole when it also ends (or
         // lands past) the destination's EOF: the bytes past EOF are never visible.
         let tail_ok = src_end == sa.size && dst_off + len >= da.size;
-        let aligned = src_off % sector == 0 && dst_off % sector == 0 && (len % sector == 0 || tail_ok);
+        let aligned =
+            src_off % sector == 0 && dst_off % sector == 0 && (len % sector == 0 || tail_ok);
         let inline = sa.size <= self.max_inline.min(sector - 1);
         if aligned && !inline && src != dst {
             let clone_len = len.next_multiple_of(sector);
             let extents = clone_len / (1 << 20) + 2;
-            self.write_op(Reserve::items(10).bulk(extents * 200).data(2 * sector), |t| t.clone_range(src, src_off, dst, dst_off, clone_len))?;
+            self.write_op(
+                Reserve::items(10).bulk(extents * 200).data(2 * sector),
+                |t| t.clone_range(src, src_off, dst, dst_off, clone_len),
+            )?;
             if clone_len != len {
                 // The clone covered whole sectors: the size ends where the data ends.
                 let want = (dst_off + len).max(da.size);

@@ -36,18 +36,12 @@ impl Filesystem {
     /// Ids of every tree with a ROOT_ITEM, plus the chunk and root trees.
     pub fn tree_ids(&self) -> Result<Vec<u64>> {
         let mut ids = vec![objectid::ROOT_TREE, objectid::CHUNK_TREE];
-        crate::ctree::for_each_in_range(
-            self,
-            &self.root_tree(),
-            Key::MIN,
-            Key::MAX,
-            |key, _| {
-                if key.item_type == item::ROOT_ITEM && !ids.contains(&key.objectid) {
-                    ids.push(key.objectid);
-                }
-                Ok(ControlFlow::Continue(()))
-            },
-        )?;
+        crate::ctree::for_each_in_range(self, &self.root_tree(), Key::MIN, Key::MAX, |key, _| {
+            if key.item_type == item::ROOT_ITEM && !ids.contains(&key.objectid) {
+                ids.push(key.objectid);
+            }
+            Ok(ControlFlow::Continue(()))
+        })?;
         Ok(ids)
     }
 
@@ -60,7 +54,8 @@ impl Filesystem {
         f: &mut dyn FnMut(TreeBlock<'_>),
         on_error: &mut dyn FnMut(&Error),
     ) -> Result<()> {
-        let block = crate::ctree::BlockSource::read_tree_block(self, 
+        let block = crate::ctree::BlockSource::read_tree_block(
+            self,
             root.bytenr,
             Some(root.level),
             Some(root.generation),
@@ -85,7 +80,8 @@ impl Filesystem {
             let p = tb
                 .key_ptr(slot)
                 .map_err(|e| Error::corrupt(tb.bytenr(), e.to_string()))?;
-            match crate::ctree::BlockSource::read_tree_block(self, 
+            match crate::ctree::BlockSource::read_tree_block(
+                self,
                 p.blockptr,
                 Some(tb.level() - 1),
                 Some(p.generation),

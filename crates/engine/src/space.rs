@@ -6,11 +6,11 @@
 
 use crate::error::{Error, Result};
 use crate::fs::{Filesystem, InodeId, StatFs};
+use crate::transaction::Transaction;
+use oleo_format::items::block_group as bg;
 use oleo_format::items::BlockGroupItem;
 use oleo_format::key::{item, objectid, Key};
 use oleo_format::superblock::compat_ro;
-use crate::transaction::Transaction;
-use oleo_format::items::block_group as bg;
 
 /// Blocks one item change may need: a copied path plus a split at every level (the
 /// kernel reserves the same, 2 * BTRFS_MAX_LEVEL per item).
@@ -28,15 +28,25 @@ pub(crate) struct Reserve {
 
 impl Reserve {
     pub(crate) fn items(items: u64) -> Reserve {
-        Reserve { items, bulk: 0, data: 0 }
+        Reserve {
+            items,
+            bulk: 0,
+            data: 0,
+        }
     }
 
     pub(crate) fn bulk(self, bytes: u64) -> Reserve {
-        Reserve { bulk: bytes, ..self }
+        Reserve {
+            bulk: bytes,
+            ..self
+        }
     }
 
     pub(crate) fn data(self, bytes: u64) -> Reserve {
-        Reserve { data: bytes, ..self }
+        Reserve {
+            data: bytes,
+            ..self
+        }
     }
 }
 

@@ -72,13 +72,19 @@ pub struct Transaction<'a> {
 impl std::ops::Deref for Transaction<'_> {
     type Target = TxnState;
     fn deref(&self) -> &TxnState {
-        self.fs.running.as_deref().expect("a Transaction always has running state")
+        self.fs
+            .running
+            .as_deref()
+            .expect("a Transaction always has running state")
     }
 }
 
 impl std::ops::DerefMut for Transaction<'_> {
     fn deref_mut(&mut self) -> &mut TxnState {
-        self.fs.running.as_deref_mut().expect("a Transaction always has running state")
+        self.fs
+            .running
+            .as_deref_mut()
+            .expect("a Transaction always has running state")
     }
 }
 
@@ -218,7 +224,6 @@ impl TxnState {
             last_snapshots: BTreeMap::new(),
         })
     }
-
 }
 
 impl<'a> Transaction<'a> {

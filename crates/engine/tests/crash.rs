@@ -20,12 +20,15 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 fn seed(test: &str) -> u64 {
-    let s = std::env::var("OLEO_TEST_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos() as u64 % 1_000_000_007)
-            .unwrap_or(1)
-    });
+    let s = std::env::var("OLEO_TEST_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos() as u64 % 1_000_000_007)
+                .unwrap_or(1)
+        });
     eprintln!("{test}: seed {s} (OLEO_TEST_SEED={s} replays)");
     s
 }
@@ -96,20 +99,32 @@ fn state_of(fs: &Filesystem) -> State {
         })
         .unwrap();
         for e in entries {
-            let p = if path.is_empty() { e.name.clone() } else { [&path[..], b"/", &e.name].concat() };
+            let p = if path.is_empty() {
+                e.name.clone()
+            } else {
+                [&path[..], b"/", &e.name].concat()
+            };
             let a = fs.getattr(e.id).unwrap();
             let content = match a.kind {
                 FileKind::File if a.size > 0 => fs.read(e.id, 0, a.size as u32).unwrap(),
                 FileKind::Symlink => fs.readlink(e.id).unwrap(),
                 _ => Vec::new(),
             };
-            let mut xattrs: Vec<_> = fs.listxattr(e.id).unwrap().into_iter().map(|n| {
-                let v = fs.getxattr(e.id, &n).unwrap();
-                (n, v)
-            }).collect();
+            let mut xattrs: Vec<_> = fs
+                .listxattr(e.id)
+                .unwrap()
+                .into_iter()
+                .map(|n| {
+                    let v = fs.getxattr(e.id, &n).unwrap();
+                    (n, v)
+                })
+                .collect();
             xattrs.sort();
             let size = if a.kind == FileKind::Dir { 0 } else { a.size };
-            out.insert(p.clone(), (format!("{:?}", a.kind), a.mode, size, content, xattrs));
+            out.insert(
+                p.clone(),
+                (format!("{:?}", a.kind), a.mode, size, content, xattrs),
+            );
             if a.kind == FileKind::Dir {
                 stack.push((e.id, p));
             }
@@ -139,11 +154,18 @@ fn kernel_state(root: &Path) -> State {
             };
             let content = match kind {
                 "File" => std::fs::read(&p).unwrap(),
-                "Symlink" => std::fs::read_link(&p).unwrap().as_os_str().as_bytes().to_vec(),
+                "Symlink" => std::fs::read_link(&p)
+                    .unwrap()
+                    .as_os_str()
+                    .as_bytes()
+                    .to_vec(),
                 _ => Vec::new(),
             };
             let size = if m.is_dir() { 0 } else { m.size() };
-            out.insert(r.as_os_str().as_bytes().to_vec(), (kind.to_string(), m.mode(), size, content, Vec::new()));
+            out.insert(
+                r.as_os_str().as_bytes().to_vec(),
+                (kind.to_string(), m.mode(), size, content, Vec::new()),
+            );
             if m.is_dir() {
                 stack.push(r);
             }
@@ -168,11 +190,19 @@ fn random_op(rng: &mut Rng, fs: &mut Filesystem, names: &mut Vec<Vec<u8>>) {
     };
     match rng.below(10) {
         0 | 1 => {
-            let dir = if rng.below(3) == 0 { b"d".to_vec() } else { Vec::new() };
+            let dir = if rng.below(3) == 0 {
+                b"d".to_vec()
+            } else {
+                Vec::new()
+            };
             let d = resolve(fs, &dir).unwrap_or(root);
             let name = format!("f{}", rng.below(40)).into_bytes();
             if fs.mknod(d, &name, 0o100644, 0, 0, 0, 0).is_ok() {
-                names.push(if dir.is_empty() { name } else { [&dir[..], b"/", &name].concat() });
+                names.push(if dir.is_empty() {
+                    name
+                } else {
+                    [&dir[..], b"/", &name].concat()
+                });
             }
         }
         2..=5 => {
@@ -185,7 +215,9 @@ fn random_op(rng: &mut Rng, fs: &mut Filesystem, names: &mut Vec<Vec<u8>>) {
                     };
                     let off = rng.below(300_000);
                     let fill = rng.below(255) as u8;
-                    let data: Vec<u8> = (0..len).map(|i| fill.wrapping_add((i % 251) as u8)).collect();
+                    let data: Vec<u8> = (0..len)
+                        .map(|i| fill.wrapping_add((i % 251) as u8))
+                        .collect();
                     let _ = fs.write(id, off, &data);
                 }
             }
@@ -205,7 +237,13 @@ fn random_op(rng: &mut Rng, fs: &mut Filesystem, names: &mut Vec<Vec<u8>>) {
         7 => {
             if let Some(n) = pick(rng, names) {
                 if let Some(id) = resolve(fs, &n) {
-                    let _ = fs.setattr(id, &SetAttr { size: Some(rng.below(200_000)), ..Default::default() });
+                    let _ = fs.setattr(
+                        id,
+                        &SetAttr {
+                            size: Some(rng.below(200_000)),
+                            ..Default::default()
+                        },
+                    );
                 }
             }
         }
@@ -217,7 +255,10 @@ fn random_op(rng: &mut Rng, fs: &mut Filesystem, names: &mut Vec<Vec<u8>>) {
                     None => (Vec::new(), n.clone()),
                 };
                 let d = resolve(fs, &dir).unwrap_or(root);
-                if fs.rename(d, &name, root, &to, RenameFlags::default()).is_ok() {
+                if fs
+                    .rename(d, &name, root, &to, RenameFlags::default())
+                    .is_ok()
+                {
                     names.retain(|x| *x != n && *x != to);
                     names.push(to);
                 }
@@ -227,7 +268,12 @@ fn random_op(rng: &mut Rng, fs: &mut Filesystem, names: &mut Vec<Vec<u8>>) {
             if let Some(n) = pick(rng, names) {
                 if let Some(id) = resolve(fs, &n) {
                     let v = vec![b'x'; rng.below(300) as usize];
-                    let _ = fs.setxattr(id, format!("user.k{}", rng.below(3)).as_bytes(), &v, XattrSet::Either);
+                    let _ = fs.setxattr(
+                        id,
+                        format!("user.k{}", rng.below(3)).as_bytes(),
+                        &v,
+                        XattrSet::Either,
+                    );
                 }
             }
         }
@@ -238,7 +284,10 @@ fn random_op(rng: &mut Rng, fs: &mut Filesystem, names: &mut Vec<Vec<u8>>) {
 /// last flush of the prefix with probability one half.
 fn crash_image(base: &Path, out: &Path, events: &[IoEvent], n: usize, rng: &mut Rng) -> usize {
     sparse_copy(base, out);
-    let last_flush = events[..n].iter().rposition(|e| *e == IoEvent::Flush).map_or(0, |i| i + 1);
+    let last_flush = events[..n]
+        .iter()
+        .rposition(|e| *e == IoEvent::Flush)
+        .map_or(0, |i| i + 1);
     let f = std::fs::OpenOptions::new().write(true).open(out).unwrap();
     let mut dropped = 0;
     for (i, e) in events[..n].iter().enumerate() {
@@ -262,9 +311,22 @@ fn run_workload(name: &str, mkfs_args: &[&str], ops: usize) {
     let scratch = Scratch::new(name);
     let base = scratch.path("base.img");
     let work = scratch.path("work.img");
-    std::fs::File::create(&base).unwrap().set_len(256 << 20).unwrap();
-    let out = Command::new("mkfs.btrfs").arg("-q").arg("-f").args(mkfs_args).arg(&base).output().unwrap();
-    assert!(out.status.success(), "mkfs.btrfs: {}", String::from_utf8_lossy(&out.stderr));
+    std::fs::File::create(&base)
+        .unwrap()
+        .set_len(256 << 20)
+        .unwrap();
+    let out = Command::new("mkfs.btrfs")
+        .arg("-q")
+        .arg("-f")
+        .args(mkfs_args)
+        .arg(&base)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "mkfs.btrfs: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     sparse_copy(&base, &work);
 
     let mut fs = Filesystem::open_rw(&work, OpenOptions::default()).unwrap();
@@ -295,7 +357,9 @@ fn run_workload(name: &str, mkfs_args: &[&str], ops: usize) {
             let start = events.len();
             events.extend(fs.take_io_recording());
             // Every commit ends with two flushes: after the blocks, after the superblocks.
-            let flushes: Vec<usize> = (start..events.len()).filter(|&j| events[j] == IoEvent::Flush).collect();
+            let flushes: Vec<usize> = (start..events.len())
+                .filter(|&j| events[j] == IoEvent::Flush)
+                .collect();
             let commits = generation - last_gen;
             assert_eq!(flushes.len() as u64, commits * 2, "two flushes per commit");
             for c in 0..commits {
@@ -324,7 +388,10 @@ fn run_workload(name: &str, mkfs_args: &[&str], ops: usize) {
     );
     assert!(bytes > 0, "the workload wrote nothing");
 
-    let points: usize = std::env::var("OLEO_CRASH_POINTS").ok().and_then(|s| s.parse().ok()).unwrap_or(40);
+    let points: usize = std::env::var("OLEO_CRASH_POINTS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(40);
     // Crash points: around every flush (just before, just after) and random ones.
     let mut cuts: Vec<usize> = Vec::new();
     for (i, e) in events.iter().enumerate() {
@@ -340,7 +407,9 @@ fn run_workload(name: &str, mkfs_args: &[&str], ops: usize) {
     cuts.dedup();
     if cuts.len() > points * 2 {
         let step = cuts.len() as f64 / (points * 2) as f64;
-        cuts = (0..points * 2).map(|i| cuts[(i as f64 * step) as usize]).collect();
+        cuts = (0..points * 2)
+            .map(|i| cuts[(i as f64 * step) as usize])
+            .collect();
         cuts.dedup();
     }
     let crash = scratch.path("crash.img");
@@ -349,7 +418,12 @@ fn run_workload(name: &str, mkfs_args: &[&str], ops: usize) {
     for (k, &n) in cuts.iter().enumerate() {
         let dropped = crash_image(&base, &crash, &events, n, &mut rng);
         // The newest commit whose final flush is in the prefix must be there (or the next).
-        let floor = durable.iter().filter(|(at, _)| *at <= n).map(|(_, g)| *g).max().unwrap();
+        let floor = durable
+            .iter()
+            .filter(|(at, _)| *at <= n)
+            .map(|(_, g)| *g)
+            .max()
+            .unwrap();
         if let Err(text) = oleo_testkit::btrfs_check(&crash, false) {
             panic!("{name} seed {seed}: crash after {n} of {} events ({dropped} late writes lost): btrfs check:\n{text}", events.len());
         }
@@ -367,18 +441,34 @@ fn run_workload(name: &str, mkfs_args: &[&str], ops: usize) {
             continue;
         };
         let got = state_of(&fs);
-        assert!(got == *want, "{name} seed {seed}: crash at {n}: state differs from commit {generation}");
+        assert!(
+            got == *want,
+            "{name} seed {seed}: crash at {n}: state differs from commit {generation}"
+        );
         drop(fs);
         if k % 8 == 0 {
             let mnt = scratch.path("mnt");
-            let st = Command::new("mount").args(["-o", "loop,ro"]).arg(&crash).arg(&mnt).status().unwrap();
-            assert!(st.success(), "{name} seed {seed}: crash at {n}: the kernel cannot mount it");
+            let st = Command::new("mount")
+                .args(["-o", "loop,ro"])
+                .arg(&crash)
+                .arg(&mnt)
+                .status()
+                .unwrap();
+            assert!(
+                st.success(),
+                "{name} seed {seed}: crash at {n}: the kernel cannot mount it"
+            );
             let seen = kernel_state(&mnt);
             Command::new("umount").arg(&mnt).status().unwrap();
             let strip = |s: &State| -> BTreeMap<Vec<u8>, (String, u64, Vec<u8>)> {
-                s.iter().map(|(p, v)| (p.clone(), (v.0.clone(), v.2, v.3.clone()))).collect()
+                s.iter()
+                    .map(|(p, v)| (p.clone(), (v.0.clone(), v.2, v.3.clone())))
+                    .collect()
             };
-            assert!(strip(&seen) == strip(want), "{name} seed {seed}: crash at {n}: the kernel shows another state");
+            assert!(
+                strip(&seen) == strip(want),
+                "{name} seed {seed}: crash at {n}: the kernel shows another state"
+            );
             with_kernel += 1;
         }
         checked += 1;

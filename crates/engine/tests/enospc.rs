@@ -20,9 +20,22 @@ impl Scratch {
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(dir.join("mnt")).unwrap();
         let s = Scratch(dir);
-        std::fs::File::create(s.image()).unwrap().set_len(mb << 20).unwrap();
-        let out = Command::new("mkfs.btrfs").arg("-q").arg("-f").args(args).arg(s.image()).output().unwrap();
-        assert!(out.status.success(), "mkfs.btrfs: {}", String::from_utf8_lossy(&out.stderr));
+        std::fs::File::create(s.image())
+            .unwrap()
+            .set_len(mb << 20)
+            .unwrap();
+        let out = Command::new("mkfs.btrfs")
+            .arg("-q")
+            .arg("-f")
+            .args(args)
+            .arg(s.image())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "mkfs.btrfs: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         s
     }
     fn image(&self) -> PathBuf {
@@ -38,7 +51,9 @@ impl Drop for Scratch {
 }
 
 fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    (0..len).map(|i| (seed as usize * 31 + i / 3) as u8).collect()
+    (0..len)
+        .map(|i| (seed as usize * 31 + i / 3) as u8)
+        .collect()
 }
 
 /// Reads every listed file back through oleo and through the kernel.
@@ -46,12 +61,27 @@ fn verify(image: &Path, mnt: &Path, files: &[(Vec<u8>, Vec<u8>)], when: &str) {
     assert_btrfs_check(image, when);
     let fs = Filesystem::open(image, OpenOptions::default()).unwrap();
     for (name, data) in files {
-        let id = fs.lookup(fs.root(), name).unwrap_or_else(|e| panic!("{when}: {} missing: {e}", String::from_utf8_lossy(name)));
-        let got = if data.is_empty() { Vec::new() } else { fs.read(id, 0, data.len() as u32).unwrap() };
-        assert!(got == *data, "{when}: {} differs through oleo", String::from_utf8_lossy(name));
+        let id = fs
+            .lookup(fs.root(), name)
+            .unwrap_or_else(|e| panic!("{when}: {} missing: {e}", String::from_utf8_lossy(name)));
+        let got = if data.is_empty() {
+            Vec::new()
+        } else {
+            fs.read(id, 0, data.len() as u32).unwrap()
+        };
+        assert!(
+            got == *data,
+            "{when}: {} differs through oleo",
+            String::from_utf8_lossy(name)
+        );
     }
     drop(fs);
-    let st = Command::new("mount").args(["-o", "loop,ro"]).arg(image).arg(mnt).status().unwrap();
+    let st = Command::new("mount")
+        .args(["-o", "loop,ro"])
+        .arg(image)
+        .arg(mnt)
+        .status()
+        .unwrap();
     assert!(st.success(), "{when}: kernel mount");
     let mut bad = Vec::new();
     for (name, data) in files {
@@ -61,7 +91,10 @@ fn verify(image: &Path, mnt: &Path, files: &[(Vec<u8>, Vec<u8>)], when: &str) {
         }
     }
     Command::new("umount").arg(mnt).status().unwrap();
-    assert!(bad.is_empty(), "{when}: the kernel reads other bytes for {bad:?}");
+    assert!(
+        bad.is_empty(),
+        "{when}: the kernel reads other bytes for {bad:?}"
+    );
 }
 
 fn init_log() {
@@ -92,22 +125,39 @@ fn one_big_file_until_full() {
         assert!(written < 1 << 30, "never filled up");
     };
     assert!(is_enospc(&err), "expected ENOSPC, got {err}");
-    assert_eq!(fs.getattr(id).unwrap().size, written, "the failed write changed the size");
+    assert_eq!(
+        fs.getattr(id).unwrap().size,
+        written,
+        "the failed write changed the size"
+    );
     fs.sync().expect("commit after ENOSPC");
     eprintln!("big: {} MiB written before ENOSPC", written >> 20);
     assert!(written >= 128 << 20, "only {written} bytes fit in 256 MiB");
     drop(fs);
-    let expect: Vec<u8> = (0..written / chunk as u64).flat_map(|i| pattern(i, chunk)).collect();
-    verify(&s.image(), &s.0.join("mnt"), &[(b"big".to_vec(), expect)], "filling with one file");
+    let expect: Vec<u8> = (0..written / chunk as u64)
+        .flat_map(|i| pattern(i, chunk))
+        .collect();
+    verify(
+        &s.image(),
+        &s.0.join("mnt"),
+        &[(b"big".to_vec(), expect)],
+        "filling with one file",
+    );
     // Freeing space makes room again (after the commit that unpins it).
     let mut fs = Filesystem::open_rw(s.image(), OpenOptions::default()).unwrap();
     let root = fs.root();
     fs.unlink(root, b"big").unwrap();
     let id = fs.mknod(root, b"again", 0o100644, 0, 0, 0, 0).unwrap().id;
-    fs.write(id, 0, &pattern(9, 64 << 20)).expect("space is reusable after a delete");
+    fs.write(id, 0, &pattern(9, 64 << 20))
+        .expect("space is reusable after a delete");
     fs.sync().unwrap();
     drop(fs);
-    verify(&s.image(), &s.0.join("mnt"), &[(b"again".to_vec(), pattern(9, 64 << 20))], "reuse after delete");
+    verify(
+        &s.image(),
+        &s.0.join("mnt"),
+        &[(b"again".to_vec(), pattern(9, 64 << 20))],
+        "reuse after delete",
+    );
 }
 
 #[test]
@@ -146,7 +196,12 @@ fn many_small_files_until_full() {
     fs.sync().unwrap();
     eprintln!("small: {} files before ENOSPC", files.len());
     drop(fs);
-    verify(&s.image(), &s.0.join("mnt"), &files, "filling with small files");
+    verify(
+        &s.image(),
+        &s.0.join("mnt"),
+        &files,
+        "filling with small files",
+    );
 }
 
 #[test]
@@ -159,13 +214,22 @@ fn xattrs_until_full() {
     let root = fs.root();
     let mut ids: Vec<InodeId> = Vec::new();
     for n in 0..20 {
-        ids.push(fs.mknod(root, format!("x{n}").as_bytes(), 0o100644, 0, 0, 0, 0).unwrap().id);
+        ids.push(
+            fs.mknod(root, format!("x{n}").as_bytes(), 0o100644, 0, 0, 0, 0)
+                .unwrap()
+                .id,
+        );
     }
     let value = vec![b'v'; 3000];
     let mut count = 0u64;
     let err = loop {
         let id = ids[(count % 20) as usize];
-        match fs.setxattr(id, format!("user.a{count}").as_bytes(), &value, XattrSet::Create) {
+        match fs.setxattr(
+            id,
+            format!("user.a{count}").as_bytes(),
+            &value,
+            XattrSet::Create,
+        ) {
             Ok(()) => count += 1,
             Err(e) => break e,
         }
@@ -189,19 +253,31 @@ fn dirty_metadata_stays_bounded() {
     }
     let s = Scratch::new("bounded", 1024, &[]);
     // A small cache: the dirty limit is half of it, at least 4 MiB.
-    let opts = OpenOptions { cache_bytes: 8 << 20, ..Default::default() };
+    let opts = OpenOptions {
+        cache_bytes: 8 << 20,
+        ..Default::default()
+    };
     let mut fs = Filesystem::open_rw(s.image(), opts).unwrap();
     let root = fs.root();
     let mut peak = 0;
     let gen0 = fs.superblock().generation;
     for n in 0..20_000u64 {
-        let id = fs.mknod(root, format!("f{n}").as_bytes(), 0o100644, 0, 0, 0, 0).unwrap().id;
+        let id = fs
+            .mknod(root, format!("f{n}").as_bytes(), 0o100644, 0, 0, 0, 0)
+            .unwrap()
+            .id;
         fs.write(id, 0, &pattern(n, 5000)).unwrap();
         peak = peak.max(fs.dirty_bytes());
     }
     let commits = fs.superblock().generation - gen0;
-    eprintln!("bounded: peak dirty metadata {} KiB, {commits} commits on the way", peak >> 10);
-    assert!(peak <= (4 << 20) + (1 << 20), "dirty metadata grew to {peak} bytes");
+    eprintln!(
+        "bounded: peak dirty metadata {} KiB, {commits} commits on the way",
+        peak >> 10
+    );
+    assert!(
+        peak <= (4 << 20) + (1 << 20),
+        "dirty metadata grew to {peak} bytes"
+    );
     assert!(commits >= 1, "the limit never forced a commit");
     fs.sync().unwrap();
     drop(fs);
@@ -230,6 +306,13 @@ fn superblock_copies_are_not_free_space() {
     }
     fs.sync().unwrap();
     drop(fs);
-    let expect: Vec<u8> = (0..(400u64 << 20) / piece as u64).flat_map(|i| pattern(i, piece)).collect();
-    verify(&s.image(), &s.0.join("mnt"), &[(b"f".to_vec(), expect)], "writing across a superblock copy");
+    let expect: Vec<u8> = (0..(400u64 << 20) / piece as u64)
+        .flat_map(|i| pattern(i, piece))
+        .collect();
+    verify(
+        &s.image(),
+        &s.0.join("mnt"),
+        &[(b"f".to_vec(), expect)],
+        "writing across a superblock copy",
+    );
 }

@@ -10,9 +10,14 @@
 //! Needs root and btrfs-progs; without them it prints `SKIP: ...` (fails under CI=true).
 //! Seeds: `OLEO_TEST_SEED` replays one; `OLEO_TEST_SEEDS=N` runs N seeds per case (default 3).
 
-use oleo::{FallocMode, FileKind, Filesystem, InodeId, OpenOptions, RenameFlags, SetAttr, Timespec, XattrSet};
+use oleo::{
+    FallocMode, FileKind, Filesystem, InodeId, OpenOptions, RenameFlags, SetAttr, Timespec,
+    XattrSet,
+};
 use oleo_testkit::assert_btrfs_check;
-use oleo_testkit::ops::{seeds, apply_path, compare_trees, data_for, follows, random_op, shapes, split, Op, Rng};
+use oleo_testkit::ops::{
+    apply_path, compare_trees, data_for, follows, random_op, seeds, shapes, split, Op, Rng,
+};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -51,7 +56,11 @@ impl Drop for Scratch {
 
 #[derive(Clone, Copy)]
 enum Maker {
-    Oleo { nodesize: u32, csum: &'static str, no_holes: bool },
+    Oleo {
+        nodesize: u32,
+        csum: &'static str,
+        no_holes: bool,
+    },
     Progs(&'static [&'static str]),
 }
 
@@ -60,7 +69,11 @@ fn make_image(path: &Path, maker: Maker, bytes: u64) {
     f.set_len(bytes).expect("size image");
     drop(f);
     match maker {
-        Maker::Oleo { nodesize, csum, no_holes } => {
+        Maker::Oleo {
+            nodesize,
+            csum,
+            no_holes,
+        } => {
             let mut opts = oleo::mkfs::MkfsOptions {
                 nodesize,
                 csum: match csum {
@@ -77,8 +90,18 @@ fn make_image(path: &Path, maker: Maker, bytes: u64) {
             oleo::mkfs::mkfs(path, &opts).expect("oleo mkfs");
         }
         Maker::Progs(args) => {
-            let out = Command::new("mkfs.btrfs").arg("-q").arg("-f").args(args).arg(path).output().expect("mkfs.btrfs");
-            assert!(out.status.success(), "mkfs.btrfs: {}", String::from_utf8_lossy(&out.stderr));
+            let out = Command::new("mkfs.btrfs")
+                .arg("-q")
+                .arg("-f")
+                .args(args)
+                .arg(path)
+                .output()
+                .expect("mkfs.btrfs");
+            assert!(
+                out.status.success(),
+                "mkfs.btrfs: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
         }
     }
 }
@@ -124,7 +147,9 @@ fn apply_oleo(fs: &mut Filesystem, op: &Op) -> Result<(), i32> {
         Op::Mknod { path, mode, rdev } => {
             let (dir, name) = split(path);
             let d = resolve(fs, dir)?;
-            fs.mknod(d, name, *mode, 0, *rdev, 0, 0).map(|_| ()).map_err(e)
+            fs.mknod(d, name, *mode, 0, *rdev, 0, 0)
+                .map(|_| ())
+                .map_err(e)
         }
         Op::Mkdir { path, mode } => {
             let (dir, name) = split(path);
@@ -170,7 +195,11 @@ fn apply_oleo(fs: &mut Filesystem, op: &Op) -> Result<(), i32> {
                 return Err(libc::EINVAL);
             }
             if from.starts_with(to) && from.get(to.len()) == Some(&b'/') {
-                return Err(if flags & libc::RENAME_EXCHANGE != 0 { libc::EINVAL } else { libc::ENOTEMPTY });
+                return Err(if flags & libc::RENAME_EXCHANGE != 0 {
+                    libc::EINVAL
+                } else {
+                    libc::ENOTEMPTY
+                });
             }
             let flags = RenameFlags {
                 noreplace: flags & libc::RENAME_NOREPLACE != 0,
@@ -178,19 +207,43 @@ fn apply_oleo(fs: &mut Filesystem, op: &Op) -> Result<(), i32> {
             };
             fs.rename(s, sn, d, dn, flags).map_err(e)
         }
-        Op::Write { path, offset, len, fill } => {
+        Op::Write {
+            path,
+            offset,
+            len,
+            fill,
+        } => {
             let id = resolve(fs, path)?;
             let a = fs.getattr(id).map_err(e)?;
             if a.kind != FileKind::File {
-                return Err(if a.kind == FileKind::Dir { libc::EISDIR } else { libc::EINVAL });
+                return Err(if a.kind == FileKind::Dir {
+                    libc::EISDIR
+                } else {
+                    libc::EINVAL
+                });
             }
-            fs.write(id, *offset, &data_for(*offset, *len, *fill)).map(|_| ()).map_err(e)
+            fs.write(id, *offset, &data_for(*offset, *len, *fill))
+                .map(|_| ())
+                .map_err(e)
         }
         Op::Truncate { path, size } => {
             let id = resolve(fs, path)?;
-            fs.setattr(id, &SetAttr { size: Some(*size), ..Default::default() }).map(|_| ()).map_err(e)
+            fs.setattr(
+                id,
+                &SetAttr {
+                    size: Some(*size),
+                    ..Default::default()
+                },
+            )
+            .map(|_| ())
+            .map_err(e)
         }
-        Op::Fallocate { path, mode, offset, len } => {
+        Op::Fallocate {
+            path,
+            mode,
+            offset,
+            len,
+        } => {
             let id = resolve(fs, path)?;
             let keep = mode & libc::FALLOC_FL_KEEP_SIZE != 0;
             let m = if mode & libc::FALLOC_FL_PUNCH_HOLE != 0 {
@@ -204,22 +257,47 @@ fn apply_oleo(fs: &mut Filesystem, op: &Op) -> Result<(), i32> {
         }
         Op::Chmod { path, mode } => {
             let id = resolve(fs, path)?;
-            fs.setattr(id, &SetAttr { mode: Some(*mode), ..Default::default() }).map(|_| ()).map_err(e)
+            fs.setattr(
+                id,
+                &SetAttr {
+                    mode: Some(*mode),
+                    ..Default::default()
+                },
+            )
+            .map(|_| ())
+            .map_err(e)
         }
         Op::Chown { path, uid, gid } => {
             let id = resolve(fs, path)?;
-            fs.setattr(id, &SetAttr { uid: Some(*uid), gid: Some(*gid), ..Default::default() }).map(|_| ()).map_err(e)
+            fs.setattr(
+                id,
+                &SetAttr {
+                    uid: Some(*uid),
+                    gid: Some(*gid),
+                    ..Default::default()
+                },
+            )
+            .map(|_| ())
+            .map_err(e)
         }
         Op::Utimens { path, sec } => {
             let id = resolve(fs, path)?;
             let set = SetAttr {
                 atime: Some(Timespec { sec: *sec, nsec: 5 }),
-                mtime: Some(Timespec { sec: *sec + 1, nsec: 7 }),
+                mtime: Some(Timespec {
+                    sec: *sec + 1,
+                    nsec: 7,
+                }),
                 ..Default::default()
             };
             fs.setattr(id, &set).map(|_| ()).map_err(e)
         }
-        Op::SetXattr { path, name, value, flags } => {
+        Op::SetXattr {
+            path,
+            name,
+            value,
+            flags,
+        } => {
             let id = resolve(fs, path)?;
             let how = match *flags {
                 libc::XATTR_CREATE => XattrSet::Create,
@@ -240,16 +318,34 @@ fn compare_oleo(fs: &Filesystem, reference: &Path) {
     let want = shapes(reference);
     let mut seen = 0;
     for (rel, s) in &want {
-        let id = resolve(fs, rel).unwrap_or_else(|e| panic!("oleo cannot find {}: errno {e}", String::from_utf8_lossy(rel)));
+        let id = resolve(fs, rel).unwrap_or_else(|e| {
+            panic!(
+                "oleo cannot find {}: errno {e}",
+                String::from_utf8_lossy(rel)
+            )
+        });
         let a = fs.getattr(id).unwrap();
         assert_eq!(a.mode, s.mode, "{} mode", String::from_utf8_lossy(rel));
         if s.kind != 0o040000 {
             assert_eq!(a.size, s.size, "{} size", String::from_utf8_lossy(rel));
-            assert_eq!(u64::from(a.nlink), s.nlink, "{} nlink", String::from_utf8_lossy(rel));
+            assert_eq!(
+                u64::from(a.nlink),
+                s.nlink,
+                "{} nlink",
+                String::from_utf8_lossy(rel)
+            );
         }
         if let Some(c) = &s.content {
-            let got = if c.is_empty() { Vec::new() } else { fs.read(id, 0, c.len() as u32 + 10).unwrap() };
-            assert!(got == *c, "{} content differs through oleo", String::from_utf8_lossy(rel));
+            let got = if c.is_empty() {
+                Vec::new()
+            } else {
+                fs.read(id, 0, c.len() as u32 + 10).unwrap()
+            };
+            assert!(
+                got == *c,
+                "{} content differs through oleo",
+                String::from_utf8_lossy(rel)
+            );
         }
         seen += 1;
     }
@@ -279,7 +375,10 @@ fn run_case(case: &Case, seed: u64) {
             eprintln!("op {i}: {op} -> {want:?}");
         }
         let got = apply_oleo(&mut fs, &op);
-        assert_eq!(got, want, "seed {seed} op {i}: {op}: oleo {got:?} vs reference {want:?}");
+        assert_eq!(
+            got, want,
+            "seed {seed} op {i}: {op}: oleo {got:?} vs reference {want:?}"
+        );
         if want.is_ok() {
             agreed += 1;
         } else {
@@ -297,16 +396,28 @@ fn run_case(case: &Case, seed: u64) {
     fs.sync().expect("final sync");
     compare_oleo(&fs, &reference);
     drop(fs);
-    eprintln!("{} seed {seed}: {agreed} operations done, {failed} refused alike", case.name);
+    eprintln!(
+        "{} seed {seed}: {agreed} operations done, {failed} refused alike",
+        case.name
+    );
     assert_btrfs_check(&image, &format!("{} seed {seed}", case.name));
     let fs = Filesystem::open(&image, OpenOptions::default()).expect("reopen read-only");
     compare_oleo(&fs, &reference);
     drop(fs);
-    let st = Command::new("mount").args(["-o", "loop"]).arg(&image).arg(scratch.mnt()).status().unwrap();
+    let st = Command::new("mount")
+        .args(["-o", "loop"])
+        .arg(&image)
+        .arg(scratch.mnt())
+        .status()
+        .unwrap();
     assert!(st.success(), "kernel mount");
     let r = std::panic::catch_unwind(|| compare_trees(&reference, &scratch.mnt(), "kernel"));
     // The kernel writes too: a file of its own, then check again.
-    std::fs::write(scratch.mnt().join("kernel-wrote-this"), b"hello from the kernel").unwrap();
+    std::fs::write(
+        scratch.mnt().join("kernel-wrote-this"),
+        b"hello from the kernel",
+    )
+    .unwrap();
     // umount can find the mount briefly busy right after the walk: retry, then report why.
     let mut last = String::new();
     let unmounted = (0..20).any(|_| {
@@ -321,9 +432,14 @@ fn run_case(case: &Case, seed: u64) {
     if let Err(e) = r {
         std::panic::resume_unwind(e);
     }
-    assert_btrfs_check(&image, &format!("{} seed {seed} after the kernel wrote", case.name));
+    assert_btrfs_check(
+        &image,
+        &format!("{} seed {seed} after the kernel wrote", case.name),
+    );
     let fs = Filesystem::open(&image, OpenOptions::default()).expect("reopen after kernel");
-    let id = fs.lookup(fs.root(), b"kernel-wrote-this").expect("kernel's file");
+    let id = fs
+        .lookup(fs.root(), b"kernel-wrote-this")
+        .expect("kernel's file");
     assert_eq!(fs.read(id, 0, 100).unwrap(), b"hello from the kernel");
 }
 
@@ -339,25 +455,58 @@ fn run(case: Case) {
 
 #[test]
 fn progs_default() {
-    run(Case { name: "progs-default", maker: Maker::Progs(&[]), ops: 400, big: false });
+    run(Case {
+        name: "progs-default",
+        maker: Maker::Progs(&[]),
+        ops: 400,
+        big: false,
+    });
 }
 
 #[test]
 fn progs_4k_nodes_no_holes_off() {
-    run(Case { name: "progs-4k-holes", maker: Maker::Progs(&["--nodesize", "4096", "-O", "^no-holes"]), ops: 400, big: false });
+    run(Case {
+        name: "progs-4k-holes",
+        maker: Maker::Progs(&["--nodesize", "4096", "-O", "^no-holes"]),
+        ops: 400,
+        big: false,
+    });
 }
 
 #[test]
 fn oleo_mkfs_sha256() {
-    run(Case { name: "oleo-sha256", maker: Maker::Oleo { nodesize: 16384, csum: "sha256", no_holes: true }, ops: 300, big: true });
+    run(Case {
+        name: "oleo-sha256",
+        maker: Maker::Oleo {
+            nodesize: 16384,
+            csum: "sha256",
+            no_holes: true,
+        },
+        ops: 300,
+        big: true,
+    });
 }
 
 #[test]
 fn oleo_mkfs_xxhash_holes() {
-    run(Case { name: "oleo-xxhash-holes", maker: Maker::Oleo { nodesize: 4096, csum: "xxhash", no_holes: false }, ops: 300, big: false });
+    run(Case {
+        name: "oleo-xxhash-holes",
+        maker: Maker::Oleo {
+            nodesize: 4096,
+            csum: "xxhash",
+            no_holes: false,
+        },
+        ops: 300,
+        big: false,
+    });
 }
 
 #[test]
 fn progs_blake2_big_writes() {
-    run(Case { name: "progs-blake2", maker: Maker::Progs(&["--csum", "blake2"]), ops: 200, big: true });
+    run(Case {
+        name: "progs-blake2",
+        maker: Maker::Progs(&["--csum", "blake2"]),
+        ops: 200,
+        big: true,
+    });
 }

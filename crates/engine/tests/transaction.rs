@@ -644,7 +644,10 @@ fn writes_to_a_snapshotted_tree_keep_the_snapshot() {
         .arg(&mnt)));
     let names = |p: &Path| -> std::collections::BTreeSet<Vec<u8>> {
         use std::os::unix::ffi::OsStrExt;
-        std::fs::read_dir(p).unwrap().map(|e| e.unwrap().file_name().as_bytes().to_vec()).collect()
+        std::fs::read_dir(p)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().as_bytes().to_vec())
+            .collect()
     };
     let (top, in_snap) = (names(&mnt), names(&mnt.join("snap")));
     umount(&mnt);

@@ -255,7 +255,6 @@ impl<'a> LeafMut<'a> {
         self.data.len() - HEADER_SIZE
     }
 
-
     fn check_slot(&self, slot: usize) -> Result<()> {
         if slot >= self.nritems() {
             invalid!("slot {slot} past the {} items of the leaf", self.nritems());
@@ -642,7 +641,6 @@ impl<'a> NodeMut<'a> {
     pub fn max_ptrs(&self) -> usize {
         (self.data.len() - HEADER_SIZE) / KEY_PTR_SIZE
     }
-
 
     pub fn key_ptr(&self, slot: usize) -> Result<KeyPtr> {
         if slot >= self.nritems() {

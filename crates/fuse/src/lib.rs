@@ -12,9 +12,9 @@ mod nodeid;
 
 use fuser::{
     CopyFileRangeFlags, Errno, FileAttr, FileHandle, FileType, FopenFlags, Generation, INodeNo,
-    InitFlags, KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate,
-    ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen,
-    ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+    InitFlags, KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
+    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen, ReplyStatfs,
+    ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 use nodeid::NodeIds;
 use oleo::{Attr, Error, FallocMode, FileKind, Filesystem, InodeId, SetAttr, XattrSet};
@@ -147,13 +147,13 @@ impl OleoFuse {
         }
         let mut err = None;
         fs.readdir(dir, offset.max(2), &mut |e| match self.ids.encode(e.id) {
-                Some(node) => !add(&fs, node, e.id, e.kind, &e.name, e.next_offset),
-                None => {
-                    err = Some(Errno::EOVERFLOW);
-                    false
-                }
-            })
-            .map_err(errno)?;
+            Some(node) => !add(&fs, node, e.id, e.kind, &e.name, e.next_offset),
+            None => {
+                err = Some(Errno::EOVERFLOW);
+                false
+            }
+        })
+        .map_err(errno)?;
         err.map_or(Ok(()), Err)
     }
 }
@@ -173,7 +173,9 @@ fn spawn_committer(fs: Weak<RwLock<Filesystem>>, interval: Duration) {
             }
         });
     if let Err(e) = spawned {
-        log::error!("cannot start the commit thread ({e}): changes are committed only on fsync and unmount");
+        log::error!(
+            "cannot start the commit thread ({e}): changes are committed only on fsync and unmount"
+        );
     }
 }
 
@@ -310,28 +312,77 @@ impl fuser::Filesystem for OleoFuse {
         }
     }
 
-    fn mknod(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, rdev: u32, reply: ReplyEntry) {
+    fn mknod(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        rdev: u32,
+        reply: ReplyEntry,
+    ) {
         let r = self.id(parent).and_then(|dir| {
-            self.mutate(|fs| fs.mknod(dir, name.as_bytes(), mode, umask, u64::from(rdev), req.uid(), req.gid()))
+            self.mutate(|fs| {
+                fs.mknod(
+                    dir,
+                    name.as_bytes(),
+                    mode,
+                    umask,
+                    u64::from(rdev),
+                    req.uid(),
+                    req.gid(),
+                )
+            })
         });
         self.reply_entry(r, reply)
     }
 
-    fn mkdir(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, reply: ReplyEntry) {
-        let r = self
-            .id(parent)
-            .and_then(|dir| self.mutate(|fs| fs.mkdir(dir, name.as_bytes(), mode, umask, req.uid(), req.gid())));
-        self.reply_entry(r, reply)
-    }
-
-    fn symlink(&self, req: &Request, parent: INodeNo, link_name: &OsStr, target: &Path, reply: ReplyEntry) {
+    fn mkdir(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        reply: ReplyEntry,
+    ) {
         let r = self.id(parent).and_then(|dir| {
-            self.mutate(|fs| fs.symlink(dir, link_name.as_bytes(), target.as_os_str().as_bytes(), req.uid(), req.gid()))
+            self.mutate(|fs| fs.mkdir(dir, name.as_bytes(), mode, umask, req.uid(), req.gid()))
         });
         self.reply_entry(r, reply)
     }
 
-    fn link(&self, _req: &Request, ino: INodeNo, newparent: INodeNo, newname: &OsStr, reply: ReplyEntry) {
+    fn symlink(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        link_name: &OsStr,
+        target: &Path,
+        reply: ReplyEntry,
+    ) {
+        let r = self.id(parent).and_then(|dir| {
+            self.mutate(|fs| {
+                fs.symlink(
+                    dir,
+                    link_name.as_bytes(),
+                    target.as_os_str().as_bytes(),
+                    req.uid(),
+                    req.gid(),
+                )
+            })
+        });
+        self.reply_entry(r, reply)
+    }
+
+    fn link(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        newparent: INodeNo,
+        newname: &OsStr,
+        reply: ReplyEntry,
+    ) {
         let r = self.id(ino).and_then(|id| {
             let dir = self.id(newparent)?;
             self.mutate(|fs| fs.link(id, dir, newname.as_bytes()))
@@ -340,14 +391,20 @@ impl fuser::Filesystem for OleoFuse {
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        match self.id(parent).and_then(|dir| self.mutate(|fs| fs.unlink(dir, name.as_bytes()))) {
+        match self
+            .id(parent)
+            .and_then(|dir| self.mutate(|fs| fs.unlink(dir, name.as_bytes())))
+        {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(e),
         }
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        match self.id(parent).and_then(|dir| self.mutate(|fs| fs.rmdir(dir, name.as_bytes()))) {
+        match self
+            .id(parent)
+            .and_then(|dir| self.mutate(|fs| fs.rmdir(dir, name.as_bytes())))
+        {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(e),
         }
@@ -381,7 +438,16 @@ impl fuser::Filesystem for OleoFuse {
         }
     }
 
-    fn create(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, _flags: i32, reply: ReplyCreate) {
+    fn create(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        _flags: i32,
+        reply: ReplyCreate,
+    ) {
         let r = self.id(parent).and_then(|dir| {
             self.mutate(|fs| {
                 let a = fs.mknod(dir, name.as_bytes(), mode, umask, 0, req.uid(), req.gid())?;
@@ -390,7 +456,13 @@ impl fuser::Filesystem for OleoFuse {
             })
         });
         match r.and_then(|a| self.file_attr(&a)) {
-            Ok(attr) => reply.created(&self.ttl, &attr, Generation(0), FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE),
+            Ok(attr) => reply.created(
+                &self.ttl,
+                &attr,
+                Generation(0),
+                FileHandle(0),
+                FopenFlags::FOPEN_KEEP_CACHE,
+            ),
             Err(e) => reply.error(e),
         }
     }
@@ -407,20 +479,37 @@ impl fuser::Filesystem for OleoFuse {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        match self.id(ino).and_then(|id| self.mutate(|fs| fs.write(id, offset, data))) {
+        match self
+            .id(ino)
+            .and_then(|id| self.mutate(|fs| fs.write(id, offset, data)))
+        {
             Ok(n) => reply.written(n as u32),
             Err(e) => reply.error(e),
         }
     }
 
-    fn flush(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _lock_owner: LockOwner, reply: ReplyEmpty) {
+    fn flush(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _lock_owner: LockOwner,
+        reply: ReplyEmpty,
+    ) {
         // Nothing to do on close (durability is fsync's job). ENOSYS tells the kernel to
         // stop sending FLUSH at all, saving a round trip per close; with the writeback cache
         // it still writes dirty pages back on close.
         reply.error(Errno::ENOSYS)
     }
 
-    fn fsync(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
+    fn fsync(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
         // Durable means committed: the whole transaction goes (a log tree comes later).
         match self.mutate(|fs| fs.sync()) {
             Ok(_) => reply.ok(),
@@ -428,16 +517,33 @@ impl fuser::Filesystem for OleoFuse {
         }
     }
 
-    fn fsyncdir(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
+    fn fsyncdir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
         match self.mutate(|fs| fs.sync()) {
             Ok(_) => reply.ok(),
             Err(e) => reply.error(e),
         }
     }
 
-    fn fallocate(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, length: u64, mode: i32, reply: ReplyEmpty) {
+    fn fallocate(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        length: u64,
+        mode: i32,
+        reply: ReplyEmpty,
+    ) {
         let keep_size = mode & libc::FALLOC_FL_KEEP_SIZE != 0;
-        let known = libc::FALLOC_FL_KEEP_SIZE | libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_ZERO_RANGE;
+        let known =
+            libc::FALLOC_FL_KEEP_SIZE | libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_ZERO_RANGE;
         if mode & !known != 0 {
             return reply.error(Errno::EOPNOTSUPP);
         }
@@ -451,27 +557,45 @@ impl fuser::Filesystem for OleoFuse {
         } else {
             FallocMode::Allocate { keep_size }
         };
-        match self.id(ino).and_then(|id| self.mutate(|fs| fs.fallocate(id, offset, length, m))) {
+        match self
+            .id(ino)
+            .and_then(|id| self.mutate(|fs| fs.fallocate(id, offset, length, m)))
+        {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(e),
         }
     }
 
-    fn setxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, value: &[u8], flags: i32, _position: u32, reply: ReplyEmpty) {
+    fn setxattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        name: &OsStr,
+        value: &[u8],
+        flags: i32,
+        _position: u32,
+        reply: ReplyEmpty,
+    ) {
         let how = match flags {
             0 => XattrSet::Either,
             libc::XATTR_CREATE => XattrSet::Create,
             libc::XATTR_REPLACE => XattrSet::Replace,
             _ => return reply.error(Errno::EINVAL),
         };
-        match self.id(ino).and_then(|id| self.mutate(|fs| fs.setxattr(id, name.as_bytes(), value, how))) {
+        match self
+            .id(ino)
+            .and_then(|id| self.mutate(|fs| fs.setxattr(id, name.as_bytes(), value, how)))
+        {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(e),
         }
     }
 
     fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        match self.id(ino).and_then(|id| self.mutate(|fs| fs.removexattr(id, name.as_bytes()))) {
+        match self
+            .id(ino)
+            .and_then(|id| self.mutate(|fs| fs.removexattr(id, name.as_bytes())))
+        {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(e),
         }
@@ -581,7 +705,15 @@ impl fuser::Filesystem for OleoFuse {
         }
     }
 
-    fn lseek(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: i64, whence: i32, reply: ReplyLseek) {
+    fn lseek(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: i64,
+        whence: i32,
+        reply: ReplyLseek,
+    ) {
         let Ok(from) = u64::try_from(offset) else {
             return reply.error(Errno::EINVAL);
         };
@@ -591,7 +723,10 @@ impl fuser::Filesystem for OleoFuse {
             libc::SEEK_HOLE => false,
             _ => return reply.error(Errno::EINVAL),
         };
-        match self.id(ino).and_then(|id| self.fs.read().seek_data_hole(id, from, data).map_err(errno)) {
+        match self
+            .id(ino)
+            .and_then(|id| self.fs.read().seek_data_hole(id, from, data).map_err(errno))
+        {
             Ok(at) => reply.offset(at as i64),
             Err(e) => reply.error(e),
         }
@@ -718,7 +853,11 @@ pub fn config(source: &str, threads: usize, allow_other: bool, writable: bool) -
         MountOption::Dev,
         MountOption::Suid,
     ];
-    mount_options.push(if writable { MountOption::RW } else { MountOption::RO });
+    mount_options.push(if writable {
+        MountOption::RW
+    } else {
+        MountOption::RO
+    });
     let mut cfg = Config::default();
     cfg.mount_options = mount_options;
     cfg.n_threads = Some(threads.max(1));
@@ -741,10 +880,19 @@ pub fn set_readahead(canonical_mountpoint: &std::path::Path, kib: u32) -> std::i
         .lines()
         .filter_map(|l| {
             let f: Vec<&str> = l.split(' ').collect();
-            let point = f.get(4)?.replace("\\040", " ").replace("\\011", "\t").replace("\\134", "\\");
+            let point = f
+                .get(4)?
+                .replace("\\040", " ")
+                .replace("\\011", "\t")
+                .replace("\\134", "\\");
             (std::path::Path::new(&point) == want).then(|| f.get(2).map(|d| d.to_string()))?
         })
         .last()
-        .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::NotFound, "mount not in mountinfo"))?;
-    std::fs::write(format!("/sys/class/bdi/{dev}/read_ahead_kb"), kib.to_string())
+        .ok_or_else(|| {
+            std::io::Error::new(std::io::ErrorKind::NotFound, "mount not in mountinfo")
+        })?;
+    std::fs::write(
+        format!("/sys/class/bdi/{dev}/read_ahead_kb"),
+        kib.to_string(),
+    )
 }

@@ -371,10 +371,7 @@ impl OleoMount {
         if foreground {
             cmd.arg("-f");
         }
-        cmd.arg("-o")
-            .arg(join_opts(all))
-            .arg(image)
-            .arg(mountpoint);
+        cmd.arg("-o").arg(join_opts(all)).arg(image).arg(mountpoint);
         cmd.stdin(Stdio::null())
             .stdout(logf.try_clone()?)
             .stderr(logf);

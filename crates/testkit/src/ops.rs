@@ -43,7 +43,9 @@ pub fn errno_of<T>(r: std::io::Result<T>) -> Result<T, i32> {
 
 pub fn sys(r: libc::c_int) -> Result<(), i32> {
     if r < 0 {
-        Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO))
+        Err(std::io::Error::last_os_error()
+            .raw_os_error()
+            .unwrap_or(libc::EIO))
     } else {
         Ok(())
     }
@@ -58,32 +60,89 @@ pub fn split(rel: &[u8]) -> (&[u8], &[u8]) {
 
 #[derive(Debug, Clone)]
 pub enum Op {
-    Mknod { path: Vec<u8>, mode: u32, rdev: u64 },
-    Mkdir { path: Vec<u8>, mode: u32 },
-    Symlink { path: Vec<u8>, target: Vec<u8> },
-    Link { from: Vec<u8>, to: Vec<u8> },
-    Unlink { path: Vec<u8> },
-    Rmdir { path: Vec<u8> },
-    Rename { from: Vec<u8>, to: Vec<u8>, flags: u32 },
-    Write { path: Vec<u8>, offset: u64, len: u64, fill: u8 },
-    Truncate { path: Vec<u8>, size: u64 },
-    Fallocate { path: Vec<u8>, mode: i32, offset: u64, len: u64 },
-    Chmod { path: Vec<u8>, mode: u32 },
-    Chown { path: Vec<u8>, uid: u32, gid: u32 },
-    Utimens { path: Vec<u8>, sec: i64 },
-    SetXattr { path: Vec<u8>, name: Vec<u8>, value: Vec<u8>, flags: i32 },
-    RemoveXattr { path: Vec<u8>, name: Vec<u8> },
+    Mknod {
+        path: Vec<u8>,
+        mode: u32,
+        rdev: u64,
+    },
+    Mkdir {
+        path: Vec<u8>,
+        mode: u32,
+    },
+    Symlink {
+        path: Vec<u8>,
+        target: Vec<u8>,
+    },
+    Link {
+        from: Vec<u8>,
+        to: Vec<u8>,
+    },
+    Unlink {
+        path: Vec<u8>,
+    },
+    Rmdir {
+        path: Vec<u8>,
+    },
+    Rename {
+        from: Vec<u8>,
+        to: Vec<u8>,
+        flags: u32,
+    },
+    Write {
+        path: Vec<u8>,
+        offset: u64,
+        len: u64,
+        fill: u8,
+    },
+    Truncate {
+        path: Vec<u8>,
+        size: u64,
+    },
+    Fallocate {
+        path: Vec<u8>,
+        mode: i32,
+        offset: u64,
+        len: u64,
+    },
+    Chmod {
+        path: Vec<u8>,
+        mode: u32,
+    },
+    Chown {
+        path: Vec<u8>,
+        uid: u32,
+        gid: u32,
+    },
+    Utimens {
+        path: Vec<u8>,
+        sec: i64,
+    },
+    SetXattr {
+        path: Vec<u8>,
+        name: Vec<u8>,
+        value: Vec<u8>,
+        flags: i32,
+    },
+    RemoveXattr {
+        path: Vec<u8>,
+        name: Vec<u8>,
+    },
 }
 
 pub fn data_for(offset: u64, len: u64, fill: u8) -> Vec<u8> {
-    (0..len).map(|i| fill.wrapping_add(((offset + i) / 7) as u8)).collect()
+    (0..len)
+        .map(|i| fill.wrapping_add(((offset + i) / 7) as u8))
+        .collect()
 }
 
 /// The path operations that follow symlinks (truncate, chmod, write, fallocate) are not
 /// applied to symlinks: both sides answer ELOOP, as with O_NOFOLLOW.
 pub fn follows(op: &Op) -> Option<&[u8]> {
     match op {
-        Op::Write { path, .. } | Op::Truncate { path, .. } | Op::Fallocate { path, .. } | Op::Chmod { path, .. } => Some(path),
+        Op::Write { path, .. }
+        | Op::Truncate { path, .. }
+        | Op::Fallocate { path, .. }
+        | Op::Chmod { path, .. } => Some(path),
         _ => None,
     }
 }
@@ -97,13 +156,19 @@ pub fn apply_path(root: &Path, op: &Op) -> Result<(), i32> {
     }
     unsafe {
         match op {
-            Op::Mknod { path, mode, rdev } => sys(libc::mknod(cpath(&p(path)).as_ptr(), *mode, *rdev as libc::dev_t)),
+            Op::Mknod { path, mode, rdev } => sys(libc::mknod(
+                cpath(&p(path)).as_ptr(),
+                *mode,
+                *rdev as libc::dev_t,
+            )),
             Op::Mkdir { path, mode } => sys(libc::mkdir(cpath(&p(path)).as_ptr(), *mode)),
             Op::Symlink { path, target } => {
                 let t = CString::new(target.clone()).unwrap();
                 sys(libc::symlink(t.as_ptr(), cpath(&p(path)).as_ptr()))
             }
-            Op::Link { from, to } => sys(libc::link(cpath(&p(from)).as_ptr(), cpath(&p(to)).as_ptr())),
+            Op::Link { from, to } => {
+                sys(libc::link(cpath(&p(from)).as_ptr(), cpath(&p(to)).as_ptr()))
+            }
             Op::Unlink { path } => sys(libc::unlink(cpath(&p(path)).as_ptr())),
             Op::Rmdir { path } => sys(libc::rmdir(cpath(&p(path)).as_ptr())),
             Op::Rename { from, to, flags } => sys(libc::renameat2(
@@ -113,36 +178,83 @@ pub fn apply_path(root: &Path, op: &Op) -> Result<(), i32> {
                 cpath(&p(to)).as_ptr(),
                 *flags,
             )),
-            Op::Write { path, offset, len, fill } => {
+            Op::Write {
+                path,
+                offset,
+                len,
+                fill,
+            } => {
                 let meta = errno_of(std::fs::symlink_metadata(p(path)))?;
                 if !meta.is_file() {
-                    return Err(if meta.is_dir() { libc::EISDIR } else { libc::EINVAL });
+                    return Err(if meta.is_dir() {
+                        libc::EISDIR
+                    } else {
+                        libc::EINVAL
+                    });
                 }
                 let f = errno_of(std::fs::OpenOptions::new().write(true).open(p(path)))?;
                 errno_of(f.write_all_at(&data_for(*offset, *len, *fill), *offset))
             }
-            Op::Truncate { path, size } => sys(libc::truncate(cpath(&p(path)).as_ptr(), *size as i64)),
-            Op::Fallocate { path, mode, offset, len } => {
+            Op::Truncate { path, size } => {
+                sys(libc::truncate(cpath(&p(path)).as_ptr(), *size as i64))
+            }
+            Op::Fallocate {
+                path,
+                mode,
+                offset,
+                len,
+            } => {
                 let meta = errno_of(std::fs::symlink_metadata(p(path)))?;
                 if !meta.is_file() {
-                    return Err(if meta.is_dir() { libc::EISDIR } else { libc::ENODEV });
+                    return Err(if meta.is_dir() {
+                        libc::EISDIR
+                    } else {
+                        libc::ENODEV
+                    });
                 }
                 let f = errno_of(std::fs::OpenOptions::new().write(true).open(p(path)))?;
                 use std::os::fd::AsRawFd;
-                sys(libc::fallocate(f.as_raw_fd(), *mode, *offset as i64, *len as i64))
+                sys(libc::fallocate(
+                    f.as_raw_fd(),
+                    *mode,
+                    *offset as i64,
+                    *len as i64,
+                ))
             }
             Op::Chmod { path, mode } => sys(libc::chmod(cpath(&p(path)).as_ptr(), *mode)),
             Op::Chown { path, uid, gid } => sys(libc::lchown(cpath(&p(path)).as_ptr(), *uid, *gid)),
             Op::Utimens { path, sec } => {
                 let ts = [
-                    libc::timespec { tv_sec: *sec, tv_nsec: 5 },
-                    libc::timespec { tv_sec: *sec + 1, tv_nsec: 7 },
+                    libc::timespec {
+                        tv_sec: *sec,
+                        tv_nsec: 5,
+                    },
+                    libc::timespec {
+                        tv_sec: *sec + 1,
+                        tv_nsec: 7,
+                    },
                 ];
-                sys(libc::utimensat(libc::AT_FDCWD, cpath(&p(path)).as_ptr(), ts.as_ptr(), libc::AT_SYMLINK_NOFOLLOW))
+                sys(libc::utimensat(
+                    libc::AT_FDCWD,
+                    cpath(&p(path)).as_ptr(),
+                    ts.as_ptr(),
+                    libc::AT_SYMLINK_NOFOLLOW,
+                ))
             }
-            Op::SetXattr { path, name, value, flags } => {
+            Op::SetXattr {
+                path,
+                name,
+                value,
+                flags,
+            } => {
                 let n = CString::new(name.clone()).unwrap();
-                sys(libc::lsetxattr(cpath(&p(path)).as_ptr(), n.as_ptr(), value.as_ptr().cast(), value.len(), *flags))
+                sys(libc::lsetxattr(
+                    cpath(&p(path)).as_ptr(),
+                    n.as_ptr(),
+                    value.as_ptr().cast(),
+                    value.len(),
+                    *flags,
+                ))
             }
             Op::RemoveXattr { path, name } => {
                 let n = CString::new(name.clone()).unwrap();
@@ -158,7 +270,10 @@ pub fn walk(root: &Path) -> (Vec<Vec<u8>>, Vec<Vec<u8>>) {
     let mut others = Vec::new();
     let mut stack = vec![PathBuf::new()];
     while let Some(rel) = stack.pop() {
-        let mut names: Vec<_> = std::fs::read_dir(root.join(&rel)).unwrap().map(|e| e.unwrap().file_name()).collect();
+        let mut names: Vec<_> = std::fs::read_dir(root.join(&rel))
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
         names.sort();
         for n in names {
             let r = rel.join(&n);
@@ -196,8 +311,14 @@ pub fn random_op(rng: &mut Rng, root: &Path, big: bool) -> Op {
         }
     };
     let new_name = |rng: &mut Rng| -> Vec<u8> {
-        let len = if rng.chance(5) { 200 + rng.below(56) } else { 2 + rng.below(12) };
-        (0..len).map(|_| b"abcdefghijklmnopqrstuvwxyz0123456789_-."[rng.below(39) as usize]).collect()
+        let len = if rng.chance(5) {
+            200 + rng.below(56)
+        } else {
+            2 + rng.below(12)
+        };
+        (0..len)
+            .map(|_| b"abcdefghijklmnopqrstuvwxyz0123456789_-."[rng.below(39) as usize])
+            .collect()
     };
     let fresh = |rng: &mut Rng| {
         let d = pick(rng, &dirs);
@@ -207,27 +328,59 @@ pub fn random_op(rng: &mut Rng, root: &Path, big: bool) -> Op {
         }
         join(&d, &new_name(rng))
     };
-    let file = |rng: &mut Rng| if others.is_empty() { fresh(rng) } else { pick(rng, &others) };
+    let file = |rng: &mut Rng| {
+        if others.is_empty() {
+            fresh(rng)
+        } else {
+            pick(rng, &others)
+        }
+    };
     let max_off: u64 = if big { 24 << 20 } else { 1 << 20 };
     match rng.below(100) {
-        0..=11 => Op::Mknod { path: fresh(rng), mode: 0o100000 | 0o644 | (rng.below(2) as u32 * 0o6000), rdev: 0 },
+        0..=11 => Op::Mknod {
+            path: fresh(rng),
+            mode: 0o100000 | 0o644 | (rng.below(2) as u32 * 0o6000),
+            rdev: 0,
+        },
         12..=14 => {
             let (mode, rdev) = match rng.below(3) {
                 0 => (0o010644, 0),
-                1 => (0o020600, libc::makedev(1 + rng.below(200) as u32, rng.below(300) as u32)),
+                1 => (
+                    0o020600,
+                    libc::makedev(1 + rng.below(200) as u32, rng.below(300) as u32),
+                ),
                 _ => (0o060600, libc::makedev(8, rng.below(64) as u32)),
             };
-            Op::Mknod { path: fresh(rng), mode, rdev }
+            Op::Mknod {
+                path: fresh(rng),
+                mode,
+                rdev,
+            }
         }
-        15..=21 => Op::Mkdir { path: fresh(rng), mode: 0o755 | (rng.below(2) as u32 * 0o2000) },
+        15..=21 => Op::Mkdir {
+            path: fresh(rng),
+            mode: 0o755 | (rng.below(2) as u32 * 0o2000),
+        },
         22..=24 => {
             let max = if rng.chance(20) { 3000 } else { 40 };
             let len = 1 + rng.below(max);
-            Op::Symlink { path: fresh(rng), target: (0..len).map(|i| b'a' + (i % 26) as u8).collect() }
+            Op::Symlink {
+                path: fresh(rng),
+                target: (0..len).map(|i| b'a' + (i % 26) as u8).collect(),
+            }
         }
-        25..=29 => Op::Link { from: file(rng), to: fresh(rng) },
+        25..=29 => Op::Link {
+            from: file(rng),
+            to: fresh(rng),
+        },
         30..=35 => Op::Unlink { path: any(rng) },
-        36..=38 => Op::Rmdir { path: if subdirs.is_empty() { b"missing".to_vec() } else { pick(rng, &subdirs) } },
+        36..=38 => Op::Rmdir {
+            path: if subdirs.is_empty() {
+                b"missing".to_vec()
+            } else {
+                pick(rng, &subdirs)
+            },
+        },
         39..=46 => {
             let flags = match rng.below(6) {
                 0 => libc::RENAME_NOREPLACE,
@@ -235,7 +388,11 @@ pub fn random_op(rng: &mut Rng, root: &Path, big: bool) -> Op {
                 _ => 0,
             };
             let to = if rng.chance(40) { any(rng) } else { fresh(rng) };
-            Op::Rename { from: any(rng), to, flags }
+            Op::Rename {
+                from: any(rng),
+                to,
+                flags,
+            }
         }
         47..=69 => {
             let len = match rng.below(4) {
@@ -244,10 +401,26 @@ pub fn random_op(rng: &mut Rng, root: &Path, big: bool) -> Op {
                 2 => 1 + rng.below(300_000),
                 _ => 1 + rng.below(if big { 3 << 20 } else { 1 << 20 }),
             };
-            let offset = if rng.chance(30) { 0 } else { rng.below(max_off) };
-            Op::Write { path: file(rng), offset, len, fill: rng.below(256) as u8 }
+            let offset = if rng.chance(30) {
+                0
+            } else {
+                rng.below(max_off)
+            };
+            Op::Write {
+                path: file(rng),
+                offset,
+                len,
+                fill: rng.below(256) as u8,
+            }
         }
-        70..=76 => Op::Truncate { path: file(rng), size: if rng.chance(30) { rng.below(3000) } else { rng.below(max_off) } },
+        70..=76 => Op::Truncate {
+            path: file(rng),
+            size: if rng.chance(30) {
+                rng.below(3000)
+            } else {
+                rng.below(max_off)
+            },
+        },
         77..=81 => {
             let mode = match rng.below(5) {
                 0 => 0,
@@ -256,23 +429,50 @@ pub fn random_op(rng: &mut Rng, root: &Path, big: bool) -> Op {
                 3 => libc::FALLOC_FL_ZERO_RANGE,
                 _ => libc::FALLOC_FL_ZERO_RANGE | libc::FALLOC_FL_KEEP_SIZE,
             };
-            Op::Fallocate { path: file(rng), mode, offset: rng.below(max_off), len: 1 + rng.below(1 << 20) }
+            Op::Fallocate {
+                path: file(rng),
+                mode,
+                offset: rng.below(max_off),
+                len: 1 + rng.below(1 << 20),
+            }
         }
-        82..=85 => Op::Chmod { path: any(rng), mode: rng.below(0o7777) as u32 },
-        86..=88 => Op::Chown { path: any(rng), uid: rng.below(3) as u32 * 1000, gid: rng.below(3) as u32 * 100 },
-        89..=91 => Op::Utimens { path: any(rng), sec: 1_000_000_000 + rng.below(1 << 30) as i64 },
+        82..=85 => Op::Chmod {
+            path: any(rng),
+            mode: rng.below(0o7777) as u32,
+        },
+        86..=88 => Op::Chown {
+            path: any(rng),
+            uid: rng.below(3) as u32 * 1000,
+            gid: rng.below(3) as u32 * 100,
+        },
+        89..=91 => Op::Utimens {
+            path: any(rng),
+            sec: 1_000_000_000 + rng.below(1 << 30) as i64,
+        },
         92..=97 => {
             let name = format!("user.x{}", rng.below(6)).into_bytes();
             // Six names of up to 600 bytes fit the reference's (ext4's) one xattr block.
-            let vlen = if rng.chance(10) { rng.below(600) } else { rng.below(64) };
+            let vlen = if rng.chance(10) {
+                rng.below(600)
+            } else {
+                rng.below(64)
+            };
             let flags = match rng.below(4) {
                 0 => libc::XATTR_CREATE,
                 1 => libc::XATTR_REPLACE,
                 _ => 0,
             };
-            Op::SetXattr { path: any(rng), name, value: vec![b'v'; vlen as usize], flags }
+            Op::SetXattr {
+                path: any(rng),
+                name,
+                value: vec![b'v'; vlen as usize],
+                flags,
+            }
         }
-        _ => Op::RemoveXattr { path: any(rng), name: format!("user.x{}", rng.below(6)).into_bytes() },
+        _ => Op::RemoveXattr {
+            path: any(rng),
+            name: format!("user.x{}", rng.below(6)).into_bytes(),
+        },
     }
 }
 
@@ -301,13 +501,17 @@ pub fn xattrs_of(p: &Path) -> BTreeMap<Vec<u8>, Vec<u8>> {
     if n <= 0 {
         return out;
     }
-    for name in buf[..n as usize].split(|&b| b == 0).filter(|n| !n.is_empty()) {
+    for name in buf[..n as usize]
+        .split(|&b| b == 0)
+        .filter(|n| !n.is_empty())
+    {
         if !name.starts_with(b"user.") {
             continue;
         }
         let cn = CString::new(name.to_vec()).unwrap();
         let mut val = vec![0u8; 65536];
-        let m = unsafe { libc::lgetxattr(c.as_ptr(), cn.as_ptr(), val.as_mut_ptr().cast(), val.len()) };
+        let m =
+            unsafe { libc::lgetxattr(c.as_ptr(), cn.as_ptr(), val.as_mut_ptr().cast(), val.len()) };
         if m >= 0 {
             val.truncate(m as usize);
             out.insert(name.to_vec(), val);
@@ -337,7 +541,13 @@ pub fn shapes(root: &Path) -> BTreeMap<Vec<u8>, Shape> {
                 nlink: if is_dir { 1 } else { m.nlink() },
                 rdev: m.rdev(),
                 content: m.is_file().then(|| std::fs::read(&p).unwrap()),
-                target: m.file_type().is_symlink().then(|| std::fs::read_link(&p).unwrap().as_os_str().as_bytes().to_vec()),
+                target: m.file_type().is_symlink().then(|| {
+                    std::fs::read_link(&p)
+                        .unwrap()
+                        .as_os_str()
+                        .as_bytes()
+                        .to_vec()
+                }),
                 xattrs: xattrs_of(&p),
                 mtime: (mt.1 == 7 && !is_dir).then_some(mt),
             },
@@ -371,14 +581,35 @@ pub fn compare_trees(reference: &Path, other: &Path, what: &str) {
                 macro_rules! f { ($($n:ident),*) => { $( if s.$n != t.$n { d += &format!(" {}: ref={} {what}={};", stringify!($n), short(&format!("{:?}", s.$n)), short(&format!("{:?}", t.$n))); } )* } }
                 f!(kind, mode, uid, gid, size, nlink, rdev, mtime);
                 if s.target != t.target {
-                    d += &format!(" target: ref={:?} {what}={:?};", s.target.as_deref().map(String::from_utf8_lossy), t.target.as_deref().map(String::from_utf8_lossy));
+                    d += &format!(
+                        " target: ref={:?} {what}={:?};",
+                        s.target.as_deref().map(String::from_utf8_lossy),
+                        t.target.as_deref().map(String::from_utf8_lossy)
+                    );
                 }
                 if s.xattrs != t.xattrs {
-                    let show = |x: &BTreeMap<Vec<u8>, Vec<u8>>| short(&x.iter().map(|(k, v)| format!("{}={}B", String::from_utf8_lossy(k), v.len())).collect::<Vec<_>>().join(","));
-                    d += &format!(" xattrs: ref={} {what}={};", show(&s.xattrs), show(&t.xattrs));
+                    let show = |x: &BTreeMap<Vec<u8>, Vec<u8>>| {
+                        short(
+                            &x.iter()
+                                .map(|(k, v)| {
+                                    format!("{}={}B", String::from_utf8_lossy(k), v.len())
+                                })
+                                .collect::<Vec<_>>()
+                                .join(","),
+                        )
+                    };
+                    d += &format!(
+                        " xattrs: ref={} {what}={};",
+                        show(&s.xattrs),
+                        show(&t.xattrs)
+                    );
                 }
                 if s.content != t.content {
-                    let first = s.content.as_ref().zip(t.content.as_ref()).and_then(|(x, y)| x.iter().zip(y.iter()).position(|(a, b)| a != b));
+                    let first = s
+                        .content
+                        .as_ref()
+                        .zip(t.content.as_ref())
+                        .and_then(|(x, y)| x.iter().zip(y.iter()).position(|(a, b)| a != b));
                     d += &format!(" content differs (first at {first:?})");
                 }
                 diffs.push(d);
@@ -394,16 +625,28 @@ pub fn compare_trees(reference: &Path, other: &Path, what: &str) {
     if link_groups(reference) != link_groups(other) {
         diffs.push(format!("hard-link groups differ on {what}"));
     }
-    assert!(diffs.is_empty(), "{} differences:\n{}", diffs.len(), diffs.iter().take(30).cloned().collect::<Vec<_>>().join("\n"));
+    assert!(
+        diffs.is_empty(),
+        "{} differences:\n{}",
+        diffs.len(),
+        diffs
+            .iter()
+            .take(30)
+            .cloned()
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
 }
-
 
 /// A debug string cut to a readable length.
 fn short(s: &str) -> String {
     if s.len() <= 160 {
         s.to_string()
     } else {
-        let cut = (0..=160).rev().find(|&i| s.is_char_boundary(i)).unwrap_or(0);
+        let cut = (0..=160)
+            .rev()
+            .find(|&i| s.is_char_boundary(i))
+            .unwrap_or(0);
         format!("{}...", &s[..cut])
     }
 }
@@ -413,20 +656,48 @@ impl std::fmt::Display for Op {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let p = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
         match self {
-            Op::Mknod { path, mode, rdev } => write!(f, "mknod {} mode {mode:o} rdev {rdev:#x}", p(path)),
+            Op::Mknod { path, mode, rdev } => {
+                write!(f, "mknod {} mode {mode:o} rdev {rdev:#x}", p(path))
+            }
             Op::Mkdir { path, mode } => write!(f, "mkdir {} mode {mode:o}", p(path)),
-            Op::Symlink { path, target } => write!(f, "symlink {} -> ({} bytes)", p(path), target.len()),
+            Op::Symlink { path, target } => {
+                write!(f, "symlink {} -> ({} bytes)", p(path), target.len())
+            }
             Op::Link { from, to } => write!(f, "link {} {}", p(from), p(to)),
             Op::Unlink { path } => write!(f, "unlink {}", p(path)),
             Op::Rmdir { path } => write!(f, "rmdir {}", p(path)),
-            Op::Rename { from, to, flags } => write!(f, "rename {} {} flags {flags}", p(from), p(to)),
-            Op::Write { path, offset, len, .. } => write!(f, "write {} at {offset} len {len}", p(path)),
+            Op::Rename { from, to, flags } => {
+                write!(f, "rename {} {} flags {flags}", p(from), p(to))
+            }
+            Op::Write {
+                path, offset, len, ..
+            } => write!(f, "write {} at {offset} len {len}", p(path)),
             Op::Truncate { path, size } => write!(f, "truncate {} to {size}", p(path)),
-            Op::Fallocate { path, mode, offset, len } => write!(f, "fallocate {} mode {mode:#x} at {offset} len {len}", p(path)),
+            Op::Fallocate {
+                path,
+                mode,
+                offset,
+                len,
+            } => write!(
+                f,
+                "fallocate {} mode {mode:#x} at {offset} len {len}",
+                p(path)
+            ),
             Op::Chmod { path, mode } => write!(f, "chmod {} {mode:o}", p(path)),
             Op::Chown { path, uid, gid } => write!(f, "chown {} {uid}:{gid}", p(path)),
             Op::Utimens { path, sec } => write!(f, "utimens {} {sec}", p(path)),
-            Op::SetXattr { path, name, value, flags } => write!(f, "setxattr {} {} ({} bytes) flags {flags}", p(path), p(name), value.len()),
+            Op::SetXattr {
+                path,
+                name,
+                value,
+                flags,
+            } => write!(
+                f,
+                "setxattr {} {} ({} bytes) flags {flags}",
+                p(path),
+                p(name),
+                value.len()
+            ),
             Op::RemoveXattr { path, name } => write!(f, "removexattr {} {}", p(path), p(name)),
         }
     }
@@ -436,10 +707,16 @@ impl std::fmt::Display for Op {
 /// `OLEO_TEST_SEEDS=N` (default `default_count`) fresh ones, printed so a failure can be
 /// replayed.
 pub fn seeds(test: &str, default_count: u64) -> Vec<u64> {
-    if let Some(s) = std::env::var("OLEO_TEST_SEED").ok().and_then(|s| s.parse().ok()) {
+    if let Some(s) = std::env::var("OLEO_TEST_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+    {
         return vec![s];
     }
-    let n: u64 = std::env::var("OLEO_TEST_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(default_count);
+    let n: u64 = std::env::var("OLEO_TEST_SEEDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(default_count);
     let base = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_nanos() as u64 % 1_000_000_007)

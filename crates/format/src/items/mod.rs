@@ -19,7 +19,7 @@ pub use inode::{
     InodeExtref, InodeItem, InodeRef, Timespec, INODE_FLAGS_KNOWN, INODE_FLAG_NODATACOW,
     INODE_FLAG_NODATASUM, INODE_FLAG_ROOT_ITEM_INIT,
 };
-pub use root::{RootItem, RootRef, ROOT_SUBVOL_RDONLY, ROOT_ITEM_SIZE};
+pub use root::{RootItem, RootRef, ROOT_ITEM_SIZE, ROOT_SUBVOL_RDONLY};
 pub use uuid::{uuid_key, UuidItem};
 pub use volumes::{
     block_group, BlockGroupItem, ChunkItem, DevExtent, DevItem, FreeSpaceInfo, Stripe,
