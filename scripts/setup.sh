@@ -17,10 +17,8 @@ if ! command -v cargo >/dev/null 2>&1 && [ -x "$HOME/.cargo/bin/cargo" ]; then
     export PATH="$HOME/.cargo/bin:$PATH"
 fi
 if ! command -v cargo >/dev/null 2>&1; then
-    echo "setup: no Rust toolchain; installing one with rustup (needs network access to rustup.rs)"
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq curl ca-certificates >/dev/null
-    curl -sSf https://sh.rustup.rs | sh -s -- -y --profile minimal
-    export PATH="$HOME/.cargo/bin:$PATH"
+    echo "setup: no Rust toolchain: install Rust 1.85 or newer with rustup, then run this again" >&2
+    exit 1
 fi
 
 # pjdfstest (the Rust POSIX test suite from crates.io), run against an oleo mount by
@@ -34,6 +32,21 @@ getent group tests >/dev/null || groupadd --system tests
 getent passwd tests >/dev/null ||
     useradd --system --gid tests --no-create-home --home-dir / --shell /usr/sbin/nologin tests
 
+# Prints the URI of the apt source that serves SUITE's main archive (not -security), read from
+# the machine's own apt configuration (deb822 .sources files and one-line .list files).
+debian_archive_uri() {
+    local suite=$1
+    {
+        cat /etc/apt/sources.list.d/*.sources 2>/dev/null | awk -v s="$suite" '
+            /^$/ { if (ok && uri != "") { print uri; exit } ; uri=""; ok=0; next }
+            /^URIs:/ { uri=$2 }
+            /^Suites:/ { for (i = 2; i <= NF; i++) if ($i == s) ok=1 }
+            END { if (ok && uri != "") print uri }'
+        cat /etc/apt/sources.list /etc/apt/sources.list.d/*.list 2>/dev/null |
+            awk -v s="$suite" '$1 == "deb" { sub(/\[[^]]*\] */, ""); if ($3 == s) print $2 }'
+    } | head -n1
+}
+
 # Debian 12's btrfs-progs (6.2) cannot make block-group-tree images; the tests then use a
 # newer mkfs.btrfs unpacked from bookworm-backports beside it (not installed over it: the
 # format digest was verified against 6.2's output).
@@ -42,13 +55,14 @@ if ! mkfs.btrfs -O list-all 2>&1 | grep -q block-group-tree && [ ! -x "$bpo/sbin
     . /etc/os-release
     if [ "${VERSION_CODENAME:-}" = bookworm ]; then
         echo "setup: unpacking btrfs-progs from bookworm-backports into $bpo"
-        cat > /etc/apt/sources.list.d/bookworm-backports.sources <<'SRC'
-Types: deb
-URIs: http://deb.debian.org/debian
-Suites: bookworm-backports
-Components: main
-Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
-SRC
+        # The archive this machine already uses for bookworm: backports live beside it.
+        uri=$(debian_archive_uri bookworm)
+        if [ -z "$uri" ]; then
+            echo "setup: no apt source for bookworm found; cannot add bookworm-backports" >&2
+        else
+            printf 'Types: deb\nURIs: %s\nSuites: bookworm-backports\nComponents: main\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\n' \
+                "$uri" > /etc/apt/sources.list.d/bookworm-backports.sources
+        fi
         apt-get update -qq
         tmp=$(mktemp -d)
         (cd "$tmp" && apt-get download -qq btrfs-progs/bookworm-backports && dpkg-deb -x btrfs-progs_*.deb "$bpo")

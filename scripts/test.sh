@@ -5,6 +5,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/setup.sh
 export PATH="$HOME/.cargo/bin:$PATH"
+# Style and lints first: a red CI for a formatting slip is cheaper than for a bug.
+cargo fmt --all --check
+cargo clippy --workspace --all-targets -- -D warnings
 cargo build --workspace --all-targets
 cargo build --release -p oleo-cli
 bash scripts/fuzz.sh 15
