@@ -199,6 +199,7 @@ fn unlinked_open_files_live_until_closed() {
     let path = mnt.join("doomed");
     let mut f = std::fs::OpenOptions::new()
         .create(true)
+        .truncate(true)
         .read(true)
         .write(true)
         .open(&path)
@@ -246,6 +247,7 @@ fn unlinked_open_files_live_until_closed() {
     let path = mnt.join("doomed2");
     let mut f = std::fs::OpenOptions::new()
         .create(true)
+        .truncate(true)
         .read(true)
         .write(true)
         .open(&path)
@@ -563,7 +565,7 @@ fn readers_and_writers_at_once() {
                     .unwrap()
                     .map(|e| e.unwrap().metadata().map(|m| m.len()))
                     .filter(|m| !matches!(m, Err(e) if e.kind() == std::io::ErrorKind::NotFound))
-                    .map(|m| m.unwrap())
+                    .inspect(|m| assert!(m.is_ok(), "stat failed: {m:?}"))
                     .count();
                 assert!(n >= 1500, "reader {r} saw {n} entries");
                 rounds += 1;

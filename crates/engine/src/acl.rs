@@ -28,7 +28,7 @@ pub(crate) struct Acl(Vec<Entry>);
 impl Acl {
     pub(crate) fn parse(b: &[u8]) -> Result<Acl> {
         let bad = || Error::InvalidArgument("malformed POSIX ACL".into());
-        if b.len() < 4 || (b.len() - 4) % 8 != 0 {
+        if b.len() < 4 || !(b.len() - 4).is_multiple_of(8) {
             return Err(bad());
         }
         if u32::from_le_bytes(b[..4].try_into().map_err(|_| bad())?) != VERSION {

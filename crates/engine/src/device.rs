@@ -170,7 +170,7 @@ impl Device {
         if budget != u64::MAX {
             self.write_budget.store(budget - 1, Ordering::SeqCst);
         }
-        let aligned = |x: u64| x % DIRECT_ALIGN as u64 == 0;
+        let aligned = |x: u64| x.is_multiple_of(DIRECT_ALIGN as u64);
         let direct = self.direct.as_ref().filter(|_| {
             buf.len() >= WRITEBACK_KICK
                 && aligned(offset)

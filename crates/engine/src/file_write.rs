@@ -31,6 +31,7 @@ struct Found {
     inline_len: u64,
 }
 
+#[allow(clippy::too_many_arguments)] // one per field of the on-disk item
 fn extent_item(
     generation: u64,
     ram_bytes: u64,
@@ -356,7 +357,8 @@ impl Transaction<'_> {
             inode.nbytes = inode
                 .nbytes
                 .saturating_add(self.insert_data(id, inode, 0, &data)?);
-        } else if old_size % sector != 0 && old_size - old_size % sector < rewritten_from {
+        } else if !old_size.is_multiple_of(sector) && old_size - old_size % sector < rewritten_from
+        {
             let from = old_size - old_size % sector;
             let data = self.read_range(id, from, sector, old_size)?;
             inode.nbytes =

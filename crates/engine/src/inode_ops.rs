@@ -774,8 +774,9 @@ impl Filesystem {
         // A tail that ends at the source's EOF may be cloned whole when it also ends (or
         // lands past) the destination's EOF: the bytes past EOF are never visible.
         let tail_ok = src_end == sa.size && dst_off + len >= da.size;
-        let aligned =
-            src_off % sector == 0 && dst_off % sector == 0 && (len % sector == 0 || tail_ok);
+        let aligned = src_off.is_multiple_of(sector)
+            && dst_off.is_multiple_of(sector)
+            && (len % sector == 0 || tail_ok);
         let inline = sa.size <= self.max_inline.min(sector - 1);
         if aligned && !inline && src != dst {
             let clone_len = len.next_multiple_of(sector);

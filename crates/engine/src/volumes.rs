@@ -39,7 +39,7 @@ impl ChunkMap {
             bg::RAID1C3 => n == 3,
             bg::RAID1C4 => n == 4,
             bg::RAID0 => n >= 1,
-            bg::RAID10 => n >= 2 && n % 2 == 0 && chunk.sub_stripes == 2,
+            bg::RAID10 => n >= 2 && n.is_multiple_of(2) && chunk.sub_stripes == 2,
             bg::RAID5 => n >= 2,
             bg::RAID6 => n >= 3,
             _ => false,

@@ -173,7 +173,7 @@ fn many_small_files_until_full() {
     let err = loop {
         let name = format!("file-{i:06}").into_bytes();
         // A mix of inline (small) and regular (a few sectors) files.
-        let data = pattern(i, if i % 3 == 0 { 700 } else { 9000 });
+        let data = pattern(i, if i.is_multiple_of(3) { 700 } else { 9000 });
         let r = fs.mknod(root, &name, 0o100644, 0, 0, 0, 0).and_then(|a| {
             fs.write(a.id, 0, &data)?;
             Ok(a.id)

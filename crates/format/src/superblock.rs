@@ -339,7 +339,7 @@ impl Superblock {
                 SYS_CHUNK_ARRAY_MAX
             );
         }
-        let aligned = |v: u64| v % self.sectorsize as u64 == 0;
+        let aligned = |v: u64| v.is_multiple_of(self.sectorsize as u64);
         if !aligned(self.root) || !aligned(self.chunk_root) || !aligned(self.log_root) {
             invalid!("tree root addresses are not sectorsize aligned");
         }

@@ -260,40 +260,33 @@ fn check_item(block: &TreeBlock, slot: usize, key: &Key, ctx: &FsContext) -> Res
                 }
             }
         }
-        item::EXTENT_CSUM => {
-            if key.objectid != objectid::EXTENT_CSUM
+        item::EXTENT_CSUM
+            if (key.objectid != objectid::EXTENT_CSUM
                 || body.len() % ctx.csum_type.size() != 0
-                || key.offset % sector != 0
-            {
-                invalid!("bad csum item");
-            }
+                || !key.offset.is_multiple_of(sector)) =>
+        {
+            invalid!("bad csum item");
         }
         item::CHUNK_ITEM => {
             let c = ChunkItem::parse(body)?;
-            if c.length == 0 || c.length % sector != 0 || key.offset % sector != 0 {
+            if c.length == 0 || c.length % sector != 0 || !key.offset.is_multiple_of(sector) {
                 invalid!("chunk start/length not aligned");
             }
             if c.stripe_len != 65536 {
                 invalid!("chunk stripe_len {}", c.stripe_len);
             }
         }
-        item::DEV_ITEM => {
-            if body.len() != DevItem::SIZE {
-                invalid!("dev item size {}", body.len());
-            }
+        item::DEV_ITEM if body.len() != DevItem::SIZE => {
+            invalid!("dev item size {}", body.len());
         }
         item::ROOT_ITEM => {
             crate::items::RootItem::parse(body)?;
         }
-        item::BLOCK_GROUP_ITEM => {
-            if body.len() != 24 {
-                invalid!("block group item size {}", body.len());
-            }
+        item::BLOCK_GROUP_ITEM if body.len() != 24 => {
+            invalid!("block group item size {}", body.len());
         }
-        item::DEV_EXTENT => {
-            if body.len() != 48 {
-                invalid!("dev extent size {}", body.len());
-            }
+        item::DEV_EXTENT if body.len() != 48 => {
+            invalid!("dev extent size {}", body.len());
         }
         item::FREE_SPACE_INFO => {
             u32_at(body, 4)?;

@@ -887,7 +887,7 @@ pub fn set_readahead(canonical_mountpoint: &std::path::Path, kib: u32) -> std::i
                 .replace("\\134", "\\");
             (std::path::Path::new(&point) == want).then(|| f.get(2).map(|d| d.to_string()))?
         })
-        .last()
+        .next_back()
         .ok_or_else(|| {
             std::io::Error::new(std::io::ErrorKind::NotFound, "mount not in mountinfo")
         })?;

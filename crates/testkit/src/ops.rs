@@ -16,6 +16,7 @@ impl Rng {
     pub fn new(seed: u64) -> Rng {
         Rng(seed.wrapping_mul(0x9E3779B97F4A7C15) | 1)
     }
+    #[allow(clippy::should_implement_trait)] // a seeded generator, not an iterator
     pub fn next(&mut self) -> u64 {
         self.0 ^= self.0 << 13;
         self.0 ^= self.0 >> 7;

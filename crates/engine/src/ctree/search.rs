@@ -166,6 +166,7 @@ impl<'a, S: BlockSource + ?Sized> Cursor<'a, S> {
         )))
     }
 
+    #[allow(clippy::should_implement_trait)] // moves a cursor; can fail, yields nothing
     pub fn next(&mut self) -> Result<()> {
         if self.exhausted {
             return Ok(());

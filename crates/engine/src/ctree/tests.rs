@@ -185,11 +185,11 @@ fn random_ops(cfg: &Config, seed: u64) -> Stats {
                 let len = item_len(&mut rng, cfg.nodesize);
                 let data = rng.bytes(len);
                 let res = insert_item(&mut store, &mut root, k, &data);
-                if model.contains_key(&k) {
-                    assert!(matches!(res, Err(Error::AlreadyExists)), "{ctx}: {res:?}");
-                } else {
+                if let std::collections::btree_map::Entry::Vacant(e) = model.entry(k) {
                     res.unwrap_or_else(|e| panic!("{ctx}: {e}"));
-                    model.insert(k, data);
+                    e.insert(data);
+                } else {
+                    assert!(matches!(res, Err(Error::AlreadyExists)), "{ctx}: {res:?}");
                 }
             }
             // Insert a run of new keys in one call.

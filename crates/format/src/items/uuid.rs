@@ -22,7 +22,7 @@ pub struct UuidItem {
 
 impl UuidItem {
     pub fn parse(b: &[u8]) -> Result<UuidItem> {
-        if b.len() % 8 != 0 {
+        if !b.len().is_multiple_of(8) {
             invalid!("uuid item of {} bytes is not a list of u64", b.len());
         }
         let subvol_ids = (0..b.len() / 8)
