@@ -35,16 +35,25 @@ getent passwd tests >/dev/null ||
 # Prints the URI of the apt source that serves SUITE's main archive (not -security), read from
 # the machine's own apt configuration (deb822 .sources files and one-line .list files).
 debian_archive_uri() {
-    local suite=$1
-    {
-        cat /etc/apt/sources.list.d/*.sources 2>/dev/null | awk -v s="$suite" '
-            /^$/ { if (ok && uri != "") { print uri; exit } ; uri=""; ok=0; next }
+    local suite=$1 f uri=""
+    shopt -s nullglob
+    for f in /etc/apt/sources.list.d/*.sources; do
+        uri=$(awk -v s="$suite" '
+            /^[ \t]*$/ { if (ok && uri != "") { print uri; exit } ; uri=""; ok=0; next }
             /^URIs:/ { uri=$2 }
             /^Suites:/ { for (i = 2; i <= NF; i++) if ($i == s) ok=1 }
-            END { if (ok && uri != "") print uri }'
-        cat /etc/apt/sources.list /etc/apt/sources.list.d/*.list 2>/dev/null |
-            awk -v s="$suite" '$1 == "deb" { sub(/\[[^]]*\] */, ""); if ($3 == s) print $2 }'
-    } | head -n1
+            END { if (ok && uri != "") print uri }' "$f" | head -n1)
+        [ -n "$uri" ] && break
+    done
+    if [ -z "$uri" ]; then
+        for f in /etc/apt/sources.list /etc/apt/sources.list.d/*.list; do
+            [ -f "$f" ] || continue
+            uri=$(awk -v s="$suite" '$1 == "deb" { sub(/\[[^]]*\] */, ""); if ($3 == s) { print $2; exit } }' "$f")
+            [ -n "$uri" ] && break
+        done
+    fi
+    shopt -u nullglob
+    printf '%s\n' "$uri"
 }
 
 # Debian 12's btrfs-progs (6.2) cannot make block-group-tree images; the tests then use a
