@@ -263,8 +263,10 @@ fn mount(
     };
     let server = oleo_fuse::OleoFuse::new(fs, settings);
     if foreground {
+        let slot = server.notifier_slot();
         let session = oleo_fuse::Session::new(server, mountpoint, &config)
             .map_err(|e| format!("mount: {e}"))?;
+        let _ = slot.set(session.notifier());
         tune(mountpoint, plan.readahead_kib);
         return session.run().map_err(|e| format!("FUSE session: {e}"));
     }
@@ -341,6 +343,7 @@ fn daemonize_and_serve(
             let mut report = std::fs::File::from(write_end);
             // SAFETY: plain syscall in the child.
             unsafe { libc::setsid() };
+            let slot = server.notifier_slot();
             let session = match oleo_fuse::Session::new(server, mountpoint, config) {
                 Ok(s) => s,
                 Err(e) => {
@@ -348,6 +351,7 @@ fn daemonize_and_serve(
                     std::process::exit(1);
                 }
             };
+            let _ = slot.set(session.notifier());
             tune(mountpoint, readahead_kib);
             let _ = report.write_all(b"OK");
             drop(report);

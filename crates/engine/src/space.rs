@@ -242,6 +242,12 @@ impl Filesystem {
         Ok(out)
     }
 
+    /// Bytes new file data can still get (statfs's available space).
+    pub fn data_available(&self) -> Result<u64> {
+        let s = self.statfs()?;
+        Ok(s.blocks_avail * u64::from(s.block_size))
+    }
+
     /// statfs as the kernel's btrfs computes it in spirit: blocks is the device, free is
     /// what is not used by any block group (counting every copy), available is what new
     /// file data can still get (free data block group space plus unallocated space).

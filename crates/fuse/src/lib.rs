@@ -9,6 +9,7 @@
 //! stay unique across the whole mount (all subvolumes share FUSE's one st_dev).
 
 mod nodeid;
+mod space_guard;
 
 use fuser::{
     CopyFileRangeFlags, Errno, FileAttr, FileHandle, FileType, FopenFlags, Generation, INodeNo,
@@ -19,6 +20,7 @@ use fuser::{
 use nodeid::NodeIds;
 use oleo::{Attr, Error, FallocMode, FileKind, Filesystem, InodeId, SetAttr, XattrSet};
 use parking_lot::RwLock;
+use space_guard::{OpenMode, SpaceGuard};
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
@@ -26,6 +28,7 @@ use std::sync::{Arc, Weak};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 pub use fuser::{BackgroundSession, Config, MountOption, Session, SessionACL};
+pub use space_guard::NotifierSlot;
 
 /// The image cannot change under a read-only mount, so the kernel may cache for as long as
 /// it likes. A writable mount changes only through this server, and the kernel drops what
@@ -61,6 +64,7 @@ pub struct OleoFuse {
     ids: NodeIds,
     settings: MountSettings,
     ttl: Duration,
+    space: SpaceGuard,
 }
 
 impl OleoFuse {
@@ -73,6 +77,36 @@ impl OleoFuse {
             ids,
             settings,
             ttl,
+            space: SpaceGuard::new(space_guard::kernel_dirty_limit()),
+        }
+    }
+
+    /// Set it to the session's notifier once the session exists: near full, the server
+    /// tells the kernel to stop caching writes (see `space_guard`).
+    pub fn notifier_slot(&self) -> NotifierSlot {
+        self.space.notifier_slot()
+    }
+
+    /// Free data space, for decisions that may be approximate.
+    fn available(fs: &Filesystem) -> u64 {
+        fs.data_available().unwrap_or(u64::MAX)
+    }
+
+    /// Registers an open of `id`: a handle number and how the kernel should treat it.
+    fn open_handle(&self, ino: u64, flags: i32) -> (FileHandle, FopenFlags) {
+        let writing = self.settings.writable && flags & libc::O_ACCMODE != libc::O_RDONLY;
+        if writing && self.space.is_low() {
+            // Leaving low space is noticed here, when it matters.
+            self.space.update(Self::available(&self.fs.read()));
+        }
+        let mode = self.space.open_mode(writing);
+        let fh = FileHandle(self.space.opened(ino, mode));
+        match mode {
+            OpenMode::Direct => (
+                fh,
+                FopenFlags::FOPEN_DIRECT_IO | FopenFlags::FOPEN_KEEP_CACHE,
+            ),
+            _ => (fh, FopenFlags::FOPEN_KEEP_CACHE),
         }
     }
 
@@ -205,6 +239,44 @@ fn system_time(st: SystemTime) -> oleo::Timespec {
     }
 }
 
+/// A write through a direct handle: as much as fits, leaving `keep` bytes free (short
+/// writes are how write(2) says the device is full), ENOSPC if nothing fits.
+fn write_direct(
+    fs: &mut Filesystem,
+    id: InodeId,
+    offset: u64,
+    data: &[u8],
+    keep: u64,
+) -> oleo::Result<usize> {
+    const SECTOR: u64 = 4096;
+    // The longest prefix of `n` bytes that ends on a sector boundary (or all of data).
+    let prefix = |n: u64| -> usize {
+        if n >= data.len() as u64 {
+            return data.len();
+        }
+        ((offset + n) / SECTOR * SECTOR).saturating_sub(offset) as usize
+    };
+    let mut len = data.len();
+    if keep > 0 {
+        len = prefix(OleoFuse::available(fs).saturating_sub(keep));
+    }
+    loop {
+        if len == 0 {
+            return Err(Error::NoSpace);
+        }
+        match fs.write(id, offset, &data[..len]) {
+            Err(Error::NoSpace) => {
+                let shorter = prefix(len as u64 / 2);
+                if shorter >= len {
+                    return Err(Error::NoSpace);
+                }
+                len = shorter;
+            }
+            r => return r,
+        }
+    }
+}
+
 fn errno(e: Error) -> Errno {
     if matches!(
         e,
@@ -267,7 +339,8 @@ impl fuser::Filesystem for OleoFuse {
             | InitFlags::FUSE_POSIX_ACL;
         let wanted = if self.settings.writable {
             // The kernel's page cache gathers writes into large requests (one extent each).
-            wanted | InitFlags::FUSE_WRITEBACK_CACHE
+            // Direct-IO handles (near full, see space_guard) can still be mmapped.
+            wanted | InitFlags::FUSE_WRITEBACK_CACHE | InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP
         } else {
             wanted
         };
@@ -445,7 +518,7 @@ impl fuser::Filesystem for OleoFuse {
         name: &OsStr,
         mode: u32,
         umask: u32,
-        _flags: i32,
+        flags: i32,
         reply: ReplyCreate,
     ) {
         let r = self.id(parent).and_then(|dir| {
@@ -456,13 +529,10 @@ impl fuser::Filesystem for OleoFuse {
             })
         });
         match r.and_then(|a| self.file_attr(&a)) {
-            Ok(attr) => reply.created(
-                &self.ttl,
-                &attr,
-                Generation(0),
-                FileHandle(0),
-                FopenFlags::FOPEN_KEEP_CACHE,
-            ),
+            Ok(attr) => {
+                let (fh, open_flags) = self.open_handle(attr.ino.0, flags);
+                reply.created(&self.ttl, &attr, Generation(0), fh, open_flags)
+            }
             Err(e) => reply.error(e),
         }
     }
@@ -471,7 +541,7 @@ impl fuser::Filesystem for OleoFuse {
         &self,
         _req: &Request,
         ino: INodeNo,
-        _fh: FileHandle,
+        fh: FileHandle,
         offset: u64,
         data: &[u8],
         _write_flags: WriteFlags,
@@ -479,12 +549,30 @@ impl fuser::Filesystem for OleoFuse {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        match self
-            .id(ino)
-            .and_then(|id| self.mutate(|fs| fs.write(id, offset, data)))
-        {
-            Ok(n) => reply.written(n as u32),
-            Err(e) => reply.error(e),
+        let direct = self.space.is_direct(fh.0);
+        let keep = if direct { self.space.keep_free() } else { 0 };
+        let r = self.id(ino).and_then(|id| {
+            self.mutate(|fs| {
+                let n = if direct {
+                    write_direct(fs, id, offset, data, keep)?
+                } else {
+                    fs.write(id, offset, data)?
+                };
+                Ok((n, Self::available(fs)))
+            })
+        });
+        match r {
+            Ok((n, available)) => {
+                reply.written(n as u32);
+                self.space.update(available);
+            }
+            Err(e) => {
+                reply.error(e);
+                if e == Errno::ENOSPC && !direct {
+                    // A write-back: the writer learns at its next write(2), fsync or close.
+                    self.space.writeback_failed(ino.0);
+                }
+            }
         }
     }
 
@@ -559,7 +647,13 @@ impl fuser::Filesystem for OleoFuse {
         };
         match self
             .id(ino)
-            .and_then(|id| self.mutate(|fs| fs.fallocate(id, offset, length, m)))
+            .and_then(|id| {
+                self.mutate(|fs| {
+                    fs.fallocate(id, offset, length, m)?;
+                    Ok(Self::available(fs))
+                })
+            })
+            .map(|available| self.space.update(available))
         {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(e),
@@ -616,7 +710,14 @@ impl fuser::Filesystem for OleoFuse {
     ) {
         let r = self.id(ino_in).and_then(|src| {
             let dst = self.id(ino_out)?;
-            self.mutate(|fs| fs.copy_file_range(src, offset_in, dst, offset_out, len))
+            self.mutate(|fs| {
+                let n = fs.copy_file_range(src, offset_in, dst, offset_out, len)?;
+                Ok((n, Self::available(fs)))
+            })
+            .map(|(n, available)| {
+                self.space.update(available);
+                n
+            })
         });
         match r {
             Ok(n) => reply.written(n.min(u32::MAX as u64) as u32),
@@ -635,7 +736,12 @@ impl fuser::Filesystem for OleoFuse {
         }
     }
 
-    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+    fn getattr(&self, _req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
+        // The kernel asks with the handle before a cached write(2) when attributes are
+        // invalid: the moment to stop a writer the page cache would let run on.
+        if fh.is_some_and(|fh| self.space.refuse_cached_write(fh.0)) {
+            return reply.error(Errno::ENOSPC);
+        }
         match self.id(ino).and_then(|id| self.entry_attr(id)) {
             Ok(attr) => reply.attr(&self.ttl, &attr),
             Err(e) => reply.error(e),
@@ -660,7 +766,8 @@ impl fuser::Filesystem for OleoFuse {
             Ok(id) => {
                 // An open file outlives its last name (it becomes an orphan until release).
                 self.fs.read().pin_open(id);
-                reply.opened(FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE)
+                let (fh, open_flags) = self.open_handle(ino.0, flags.0);
+                reply.opened(fh, open_flags)
             }
             Err(e) => reply.error(e),
         }
@@ -670,12 +777,13 @@ impl fuser::Filesystem for OleoFuse {
         &self,
         _req: &Request,
         ino: INodeNo,
-        _fh: FileHandle,
+        fh: FileHandle,
         _flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         _flush: bool,
         reply: ReplyEmpty,
     ) {
+        self.space.released(fh.0);
         match self.id(ino) {
             Ok(id) => match self.fs.write().unpin_open(id) {
                 Ok(()) => reply.ok(),

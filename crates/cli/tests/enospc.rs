@@ -1,0 +1,142 @@
+//! ENOSPC reaches the writer through a FUSE mount: write(2) fails once data cannot fit,
+//! a file's size is exactly what write(2) accepted, and nothing accepted is lost. Checked
+//! after unmount by `btrfs check` and the kernel's view of the image.
+
+use oleo_testkit::*;
+use std::io::{ErrorKind, Write};
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+const OLEO: &str = env!("CARGO_BIN_EXE_oleo");
+const MIB: usize = 1 << 20;
+
+/// One MiB of data that names its index, so misplaced or lost chunks show.
+fn chunk(i: usize) -> Vec<u8> {
+    let mut v = vec![0u8; MIB];
+    for (j, b) in v.iter_mut().enumerate() {
+        *b = ((i * 131 + j * 7) % 251) as u8;
+    }
+    v
+}
+
+/// Appends MiB chunks (each write(2) a whole chunk) until write(2) fails; returns the bytes
+/// write(2) accepted and the error. Fails the test if the filesystem never fills.
+fn fill(path: &Path, limit: usize) -> (u64, std::io::Error) {
+    let mut f = std::fs::File::create(path).unwrap();
+    let mut written = 0u64;
+    let until = Instant::now() + Duration::from_secs(300);
+    for i in 0..limit {
+        assert!(Instant::now() < until, "{}: still writing", path.display());
+        let data = chunk(i);
+        let mut at = 0;
+        while at < data.len() {
+            match f.write(&data[at..]) {
+                Ok(n) => {
+                    at += n;
+                    written += n as u64;
+                }
+                Err(e) => {
+                    // Everything write(2) accepted is in the kernel's cache or on disk: the
+                    // close must not report a loss.
+                    f.sync_all()
+                        .unwrap_or_else(|e| panic!("{}: fsync after ENOSPC: {e}", path.display()));
+                    return (written, e);
+                }
+            }
+        }
+    }
+    panic!(
+        "{}: {limit} MiB written to a smaller filesystem without an error",
+        path.display()
+    );
+}
+
+fn check_contents(path: &Path, len: u64) {
+    let f = std::fs::File::open(path).unwrap();
+    assert_eq!(f.metadata().unwrap().len(), len, "{}", path.display());
+    let mut buf = vec![0u8; MIB];
+    let mut at = 0u64;
+    while at < len {
+        let n = ((len - at) as usize).min(MIB);
+        f.read_exact_at(&mut buf[..n], at).unwrap();
+        let want = chunk((at / MIB as u64) as usize);
+        assert!(
+            buf[..n] == want[..n],
+            "{}: MiB {} differs",
+            path.display(),
+            at / MIB as u64
+        );
+        at += n as u64;
+    }
+}
+
+#[test]
+fn writes_to_a_full_filesystem_fail_in_write_and_lose_nothing() {
+    let name = "enospc_dd";
+    if !(require_root(name) && require_fuse(name)) {
+        return;
+    }
+    let dir = TempDir::new(name).unwrap();
+    let image = dir.join("image");
+    let mnt = dir.subdir("mnt").unwrap();
+    let kmnt = dir.subdir("kmnt").unwrap();
+    std::fs::File::create(&image)
+        .unwrap()
+        .set_len(1 << 30)
+        .unwrap();
+    let out = Command::new("mkfs.btrfs")
+        .args(["-q", "-f"])
+        .arg(&image)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "mkfs.btrfs: {out:?}");
+
+    let m = OleoMount::mount_rw(Path::new(OLEO), &image, &mnt, &[]).unwrap();
+    // A file opened while space is plentiful writes through the page cache: it must still
+    // stop with ENOSPC in write(2), not run on (the kernel would accept writes for ever).
+    let (first, e) = fill(&mnt.join("fill"), 4096);
+    assert_eq!(e.kind(), ErrorKind::StorageFull, "fill: {e}");
+    assert!(first > 256 << 20, "stopped early: {first} bytes");
+    check_contents(&mnt.join("fill"), first);
+    // A file opened near full writes to the last block and stops exactly there.
+    let (second, e) = fill(&mnt.join("fill2"), 4096);
+    assert_eq!(e.kind(), ErrorKind::StorageFull, "fill2: {e}");
+    check_contents(&mnt.join("fill2"), second);
+    let free = nix_statvfs_avail(&mnt);
+    assert!(
+        free < 8 << 20,
+        "{free} bytes left free after the second file"
+    );
+    // A small write on a full filesystem either lands or fails: never a silent empty file.
+    let small = mnt.join("small");
+    let r = std::fs::write(&small, b"small\n");
+    let small_len = match &r {
+        Ok(()) => 6,
+        Err(e) => {
+            assert_eq!(e.kind(), ErrorKind::StorageFull, "small: {e}");
+            std::fs::metadata(&small).map_or(0, |m| m.len())
+        }
+    };
+    assert_eq!(std::fs::metadata(&small).map_or(0, |m| m.len()), small_len);
+    m.unmount().unwrap();
+
+    btrfs_check(&image, true).unwrap();
+    let k = KernelMount::mount(&image, &kmnt, &["ro"]).unwrap();
+    check_contents(&kmnt.join("fill"), first);
+    check_contents(&kmnt.join("fill2"), second);
+    if small_len > 0 {
+        assert_eq!(std::fs::read(kmnt.join("small")).unwrap(), b"small\n");
+    }
+    k.unmount().unwrap();
+}
+
+fn nix_statvfs_avail(path: &Path) -> u64 {
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a zeroed statvfs is a valid out-parameter.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: c is a valid C string, st a valid out-pointer.
+    assert_eq!(unsafe { libc::statvfs(c.as_ptr(), &mut st) }, 0);
+    st.f_bavail * st.f_frsize
+}
