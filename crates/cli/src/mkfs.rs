@@ -39,6 +39,10 @@ pub struct MkfsArgs {
     /// Print nothing on success.
     #[arg(short = 'q', long)]
     quiet: bool,
+    /// Overwrite a target that holds a filesystem or another signature. A mounted target,
+    /// or one open in oleo, is refused even then.
+    #[arg(short = 'f', long)]
+    force: bool,
     /// Image file or block device (one: multi-device filesystems are not supported).
     #[arg(required = true, num_args = 1..)]
     targets: Vec<PathBuf>,
@@ -105,6 +109,10 @@ fn options(a: &MkfsArgs) -> Result<MkfsOptions, String> {
             .map(mkfs::parse_uuid)
             .transpose()
             .map_err(|e| e.to_string())?,
+        // The root directory belongs to whoever makes the filesystem, as with mkfs.btrfs.
+        // SAFETY: getuid/getgid cannot fail.
+        root_owner: unsafe { (libc::getuid(), libc::getgid()) },
+        force: a.force,
         ..MkfsOptions::default()
     };
     for list in &a.features {

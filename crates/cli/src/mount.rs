@@ -298,6 +298,8 @@ fn open(image: &Path, plan: &Plan) -> Result<(Filesystem, bool), String> {
         {
             oleo::Error::Io(e)
         }
+        // What oleo cannot write (a device smaller than the filesystem) it may still read.
+        Err(e @ oleo::Error::Unsupported(_)) => e,
         Err(e) => return Err(show(e)),
     };
     if plan.writable == Some(true) {

@@ -78,6 +78,8 @@ pub enum IoEvent {
 
 pub struct Device {
     file: File,
+    /// One writer per filesystem, and never beside the kernel (see `claim`).
+    _claim: crate::claim::Claim,
     /// The same file opened with O_DIRECT, for large aligned (data) writes: they skip the
     /// host page cache copy, as the kernel's loop device does with direct IO.
     direct: Option<File>,
@@ -93,7 +95,7 @@ pub struct Device {
 
 impl Device {
     pub fn open(path: &Path) -> Result<Device> {
-        Device::with_file(File::open(path)?, false)
+        Device::with_file(File::open(path)?, path, false)
     }
 
     /// Opens for reading and writing: the transaction layer writes through it.
@@ -102,7 +104,7 @@ impl Device {
             .read(true)
             .write(true)
             .open(path)?;
-        let mut dev = Device::with_file(file, true)?;
+        let mut dev = Device::with_file(file, path, true)?;
         use std::os::unix::fs::OpenOptionsExt;
         // Not every filesystem under an image supports O_DIRECT (tmpfs): then buffered only.
         dev.direct = std::fs::OpenOptions::new()
@@ -113,7 +115,8 @@ impl Device {
         Ok(dev)
     }
 
-    fn with_file(file: File, writable: bool) -> Result<Device> {
+    fn with_file(file: File, path: &Path, writable: bool) -> Result<Device> {
+        let claim = crate::claim::claim(&file, path, writable)?;
         // Block devices report size 0 in metadata: seek to the end instead.
         let size = {
             use std::io::{Seek, SeekFrom};
@@ -122,6 +125,7 @@ impl Device {
         };
         Ok(Device {
             file,
+            _claim: claim,
             direct: None,
             recording: parking_lot::Mutex::new(None),
             size,

@@ -59,6 +59,12 @@ pub enum Error {
     CrossDevice,
     #[error("operation not supported by this file type")]
     NoDevice,
+    /// The image or device is held by someone else (the message names who).
+    #[error("{0}")]
+    Busy(String),
+    /// mkfs would destroy what the target holds (the message says what).
+    #[error("{0}")]
+    WouldOverwrite(String),
     /// The image cannot be used at all (bad superblock, missing trees, ...).
     #[error("unusable filesystem: {0}")]
     Unusable(String),
@@ -76,6 +82,8 @@ impl Error {
     pub fn errno(&self) -> i32 {
         match self {
             Error::NotFound => libc::ENOENT,
+            Error::Busy(_) => libc::EBUSY,
+            Error::WouldOverwrite(_) => libc::EEXIST,
             Error::AlreadyExists => libc::EEXIST,
             Error::NotDir => libc::ENOTDIR,
             Error::IsDir => libc::EISDIR,

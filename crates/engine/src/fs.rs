@@ -176,6 +176,33 @@ pub struct Filesystem {
     pub(crate) open_inodes: Mutex<HashMap<InodeId, u32>>,
 }
 
+impl Drop for Filesystem {
+    /// Dropping a writable filesystem commits what it has, as an unmount does: writes must
+    /// not vanish because a program forgot `sync` or `close`.
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            return;
+        }
+        if let Err(e) = self.finish() {
+            log::error!(
+                "closing the filesystem: the final commit failed, changes since generation {} are lost: {e}",
+                self.sb.generation
+            );
+        }
+    }
+}
+
+/// Why a device of `size` bytes cannot hold the filesystem its superblock describes.
+pub(crate) fn too_small(size: u64, sb: &Superblock) -> Option<String> {
+    let want = sb.dev_item.total_bytes;
+    (size < want).then(|| {
+        format!(
+            "the device is {size} bytes, smaller than the {want} bytes the filesystem spans \
+             (a truncated image?)"
+        )
+    })
+}
+
 impl Filesystem {
     /// Opens an image file or block device writable: changes go through
     /// [`Filesystem::start_transaction`] (items only for now).
@@ -199,6 +226,14 @@ impl Filesystem {
         };
         let sb = read_superblock(&device)?;
         check_features(&sb)?;
+        if let Some(why) = too_small(device.size(), &sb) {
+            if !options.read_only {
+                return Err(Error::Unsupported(format!(
+                    "{why}: refusing to write to it (the kernel refuses such a device too)"
+                )));
+            }
+            log::warn!("{}: {why}: reading what it holds", path.display());
+        }
         let ctx = FsContext {
             nodesize: sb.nodesize,
             sectorsize: sb.sectorsize,

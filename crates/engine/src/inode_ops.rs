@@ -570,21 +570,63 @@ impl Transaction<'_> {
     }
 }
 
+/// The type, permissions and owner of an inode that `mknod` or `mkdir` creates.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NewInode {
+    /// Type and permission bits, e.g. `S_IFIFO | 0o644`.
+    pub mode: u32,
+    /// Cleared from `mode` unless the parent has a default ACL (inherited instead).
+    pub umask: u32,
+    /// Device number (userspace dev_t) of a character or block device.
+    pub rdev: u64,
+    pub uid: u32,
+    pub gid: u32,
+}
+
+impl NewInode {
+    /// A regular file with permissions `perm`, owned by root.
+    pub fn file(perm: u32) -> NewInode {
+        NewInode::with_mode(S_IFREG | perm)
+    }
+
+    /// A directory with permissions `perm`, owned by root.
+    pub fn dir(perm: u32) -> NewInode {
+        NewInode::with_mode(S_IFDIR | perm)
+    }
+
+    /// Any type, from full mode bits.
+    pub fn with_mode(mode: u32) -> NewInode {
+        NewInode {
+            mode,
+            ..NewInode::default()
+        }
+    }
+
+    pub fn owner(self, uid: u32, gid: u32) -> NewInode {
+        NewInode { uid, gid, ..self }
+    }
+
+    pub fn umask(self, umask: u32) -> NewInode {
+        NewInode { umask, ..self }
+    }
+
+    pub fn rdev(self, rdev: u64) -> NewInode {
+        NewInode { rdev, ..self }
+    }
+}
+
 impl Filesystem {
     /// Creates a file of any type but directory and symlink (regular, fifo, socket, device)
-    /// named `name` in `parent`. `mode` includes the type bits; `rdev` is a userspace dev_t.
-    /// `umask` applies unless the parent has a default ACL (which is inherited instead).
-    #[allow(clippy::too_many_arguments)]
-    pub fn mknod(
-        &mut self,
-        parent: InodeId,
-        name: &[u8],
-        mode: u32,
-        umask: u32,
-        rdev: u64,
-        uid: u32,
-        gid: u32,
-    ) -> Result<Attr> {
+    /// named `name` in `parent`, as `new` describes (a mode without type bits is a regular
+    /// file).
+    pub fn mknod(&mut self, parent: InodeId, name: &[u8], new: &NewInode) -> Result<Attr> {
+        let NewInode {
+            mode,
+            umask,
+            rdev,
+            uid,
+            gid,
+        } = *new;
         self.check_subvol_writable(parent.subvol)?;
         if matches!(mode & S_IFMT, S_IFDIR | S_IFLNK) {
             return Err(Error::InvalidArgument(
@@ -602,15 +644,15 @@ impl Filesystem {
         self.getattr(id)
     }
 
-    pub fn mkdir(
-        &mut self,
-        parent: InodeId,
-        name: &[u8],
-        mode: u32,
-        umask: u32,
-        uid: u32,
-        gid: u32,
-    ) -> Result<Attr> {
+    /// Creates directory `name` in `parent` (`new.mode`'s permission and sticky bits count).
+    pub fn mkdir(&mut self, parent: InodeId, name: &[u8], new: &NewInode) -> Result<Attr> {
+        let NewInode {
+            mode,
+            umask,
+            uid,
+            gid,
+            ..
+        } = *new;
         self.check_subvol_writable(parent.subvol)?;
         // As mkdir(2): only permission and sticky bits; set-group-ID comes from the parent.
         let mode = (mode & 0o1777) | S_IFDIR;
@@ -810,6 +852,28 @@ impl Filesystem {
     }
 
     /// Drops every open pin (deleting orphans) and commits: the end of a mount.
+    /// Closes a filesystem: open files are closed (unlinked ones deleted) and the running
+    /// transaction committed. Returns the commit's result; dropping a `Filesystem` does the
+    /// same but can only log a failure.
+    pub fn close(mut self) -> Result<()> {
+        let r = self.finish();
+        if let Err(e) = &r {
+            // Nothing more to try in drop.
+            self.aborted
+                .get_or_insert_with(|| format!("close failed: {e}"));
+        }
+        r
+    }
+
+    /// What `close` and drop do; nothing for a read-only or aborted filesystem.
+    pub(crate) fn finish(&mut self) -> Result<()> {
+        let idle = self.running.is_none() && self.open_inodes.lock().is_empty();
+        if idle || self.aborted.is_some() || !self.io.device().is_writable() {
+            return Ok(());
+        }
+        self.close_all_and_sync().map(|_| ())
+    }
+
     pub fn close_all_and_sync(&mut self) -> Result<u64> {
         let open: Vec<InodeId> = self.open_inodes.lock().keys().copied().collect();
         for id in open {

@@ -8,6 +8,7 @@ mod acl;
 mod backref;
 pub mod block_group;
 mod chunk_alloc;
+pub mod claim;
 pub mod ctree;
 pub mod device;
 mod dir;
@@ -36,6 +37,6 @@ pub use error::{Error, Result};
 pub use fs::{
     Attr, DirEntry, FileKind, Filesystem, InodeId, OpenOptions, StatFs, SubvolumeInfo, Timespec,
 };
-pub use inode_ops::{FallocMode, RenameFlags, SetAttr, XattrSet};
+pub use inode_ops::{FallocMode, NewInode, RenameFlags, SetAttr, XattrSet};
 pub use oleo_format as format;
 pub use transaction::Transaction;

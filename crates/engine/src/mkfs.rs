@@ -7,6 +7,7 @@
 mod layout;
 mod pack;
 mod plan;
+mod signature;
 mod trees;
 
 use crate::error::{Error, Result};
@@ -122,6 +123,12 @@ pub struct MkfsOptions {
     pub data_profile: Profile,
     pub label: Option<String>,
     pub fsid: Option<[u8; 16]>,
+    /// Owner (uid, gid) of the new filesystem's root directory; mkfs.btrfs gives it to the
+    /// user running mkfs, and so does `oleo mkfs`.
+    pub root_owner: (u32, u32),
+    /// Overwrite a target that holds a filesystem or another signature (mkfs -f). A target
+    /// that is mounted or open elsewhere is refused even then.
+    pub force: bool,
 }
 
 impl Default for MkfsOptions {
@@ -136,6 +143,8 @@ impl Default for MkfsOptions {
             data_profile: Profile::Single,
             label: None,
             fsid: None,
+            root_owner: (0, 0),
+            force: false,
         }
     }
 }
@@ -245,9 +254,30 @@ struct Target {
     file: File,
     fs_bytes: u64,
     device_bytes: u64,
+    /// Made by this mkfs: removed again if mkfs fails.
+    created: bool,
+    _claim: Option<crate::claim::Claim>,
 }
 
-fn open_target(path: &Path, size: Option<u64>) -> Result<Target> {
+/// Refuses an existing target that is in use, or (unless forced) holds a signature.
+fn check_target(file: &File, path: &Path, force: bool) -> Result<crate::claim::Claim> {
+    let claim = crate::claim::claim(file, path, true)?;
+    if !force {
+        let read = |offset: u64, len: usize| {
+            let mut b = vec![0u8; len];
+            file.read_exact_at(&mut b, offset).ok().map(|_| b)
+        };
+        if let Some(what) = signature::identify(&read) {
+            return Err(Error::WouldOverwrite(format!(
+                "{} contains {what}: use -f (force) to overwrite it",
+                path.display()
+            )));
+        }
+    }
+    Ok(claim)
+}
+
+fn open_target(path: &Path, size: Option<u64>, force: bool) -> Result<Target> {
     let meta = match std::fs::metadata(path) {
         Ok(m) => Some(m),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
@@ -274,6 +304,7 @@ fn open_target(path: &Path, size: Option<u64>) -> Result<Target> {
                     )),
                     _ => ctx(e),
                 })?;
+            let claim = check_target(&file, path, force)?;
             let dev = file.seek(SeekFrom::End(0)).map_err(ctx)?;
             let fs_bytes = size.unwrap_or(dev);
             if fs_bytes > dev {
@@ -285,6 +316,8 @@ fn open_target(path: &Path, size: Option<u64>) -> Result<Target> {
                 file,
                 fs_bytes,
                 device_bytes: dev,
+                created: false,
+                _claim: Some(claim),
             })
         }
         Some(m) if m.is_file() => {
@@ -293,6 +326,7 @@ fn open_target(path: &Path, size: Option<u64>) -> Result<Target> {
                 .write(true)
                 .open(path)
                 .map_err(ctx)?;
+            let claim = check_target(&file, path, force)?;
             let len = m.len();
             let fs_bytes = match size {
                 Some(s) => {
@@ -313,6 +347,8 @@ fn open_target(path: &Path, size: Option<u64>) -> Result<Target> {
                 file,
                 fs_bytes,
                 device_bytes: len.max(fs_bytes),
+                created: false,
+                _claim: Some(claim),
             })
         }
         Some(_) => Err(Error::InvalidArgument(format!(
@@ -332,11 +368,16 @@ fn open_target(path: &Path, size: Option<u64>) -> Result<Target> {
                 .create_new(true)
                 .open(path)
                 .map_err(ctx)?;
-            file.set_len(s).map_err(ctx)?;
+            if let Err(e) = file.set_len(s) {
+                let _ = std::fs::remove_file(path);
+                return Err(ctx(e));
+            }
             Ok(Target {
                 file,
                 fs_bytes: s,
                 device_bytes: s,
+                created: true,
+                _claim: None,
             })
         }
     }
@@ -356,7 +397,16 @@ fn now() -> oleo_format::items::Timespec {
 pub fn mkfs(path: impl AsRef<Path>, opts: &MkfsOptions) -> Result<MkfsReport> {
     check_options(opts)?;
     let path = path.as_ref();
-    let target = open_target(path, opts.size)?;
+    let target = open_target(path, opts.size, opts.force)?;
+    let r = format_target(&target, opts);
+    if r.is_err() && target.created {
+        // Leave nothing half-made behind that was not there before.
+        let _ = std::fs::remove_file(path);
+    }
+    r
+}
+
+fn format_target(target: &Target, opts: &MkfsOptions) -> Result<MkfsReport> {
     let total_bytes = target.fs_bytes / opts.sectorsize as u64 * opts.sectorsize as u64;
     let chunks = layout::plan_chunks(total_bytes, opts.metadata_profile, opts.data_profile)?;
     let f = &opts.features;
@@ -374,6 +424,7 @@ pub fn mkfs(path: impl AsRef<Path>, opts: &MkfsOptions) -> Result<MkfsReport> {
         chunk_tree_uuid: random_uuid()?,
         fs_tree_uuid: random_uuid()?,
         skinny_metadata: f.skinny_metadata,
+        root_owner: opts.root_owner,
     };
     let set = plan::TreeSet {
         free_space_tree: f.free_space_tree,
@@ -480,7 +531,7 @@ pub fn mkfs(path: impl AsRef<Path>, opts: &MkfsOptions) -> Result<MkfsReport> {
         ],
     };
 
-    let superblocks = write_all(&target, &chunks, &planned.blocks, &mut sb, total_bytes)?;
+    let superblocks = write_all(target, &chunks, &planned.blocks, &mut sb, total_bytes)?;
     Ok(MkfsReport {
         fsid: params.fsid,
         dev_uuid: params.dev_uuid,

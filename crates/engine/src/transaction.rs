@@ -132,6 +132,9 @@ fn check_writable(fs: &Filesystem) -> Result<()> {
     if !fs.io.device().is_writable() {
         return Err(Error::ReadOnly);
     }
+    if let Some(why) = crate::fs::too_small(fs.io.device().size(), sb) {
+        return Err(Error::Unsupported(why));
+    }
     if sb.log_root != 0 {
         return Err(Error::Unsupported(
             "the filesystem has an unreplayed log tree; mount it with the kernel first".into(),

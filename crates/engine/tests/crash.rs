@@ -197,7 +197,7 @@ fn random_op(rng: &mut Rng, fs: &mut Filesystem, names: &mut Vec<Vec<u8>>) {
             };
             let d = resolve(fs, &dir).unwrap_or(root);
             let name = format!("f{}", rng.below(40)).into_bytes();
-            if fs.mknod(d, &name, 0o100644, 0, 0, 0, 0).is_ok() {
+            if fs.mknod(d, &name, &oleo::NewInode::file(0o644)).is_ok() {
                 names.push(if dir.is_empty() {
                     name
                 } else {
@@ -331,7 +331,7 @@ fn run_workload(name: &str, mkfs_args: &[&str], ops: usize) {
 
     let mut fs = Filesystem::open_rw(&work, OpenOptions::default()).unwrap();
     let d = fs.root();
-    fs.mkdir(d, b"d", 0o755, 0, 0, 0).unwrap();
+    fs.mkdir(d, b"d", &oleo::NewInode::dir(0o755)).unwrap();
     fs.sync().unwrap();
     // Record from the first commit on: states by generation.
     let base_gen = fs.superblock().generation;
@@ -366,8 +366,11 @@ fn run_workload(name: &str, mkfs_args: &[&str], ops: usize) {
                 durable.push((flushes[(2 * c + 1) as usize] + 1, last_gen + c + 1));
                 states.insert(last_gen + c + 1, None);
             }
-            // The committed state as the disk now has it.
-            let view = Filesystem::open(&work, OpenOptions::default()).unwrap();
+            // The committed state as the disk now has it (a copy: oleo refuses a reader
+            // beside the writer).
+            let view_img = scratch.path("view.img");
+            sparse_copy(&work, &view_img);
+            let view = Filesystem::open(&view_img, OpenOptions::default()).unwrap();
             assert_eq!(view.superblock().generation, generation);
             states.insert(generation, Some(state_of(&view)));
             last_gen = generation;

@@ -6,7 +6,7 @@
 //!
 //! Needs root and btrfs-progs (prints `SKIP: ...` without them; fails under CI=true).
 
-use oleo::{Error, Filesystem, InodeId, OpenOptions, XattrSet};
+use oleo::{Error, Filesystem, InodeId, NewInode, OpenOptions, XattrSet};
 use oleo_testkit::assert_btrfs_check;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -114,7 +114,7 @@ fn one_big_file_until_full() {
     let s = Scratch::new("big", 256, &[]);
     let mut fs = Filesystem::open_rw(s.image(), OpenOptions::default()).unwrap();
     let root = fs.root();
-    let id = fs.mknod(root, b"big", 0o100644, 0, 0, 0, 0).unwrap().id;
+    let id = fs.mknod(root, b"big", &NewInode::file(0o644)).unwrap().id;
     let chunk = 1 << 20;
     let mut written = 0u64;
     let err = loop {
@@ -147,7 +147,7 @@ fn one_big_file_until_full() {
     let mut fs = Filesystem::open_rw(s.image(), OpenOptions::default()).unwrap();
     let root = fs.root();
     fs.unlink(root, b"big").unwrap();
-    let id = fs.mknod(root, b"again", 0o100644, 0, 0, 0, 0).unwrap().id;
+    let id = fs.mknod(root, b"again", &NewInode::file(0o644)).unwrap().id;
     fs.write(id, 0, &pattern(9, 64 << 20))
         .expect("space is reusable after a delete");
     fs.sync().unwrap();
@@ -174,7 +174,7 @@ fn many_small_files_until_full() {
         let name = format!("file-{i:06}").into_bytes();
         // A mix of inline (small) and regular (a few sectors) files.
         let data = pattern(i, if i.is_multiple_of(3) { 700 } else { 9000 });
-        let r = fs.mknod(root, &name, 0o100644, 0, 0, 0, 0).and_then(|a| {
+        let r = fs.mknod(root, &name, &NewInode::file(0o644)).and_then(|a| {
             fs.write(a.id, 0, &data)?;
             Ok(a.id)
         });
@@ -215,7 +215,7 @@ fn xattrs_until_full() {
     let mut ids: Vec<InodeId> = Vec::new();
     for n in 0..20 {
         ids.push(
-            fs.mknod(root, format!("x{n}").as_bytes(), 0o100644, 0, 0, 0, 0)
+            fs.mknod(root, format!("x{n}").as_bytes(), &NewInode::file(0o644))
                 .unwrap()
                 .id,
         );
@@ -263,7 +263,7 @@ fn dirty_metadata_stays_bounded() {
     let gen0 = fs.superblock().generation;
     for n in 0..20_000u64 {
         let id = fs
-            .mknod(root, format!("f{n}").as_bytes(), 0o100644, 0, 0, 0, 0)
+            .mknod(root, format!("f{n}").as_bytes(), &NewInode::file(0o644))
             .unwrap()
             .id;
         fs.write(id, 0, &pattern(n, 5000)).unwrap();
@@ -295,7 +295,7 @@ fn superblock_copies_are_not_free_space() {
     let s = Scratch::new("sbcopy", 2048, &["-d", "single", "-m", "single"]);
     let mut fs = Filesystem::open_rw(s.image(), OpenOptions::default()).unwrap();
     let root = fs.root();
-    let id = fs.mknod(root, b"f", 0o100644, 0, 0, 0, 0).unwrap().id;
+    let id = fs.mknod(root, b"f", &NewInode::file(0o644)).unwrap().id;
     let piece = 64 << 10;
     for i in 0..(400u64 << 20) / piece as u64 {
         fs.write(id, i * piece as u64, &pattern(i, piece))

@@ -11,8 +11,8 @@
 //! Seeds: `OLEO_TEST_SEED` replays one; `OLEO_TEST_SEEDS=N` runs N seeds per case (default 3).
 
 use oleo::{
-    FallocMode, FileKind, Filesystem, InodeId, OpenOptions, RenameFlags, SetAttr, Timespec,
-    XattrSet,
+    FallocMode, FileKind, Filesystem, InodeId, NewInode, OpenOptions, RenameFlags, SetAttr,
+    Timespec, XattrSet,
 };
 use oleo_testkit::assert_btrfs_check;
 use oleo_testkit::ops::{
@@ -147,14 +147,16 @@ fn apply_oleo(fs: &mut Filesystem, op: &Op) -> Result<(), i32> {
         Op::Mknod { path, mode, rdev } => {
             let (dir, name) = split(path);
             let d = resolve(fs, dir)?;
-            fs.mknod(d, name, *mode, 0, *rdev, 0, 0)
+            fs.mknod(d, name, &NewInode::with_mode(*mode).rdev(*rdev))
                 .map(|_| ())
                 .map_err(e)
         }
         Op::Mkdir { path, mode } => {
             let (dir, name) = split(path);
             let d = resolve(fs, dir)?;
-            fs.mkdir(d, name, *mode, 0, 0, 0).map(|_| ()).map_err(e)
+            fs.mkdir(d, name, &NewInode::dir(*mode))
+                .map(|_| ())
+                .map_err(e)
         }
         Op::Symlink { path, target } => {
             let (dir, name) = split(path);

@@ -18,7 +18,7 @@ use fuser::{
     ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 use nodeid::NodeIds;
-use oleo::{Attr, Error, FallocMode, FileKind, Filesystem, InodeId, SetAttr, XattrSet};
+use oleo::{Attr, Error, FallocMode, FileKind, Filesystem, InodeId, NewInode, SetAttr, XattrSet};
 use parking_lot::RwLock;
 use space_guard::{OpenMode, SpaceGuard};
 use std::ffi::OsStr;
@@ -397,15 +397,11 @@ impl fuser::Filesystem for OleoFuse {
     ) {
         let r = self.id(parent).and_then(|dir| {
             self.mutate(|fs| {
-                fs.mknod(
-                    dir,
-                    name.as_bytes(),
-                    mode,
-                    umask,
-                    u64::from(rdev),
-                    req.uid(),
-                    req.gid(),
-                )
+                let new = NewInode::with_mode(mode)
+                    .umask(umask)
+                    .rdev(u64::from(rdev))
+                    .owner(req.uid(), req.gid());
+                fs.mknod(dir, name.as_bytes(), &new)
             })
         });
         self.reply_entry(r, reply)
@@ -421,7 +417,10 @@ impl fuser::Filesystem for OleoFuse {
         reply: ReplyEntry,
     ) {
         let r = self.id(parent).and_then(|dir| {
-            self.mutate(|fs| fs.mkdir(dir, name.as_bytes(), mode, umask, req.uid(), req.gid()))
+            self.mutate(|fs| {
+                let new = NewInode::dir(mode).umask(umask).owner(req.uid(), req.gid());
+                fs.mkdir(dir, name.as_bytes(), &new)
+            })
         });
         self.reply_entry(r, reply)
     }
@@ -523,7 +522,10 @@ impl fuser::Filesystem for OleoFuse {
     ) {
         let r = self.id(parent).and_then(|dir| {
             self.mutate(|fs| {
-                let a = fs.mknod(dir, name.as_bytes(), mode, umask, 0, req.uid(), req.gid())?;
+                let new = NewInode::with_mode(mode)
+                    .umask(umask)
+                    .owner(req.uid(), req.gid());
+                let a = fs.mknod(dir, name.as_bytes(), &new)?;
                 fs.pin_open(a.id);
                 Ok(a)
             })

@@ -109,8 +109,16 @@ pub(crate) fn plan(
         ns,
     )?;
     st.set(objectid::DEV_TREE, trees::dev_tree(p, chunks), ns)?;
-    st.set(objectid::FS_TREE, trees::root_dir_tree(p)?, ns)?;
-    st.set(objectid::DATA_RELOC_TREE, trees::root_dir_tree(p)?, ns)?;
+    st.set(
+        objectid::FS_TREE,
+        trees::root_dir_tree(p, p.root_owner)?,
+        ns,
+    )?;
+    st.set(
+        objectid::DATA_RELOC_TREE,
+        trees::root_dir_tree(p, (0, 0))?,
+        ns,
+    )?;
     st.set(objectid::CSUM_TREE, Vec::new(), ns)?;
     st.set(objectid::UUID_TREE, trees::uuid_tree(p), ns)?;
     // Sizes of these do not depend on the values still unknown.

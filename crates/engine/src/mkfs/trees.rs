@@ -27,6 +27,8 @@ pub(crate) struct Params {
     /// The top-level subvolume's UUID (its ROOT_ITEM and the uuid tree).
     pub fs_tree_uuid: [u8; 16],
     pub skinny_metadata: bool,
+    /// Owner of the top-level subvolume's root directory.
+    pub root_owner: (u32, u32),
 }
 
 /// Where a tree's root ended up and how big it is.
@@ -124,7 +126,7 @@ pub(crate) fn dev_tree(p: &Params, chunks: &[ChunkPlan]) -> Items {
     sorted(m)
 }
 
-fn dir_inode(p: &Params) -> InodeItem {
+fn dir_inode(p: &Params, (uid, gid): (u32, u32)) -> InodeItem {
     // As mkfs.btrfs writes a new root directory: nbytes = nodesize (check ignores nbytes of
     // directories; the kernel keeps it).
     InodeItem {
@@ -133,6 +135,8 @@ fn dir_inode(p: &Params) -> InodeItem {
         size: 0,
         nbytes: p.nodesize as u64,
         nlink: 1,
+        uid,
+        gid,
         mode: DIR_MODE,
         atime: p.now,
         ctime: p.now,
@@ -150,12 +154,15 @@ fn dotdot(index: u64, name: &[u8]) -> Result<Vec<u8>> {
     .map_err(fmt_err("inode ref"))
 }
 
-/// A subvolume-style tree holding only its root directory 256 (the fs tree and the data
-/// relocation tree).
-pub(crate) fn root_dir_tree(p: &Params) -> Result<Items> {
+/// A subvolume-style tree holding only its root directory 256 owned by `owner` (the fs
+/// tree and the data relocation tree).
+pub(crate) fn root_dir_tree(p: &Params, owner: (u32, u32)) -> Result<Items> {
     let dir = objectid::FIRST_FREE;
     let mut m = BTreeMap::new();
-    m.insert(Key::new(dir, item::INODE_ITEM, 0), dir_inode(p).to_bytes());
+    m.insert(
+        Key::new(dir, item::INODE_ITEM, 0),
+        dir_inode(p, owner).to_bytes(),
+    );
     m.insert(Key::new(dir, item::INODE_REF, dir), dotdot(0, b"..")?);
     Ok(sorted(m))
 }
@@ -216,7 +223,10 @@ pub(crate) fn root_tree(p: &Params, roots: &[(u64, RootPlace)]) -> Result<Items>
         );
     }
     let dir = objectid::ROOT_TREE_DIR;
-    m.insert(Key::new(dir, item::INODE_ITEM, 0), dir_inode(p).to_bytes());
+    m.insert(
+        Key::new(dir, item::INODE_ITEM, 0),
+        dir_inode(p, (0, 0)).to_bytes(),
+    );
     m.insert(Key::new(dir, item::INODE_REF, dir), dotdot(0, b"..")?);
     let name = b"default";
     let entry = DirEntryItem {

@@ -1,0 +1,241 @@
+//! Claiming an image or device: one writer per filesystem, never beside the kernel.
+//!
+//! A writer takes an exclusive `flock` on the image or device it opened, a reader a shared
+//! one: a second writer is refused, and so is a reader beside a writer (it would read a
+//! filesystem that changes under it, with no transaction to see it through) and a writer
+//! beside readers. The kernel drops the lock with the last descriptor, so a crash leaves
+//! nothing to clean up; a daemonized mount inherits the open file and with it the lock.
+//!
+//! The kernel is kept out with O_EXCL, the block layer's exclusive claim: a block device the
+//! kernel has mounted refuses it (EBUSY), and one we hold cannot be mounted. For an image
+//! file, the same goes for every loop device that has it as its backing file. Writers hold
+//! those claims for as long as the filesystem is open; readers only probe.
+
+use crate::error::{Error, Result};
+use std::fs::{File, OpenOptions};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+/// What a claim holds on to (released when dropped).
+#[derive(Debug)]
+pub struct Claim {
+    /// O_EXCL descriptors of the block device or the loop devices behind the image.
+    _exclusive: Vec<File>,
+    /// The locked backing file of a loop device we opened.
+    _backing: Option<File>,
+}
+
+/// Claims `file` (opened from `path`) for writing or for reading.
+pub fn claim(file: &File, path: &Path, writer: bool) -> Result<Claim> {
+    let meta = file.metadata()?;
+    let mut exclusive = Vec::new();
+    let mut backing_lock = None;
+    if meta.file_type().is_block_device() {
+        exclusive.push(exclusive_open(path, path, None)?);
+        // A loop device's backing file may be open in oleo under its own name.
+        if let Some(backing) = loop_backing_file(meta.rdev()) {
+            backing_lock = lock_backing(&backing, path, writer)?;
+        }
+    } else {
+        for (dev, backing) in loop_devices() {
+            if same_file(&backing, &meta) {
+                exclusive.push(exclusive_open(&dev, path, Some(&dev))?);
+            }
+        }
+    }
+    lock(file, path, writer)?;
+    if !writer {
+        exclusive.clear();
+    }
+    Ok(Claim {
+        _exclusive: exclusive,
+        _backing: backing_lock,
+    })
+}
+
+fn lock(file: &File, path: &Path, writer: bool) -> Result<()> {
+    let op = if writer { libc::LOCK_EX } else { libc::LOCK_SH } | libc::LOCK_NB;
+    // SAFETY: flock on a descriptor we own.
+    if unsafe { libc::flock(file.as_raw_fd(), op) } == 0 {
+        return Ok(());
+    }
+    let e = std::io::Error::last_os_error();
+    if e.raw_os_error() != Some(libc::EWOULDBLOCK) {
+        // Filesystems without flock (some network ones): nothing to enforce with.
+        log::warn!("{}: cannot lock: {e}", path.display());
+        return Ok(());
+    }
+    let who = holders(&file.metadata()?);
+    Err(Error::Busy(if writer {
+        format!(
+            "{} is in use by {who}: oleo opens a filesystem for writing only when nothing else has it open",
+            path.display()
+        )
+    } else {
+        format!(
+            "{} is open for writing by {who}: a read-only open beside a writer would see the \
+             filesystem change under it",
+            path.display()
+        )
+    }))
+}
+
+/// Locks the backing file of a loop device we open, so that oleo on the image and oleo on
+/// the loop device exclude each other too.
+fn lock_backing(backing: &Path, path: &Path, writer: bool) -> Result<Option<File>> {
+    let Ok(file) = File::open(backing) else {
+        return Ok(None);
+    };
+    lock(&file, backing, writer).map_err(|e| match e {
+        Error::Busy(m) => Error::Busy(format!("{} is a loop device over {m}", path.display())),
+        e => e,
+    })?;
+    Ok(Some(file))
+}
+
+/// Opens `dev` with O_EXCL; EBUSY becomes a message naming who has it.
+fn exclusive_open(dev: &Path, target: &Path, through: Option<&Path>) -> Result<File> {
+    match OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_EXCL)
+        .open(dev)
+    {
+        Ok(f) => Ok(f),
+        Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
+            let via = through.map_or(String::new(), |d| format!(" (through {})", d.display()));
+            Err(Error::Busy(match mount_point_of(dev) {
+                Some(at) => format!(
+                    "{} is mounted by the kernel at {}{via}: unmount it first",
+                    target.display(),
+                    at.display()
+                ),
+                None => {
+                    let who = std::fs::metadata(dev)
+                        .map(|m| holders(&m))
+                        .unwrap_or_else(|_| "another program".into());
+                    format!(
+                        "{}{via} is claimed exclusively by {who} (a mount, RAID or swap, or \
+                         another oleo)",
+                        target.display()
+                    )
+                }
+            }))
+        }
+        Err(e) => Err(Error::Io(std::io::Error::new(
+            e.kind(),
+            format!("{}: {e}", dev.display()),
+        ))),
+    }
+}
+
+/// Loop devices and their backing files, from sysfs.
+fn loop_devices() -> Vec<(PathBuf, PathBuf)> {
+    let Ok(dir) = std::fs::read_dir("/sys/block") else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| {
+        let name = e.ok()?.file_name().into_string().ok()?;
+        let backing = std::fs::read_to_string(format!("/sys/block/{name}/loop/backing_file"))
+            .ok()?
+            .trim_end_matches('\n')
+            .to_string();
+        Some((Path::new("/dev").join(name), PathBuf::from(backing)))
+    })
+    .collect()
+}
+
+fn loop_backing_file(rdev: u64) -> Option<PathBuf> {
+    let (major, minor) = (libc::major(rdev), libc::minor(rdev));
+    let text = std::fs::read_to_string(format!("/sys/dev/block/{major}:{minor}/loop/backing_file"))
+        .ok()?;
+    Some(PathBuf::from(text.trim_end_matches('\n')))
+}
+
+fn same_file(path: &Path, meta: &std::fs::Metadata) -> bool {
+    std::fs::metadata(path).is_ok_and(|m| m.dev() == meta.dev() && m.ino() == meta.ino())
+}
+
+/// Where the kernel has mounted block device `dev`, from this process' mountinfo.
+fn mount_point_of(dev: &Path) -> Option<PathBuf> {
+    let rdev = std::fs::metadata(dev).ok()?.rdev();
+    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    info.lines().find_map(|l| {
+        let (left, right) = l.split_once(" - ")?;
+        let point = unescape(left.split(' ').nth(4)?);
+        let source = unescape(right.split(' ').nth(1)?);
+        let m = std::fs::metadata(&source).ok()?;
+        (m.file_type().is_block_device() && m.rdev() == rdev).then(|| PathBuf::from(point))
+    })
+}
+
+fn unescape(s: &str) -> String {
+    s.replace("\\040", " ")
+        .replace("\\011", "\t")
+        .replace("\\012", "\n")
+        .replace("\\134", "\\")
+}
+
+/// The processes with the file or device open: "oleo (pid 12,
+/// `oleo mount d.img m`)", or "another program" when /proc does not tell.
+fn holders(meta: &std::fs::Metadata) -> String {
+    let is_dev = meta.file_type().is_block_device();
+    let matches = |m: &std::fs::Metadata| {
+        if is_dev {
+            m.file_type().is_block_device() && m.rdev() == meta.rdev()
+        } else {
+            m.dev() == meta.dev() && m.ino() == meta.ino()
+        }
+    };
+    let me = std::process::id();
+    let mut found = Vec::new();
+    let mut self_holds = false;
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return "another program".into();
+    };
+    for p in procs.flatten() {
+        let Some(pid) = p.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+            continue;
+        };
+        let Ok(fds) = std::fs::read_dir(p.path().join("fd")) else {
+            continue;
+        };
+        let mut open_here = fds
+            .flatten()
+            .filter(|fd| std::fs::metadata(fd.path()).is_ok_and(|m| matches(&m)));
+        if pid == me {
+            // One descriptor is the open being refused; more mean this process holds it.
+            self_holds = open_here.nth(1).is_some();
+        } else if open_here.next().is_some() {
+            found.push(describe(pid));
+            if found.len() == 3 {
+                break;
+            }
+        }
+    }
+    if found.is_empty() && self_holds {
+        found.push(format!("this process (pid {me})"));
+    }
+    if found.is_empty() {
+        "another program".into()
+    } else {
+        found.join(", ")
+    }
+}
+
+fn describe(pid: u32) -> String {
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    let args: Vec<String> = cmdline
+        .split(|&b| b == 0)
+        .filter(|a| !a.is_empty())
+        .map(|a| String::from_utf8_lossy(a).into_owned())
+        .collect();
+    let comm = std::fs::read_to_string(format!("/proc/{pid}/comm"))
+        .map(|c| c.trim().to_string())
+        .unwrap_or_else(|_| "a process".into());
+    if args.is_empty() {
+        format!("{comm} (pid {pid})")
+    } else {
+        format!("{comm} (pid {pid}, `{}`)", args.join(" "))
+    }
+}
