@@ -277,7 +277,11 @@ fn mount(
 /// a pending log tree, a read-only device) mounts read-only with a warning unless rw was
 /// asked for explicitly.
 fn open(image: &Path, plan: &Plan) -> Result<(Filesystem, bool), String> {
-    let show = |e: oleo::Error| format!("{}: {e}", image.display());
+    let show = |e: oleo::Error| match e {
+        // These name the image themselves.
+        oleo::Error::Busy(m) => m,
+        e => format!("{}: {e}", image.display()),
+    };
     if plan.writable == Some(false) {
         return Ok((
             Filesystem::open(image, plan.open.clone()).map_err(show)?,
