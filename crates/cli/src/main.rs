@@ -2,6 +2,7 @@
 
 mod dump_super;
 mod dump_tree;
+mod fuse_mount;
 mod logging;
 mod mkfs;
 mod mount;

@@ -13,8 +13,9 @@ use std::process::ExitCode;
 pub struct MountArgs {
     /// Comma-separated mount options: ro, rw (the default), commit=SECONDS (default 30),
     /// max_inline=BYTES (default 2048), subvol=PATH, subvolid=ID, cache_size=SIZE
-    /// (tree-block cache, e.g. 256M), threads=N, readahead=KIB (default 4096), plus the
-    /// generic ones mount(8) passes.
+    /// (tree-block cache, e.g. 256M), threads=N, readahead=KIB (default 4096), log=PATH,
+    /// FUSE's allow_other, allow_root, default_permissions, auto_unmount, fsname=NAME, plus
+    /// the generic ones mount(8) passes.
     #[arg(short = 'o', value_name = "OPTIONS")]
     options: Vec<String>,
     /// Stay in the foreground (logs to stderr).
@@ -32,6 +33,17 @@ struct Plan {
     /// None: read-write if the filesystem allows it, else read-only with a warning.
     writable: Option<bool>,
     commit_secs: u64,
+    /// Other users may enter (FUSE's allow_other); None: yes for root's mounts.
+    allow_other: Option<bool>,
+    /// Only root besides the owner (libfuse's allow_root).
+    allow_root: bool,
+    auto_unmount: bool,
+    /// The source shown in /proc/mounts (default: the image's path).
+    fsname: Option<String>,
+    /// Where a background mount logs (default: syslog, else a file it names).
+    log: Option<PathBuf>,
+    /// `mount -o remount,...` of an existing mount.
+    remount: bool,
 }
 
 /// Generic options mount(8) and fstab may pass that change nothing for a read-only FUSE mount.
@@ -127,6 +139,12 @@ fn plan(options: &[String], rw_is_explicit: bool) -> Result<Plan, String> {
         readahead_kib: 4096,
         writable: None,
         commit_secs: 30,
+        allow_other: None,
+        allow_root: false,
+        auto_unmount: false,
+        fsname: None,
+        log: None,
+        remount: false,
     };
     for opt in options
         .iter()
@@ -174,6 +192,18 @@ fn plan(options: &[String], rw_is_explicit: bool) -> Result<Plan, String> {
                     .filter(|&n: &usize| (1..=256).contains(&n))
                     .ok_or(format!("threads={v}: 1..256"))?
             }
+            ("remount", None) => p.remount = true,
+            ("allow_other", None) => p.allow_other = Some(true),
+            ("allow_root", None) => p.allow_root = true,
+            ("auto_unmount", None) => p.auto_unmount = true,
+            // oleo's server never checks permissions itself: the kernel always does.
+            ("default_permissions", None) => {}
+            ("fsname", Some(v)) => p.fsname = Some(v.to_string()),
+            // The type is always fuse.oleo.
+            ("subtype", Some(_)) => {}
+            ("log", Some(v)) => p.log = Some(PathBuf::from(v)),
+            // The kernel's FUSE options, which mount(8) repeats on a remount: set by oleo.
+            ("user_id" | "group_id" | "rootmode" | "max_read" | "blksize" | "fd", Some(_)) => {}
             _ if IGNORED.contains(&opt) || name.starts_with("x-") || name == "comment" => {}
             _ if BTRFS_IGNORED.contains(&name) => {
                 log::info!("ignoring {opt}: oleo does not implement it")
@@ -241,6 +271,11 @@ fn mount(
     refuse_rw: bool,
 ) -> Result<(), String> {
     let plan = plan(options, refuse_rw)?;
+    if plan.remount {
+        // The mount exists: only its read-only flag changes (the server refuses writes by
+        // itself if it was mounted read-only).
+        return crate::fuse_mount::remount(mountpoint, plan.writable != Some(false));
+    }
     if !mountpoint.is_dir() {
         return Err(format!(
             "{}: mount point is not a directory",
@@ -251,26 +286,80 @@ fn mount(
     let mountpoint =
         &std::fs::canonicalize(mountpoint).map_err(|e| format!("{}: {e}", mountpoint.display()))?;
     let (fs, writable) = open(image, &plan)?;
-    let source = std::fs::canonicalize(image)
-        .unwrap_or_else(|_| image.to_path_buf())
-        .display()
-        .to_string();
+    let source = plan.fsname.clone().unwrap_or_else(|| {
+        std::fs::canonicalize(image)
+            .unwrap_or_else(|_| image.to_path_buf())
+            .display()
+            .to_string()
+    });
+    // SAFETY: geteuid cannot fail.
     let is_root = unsafe { libc::geteuid() } == 0;
-    let config = oleo_fuse::config(&source, plan.threads, is_root, writable);
+    let allow_other = plan.allow_other.unwrap_or(is_root) || plan.allow_root;
+    let acl = if plan.allow_root && plan.allow_other != Some(true) {
+        oleo_fuse::SessionACL::RootAndOwner
+    } else if allow_other {
+        oleo_fuse::SessionACL::All
+    } else {
+        oleo_fuse::SessionACL::Owner
+    };
+    let start = Start {
+        options: crate::fuse_mount::FuseOptions {
+            source,
+            writable,
+            allow_other,
+            default_permissions: true,
+            auto_unmount: plan.auto_unmount,
+        },
+        config: oleo_fuse::config(plan.threads, acl),
+        acl,
+        readahead_kib: plan.readahead_kib,
+    };
     let settings = oleo_fuse::MountSettings {
         writable,
         commit_interval: std::time::Duration::from_secs(plan.commit_secs),
     };
     let server = oleo_fuse::OleoFuse::new(fs, settings);
     if foreground {
-        let slot = server.notifier_slot();
-        let session = oleo_fuse::Session::new(server, mountpoint, &config)
-            .map_err(|e| format!("mount: {e}"))?;
-        let _ = slot.set(session.notifier());
-        tune(mountpoint, plan.readahead_kib);
+        let (session, _keeper) = start.session(server, mountpoint)?;
         return session.run().map_err(|e| format!("FUSE session: {e}"));
     }
-    daemonize_and_serve(server, mountpoint, &config, plan.readahead_kib)
+    let log = logging::background_target(plan.log.as_deref(), image)?;
+    daemonize_and_serve(server, mountpoint, &start, &log)
+}
+
+/// What it takes to mount and start serving.
+struct Start {
+    options: crate::fuse_mount::FuseOptions,
+    config: oleo_fuse::Config,
+    acl: oleo_fuse::SessionACL,
+    readahead_kib: u32,
+}
+
+impl Start {
+    /// Mounts, then shakes hands with the kernel (the session reads FUSE's INIT).
+    fn session(
+        &self,
+        server: oleo_fuse::OleoFuse,
+        mountpoint: &Path,
+    ) -> Result<
+        (
+            oleo_fuse::Session<oleo_fuse::OleoFuse>,
+            crate::fuse_mount::Keeper,
+        ),
+        String,
+    > {
+        let slot = server.notifier_slot();
+        let mounted = crate::fuse_mount::mount(mountpoint, &self.options)?;
+        let session =
+            oleo_fuse::Session::from_fd(server, mounted.fd, self.acl, self.config.clone())
+                .map_err(|e| {
+                    crate::fuse_mount::unmount(mountpoint);
+                    format!("starting the FUSE session on {}: {e}", mountpoint.display())
+                })?;
+        let _ = slot.set(session.notifier());
+        tune(mountpoint, self.readahead_kib);
+        Ok((session, mounted.keeper))
+    }
 }
 
 /// Opens read-write unless asked for read-only; a filesystem oleo cannot write (features,
@@ -330,8 +419,8 @@ fn tune(mountpoint: &Path, readahead_kib: u32) {
 fn daemonize_and_serve(
     server: oleo_fuse::OleoFuse,
     mountpoint: &Path,
-    config: &oleo_fuse::Config,
-    readahead_kib: u32,
+    start: &Start,
+    log: &logging::Target,
 ) -> Result<(), String> {
     let mut fds = [0i32; 2];
     // SAFETY: fds is a valid two-element array.
@@ -349,20 +438,22 @@ fn daemonize_and_serve(
             let mut report = std::fs::File::from(write_end);
             // SAFETY: plain syscall in the child.
             unsafe { libc::setsid() };
-            let slot = server.notifier_slot();
-            let session = match oleo_fuse::Session::new(server, mountpoint, config) {
+            let (session, _keeper) = match start.session(server, mountpoint) {
                 Ok(s) => s,
                 Err(e) => {
-                    let _ = write!(report, "mount: {e}");
+                    let _ = write!(report, "{e}");
                     std::process::exit(1);
                 }
             };
-            let _ = slot.set(session.notifier());
-            tune(mountpoint, readahead_kib);
             let _ = report.write_all(b"OK");
             drop(report);
             detach_stdio();
-            logging::switch_to_syslog();
+            logging::switch_to(log);
+            log::info!(
+                "serving {} on {}",
+                start.options.source,
+                mountpoint.display()
+            );
             if let Err(e) = session.run() {
                 log::error!("FUSE session ended: {e}");
                 std::process::exit(1);
@@ -374,6 +465,9 @@ fn daemonize_and_serve(
             let mut msg = String::new();
             let _ = std::fs::File::from(read_end).read_to_string(&mut msg);
             if msg == "OK" {
+                if let logging::Target::File(path) = log {
+                    eprintln!("oleo: logging to {}", path.display());
+                }
                 Ok(())
             } else if msg.is_empty() {
                 Err("the mount process died before mounting".into())

@@ -178,7 +178,7 @@ fn refusals_are_one_clear_message() {
         ),
         (
             vec!["mount", "-o", "subvol=no/such", img, mnt],
-            "no such file or directory",
+            "subvolume `no/such` not found",
         ),
         (
             vec!["mount", "/etc/hostname", mnt],

@@ -78,13 +78,21 @@ impl Filesystem {
         };
         let chosen = match (&options.subvol, options.subvolid) {
             (Some(path), id) => {
-                let found = self.resolve_path(
-                    InodeId {
-                        subvol: objectid::FS_TREE,
-                        ino: objectid::FIRST_FREE,
-                    },
-                    path,
-                )?;
+                let found = self
+                    .resolve_path(
+                        InodeId {
+                            subvol: objectid::FS_TREE,
+                            ino: objectid::FIRST_FREE,
+                        },
+                        path,
+                    )
+                    .map_err(|e| match e {
+                        Error::NotFound | Error::NotDir => Error::InvalidArgument(format!(
+                            "subvolume `{}` not found",
+                            String::from_utf8_lossy(path)
+                        )),
+                        e => e,
+                    })?;
                 if found.ino != objectid::FIRST_FREE {
                     return Err(Error::InvalidArgument(format!(
                         "{} is not a subvolume",

@@ -954,27 +954,13 @@ impl fuser::Filesystem for OleoFuse {
     }
 }
 
-/// Mount options for an oleo mount. `source` shows in /proc/mounts.
-pub fn config(source: &str, threads: usize, allow_other: bool, writable: bool) -> Config {
-    let mut mount_options = vec![
-        MountOption::FSName(source.to_string()),
-        MountOption::Subtype("oleo".into()),
-        MountOption::DefaultPermissions,
-        MountOption::Dev,
-        MountOption::Suid,
-    ];
-    mount_options.push(if writable {
-        MountOption::RW
-    } else {
-        MountOption::RO
-    });
+/// The session's settings: worker threads and who may use the mount (mounting itself is
+/// the caller's: see the CLI's fuse_mount).
+pub fn config(threads: usize, acl: SessionACL) -> Config {
     let mut cfg = Config::default();
-    cfg.mount_options = mount_options;
     cfg.n_threads = Some(threads.max(1));
     cfg.clone_fd = true;
-    if allow_other {
-        cfg.acl = SessionACL::All;
-    }
+    cfg.acl = acl;
     cfg
 }
 
