@@ -138,7 +138,13 @@ pub fn unmount(mountpoint: &Path) {
 /// `mount -o remount,ro|rw`: FUSE lets the superblock's read-only flag change.
 pub fn remount(mountpoint: &Path, writable: bool) -> Result<(), String> {
     let flags = libc::MS_REMOUNT | if writable { 0 } else { libc::MS_RDONLY };
-    sys_mount("", mountpoint, None, flags, "")
+    sys_mount("", mountpoint, None, flags, "").map_err(|e| {
+        if writable {
+            e
+        } else {
+            format!("{e} (is a file on it open for writing?)")
+        }
+    })
 }
 
 fn find_fusermount() -> Result<PathBuf, String> {
