@@ -33,9 +33,19 @@ fn busy_message(r: oleo::Result<Filesystem>) -> String {
     }
 }
 
+/// Kills the holder however the test ends.
+struct Holder(Child);
+
+impl Drop for Holder {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// A process holding `flock -x` on the image, as another oleo would (flock execs `sleep`,
 /// which keeps the lock: one process to kill).
-fn hold_with_flock(image: &Path) -> Child {
+fn hold_with_flock(image: &Path) -> Holder {
     let mut child = Command::new("flock")
         .args(["--no-fork", "-x"])
         .arg(image)
@@ -47,7 +57,7 @@ fn hold_with_flock(image: &Path) -> Child {
     let until = Instant::now() + Duration::from_secs(10);
     while Instant::now() < until {
         match Filesystem::open(image, OpenOptions::default()) {
-            Err(Error::Busy(_)) => return child,
+            Err(Error::Busy(_)) => return Holder(child),
             _ => std::thread::sleep(Duration::from_millis(20)),
         }
     }
@@ -90,12 +100,12 @@ fn the_holder_is_named_and_a_killed_holder_releases_the_image() {
     let mut holder = hold_with_flock(&image);
     let m = busy_message(Filesystem::open_rw(&image, OpenOptions::default()));
     assert!(
-        m.contains(&format!("pid {}", holder.id())) && m.contains("sleep 600"),
+        m.contains(&format!("pid {}", holder.0.id())) && m.contains("sleep 600"),
         "the message names the holder and its command: {m}"
     );
     // SIGKILL: the kernel drops the lock with the process, nothing is left to clean up.
-    holder.kill().unwrap();
-    holder.wait().unwrap();
+    holder.0.kill().unwrap();
+    holder.0.wait().unwrap();
     Filesystem::open_rw(&image, OpenOptions::default())
         .unwrap_or_else(|e| panic!("the image stayed locked after its holder died: {e}"));
 }
@@ -214,4 +224,28 @@ fn dropping_a_writable_filesystem_commits_and_close_reports() {
     assert!(fs.lookup(fs.root(), b"lost").is_err());
     drop(fs);
     assert_btrfs_check(&image, "a failed close");
+}
+
+#[test]
+fn an_aborted_transaction_turns_the_filesystem_read_only() {
+    let name = "exclusive_abort_read_only";
+    if !require_root(name) {
+        return;
+    }
+    let dir = TempDir::new(name).unwrap();
+    let image = mkfs(&dir, 256);
+    let mut fs = Filesystem::open_rw(&image, OpenOptions::default()).unwrap();
+    let root = fs.root();
+    fs.mknod(root, b"pending", &oleo::NewInode::file(0o600))
+        .unwrap();
+    fs.fail_writes_after(0);
+    assert!(fs.sync().is_err(), "a commit that cannot write succeeded");
+    let later = fs
+        .mknod(root, b"later", &oleo::NewInode::file(0o600))
+        .unwrap_err();
+    assert_eq!(later.errno(), libc::EROFS, "{later}");
+    assert!(matches!(later, Error::Aborted(_)), "{later}");
+    drop(fs);
+    let fs = Filesystem::open(&image, OpenOptions::default()).unwrap();
+    assert!(fs.lookup(fs.root(), b"pending").is_err());
 }
