@@ -1,7 +1,7 @@
 //! Directories: name lookup through DIR_ITEM (hashed) and listing through DIR_INDEX
 //! (stable order, stable resume cookies).
 
-use crate::ctree::{for_each_in_range, lookup};
+use crate::ctree::{for_each_in_range, lookup, lookup_le};
 use crate::error::{Error, Result};
 use crate::fs::{DirEntry, FileKind, Filesystem, InodeId};
 use oleo_format::csum::name_hash;
@@ -111,6 +111,18 @@ impl Filesystem {
                 ino,
             })
             .ok_or(Error::NotFound)
+    }
+
+    /// Where a listing of `dir` that starts now ends: one past its highest DIR_INDEX. A
+    /// rename or create during the listing gives an entry a higher number, so stopping here
+    /// lists each entry once, as the kernel's readdir does.
+    pub fn readdir_end(&self, dir: InodeId) -> Result<u64> {
+        if let Some(&next) = self.next_index.lock().get(&dir) {
+            return Ok(next);
+        }
+        let tree = self.tree_of(dir)?;
+        let last = lookup_le(self, &tree, &Key::new(dir.ino, item::DIR_INDEX, u64::MAX))?;
+        Ok(last.map_or(2, |(k, _)| k.offset.saturating_add(1).max(2)))
     }
 
     /// Lists entries whose DIR_INDEX is >= `from` (0 and 1 are `.` and `..`, which the

@@ -12,13 +12,19 @@ use oleo_format::superblock::incompat;
 use std::ops::ControlFlow;
 
 /// Wall-clock time in the on-disk form.
-pub(crate) fn now() -> Timespec {
-    let d = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default();
+/// The time an inode is stamped with: the kernel's coarse realtime clock, the one the
+/// kernel stamps with itself (FUSE's writeback cache lets it stamp regular files), so that
+/// an inode changed after another never looks older.
+pub fn now() -> Timespec {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: ts is a valid out-pointer; CLOCK_REALTIME_COARSE always exists on Linux.
+    unsafe { libc::clock_gettime(libc::CLOCK_REALTIME_COARSE, &mut ts) };
     Timespec {
-        sec: d.as_secs() as i64,
-        nsec: d.subsec_nanos(),
+        sec: ts.tv_sec,
+        nsec: ts.tv_nsec as u32,
     }
 }
 

@@ -19,6 +19,7 @@ use oleo_format::key::{item, Key};
 
 const S_IFMT: u32 = 0o170000;
 const S_IFDIR: u32 = 0o040000;
+const S_IFCHR: u32 = 0o020000;
 const S_IFREG: u32 = 0o100000;
 const S_IFLNK: u32 = 0o120000;
 const S_ISGID: u32 = 0o2000;
@@ -44,6 +45,9 @@ pub struct RenameFlags {
     pub noreplace: bool,
     /// Swap source and target, which must both exist (RENAME_EXCHANGE).
     pub exchange: bool,
+    /// Leave a whiteout, the 0:0 character device overlayfs uses, owned by (uid, gid) at
+    /// the source name (RENAME_WHITEOUT).
+    pub whiteout: Option<(u32, u32)>,
 }
 
 /// How `fallocate` changes the range.
@@ -707,8 +711,18 @@ impl Filesystem {
         flags: RenameFlags,
     ) -> Result<()> {
         self.check_subvol_writable(parent.subvol)?;
-        self.write_op(Reserve::items(16), |t| {
-            t.rename(parent, name, new_parent, new_name, flags)
+        if flags.exchange && flags.whiteout.is_some() {
+            return Err(Error::InvalidArgument(
+                "a rename cannot both exchange and leave a whiteout".into(),
+            ));
+        }
+        self.write_op(Reserve::items(24), |t| {
+            t.rename(parent, name, new_parent, new_name, flags)?;
+            if let Some((uid, gid)) = flags.whiteout {
+                // In the same transaction: the source name never goes missing on disk.
+                t.create_node(parent, name, S_IFCHR, 0, 0, uid, gid, None)?;
+            }
+            Ok(())
         })
     }
 

@@ -37,6 +37,7 @@ pub use error::{Error, Result};
 pub use fs::{
     Attr, DirEntry, FileKind, Filesystem, InodeId, OpenOptions, StatFs, SubvolumeInfo, Timespec,
 };
+pub use inode_item::now;
 pub use inode_ops::{FallocMode, NewInode, RenameFlags, SetAttr, XattrSet};
 pub use oleo_format as format;
 pub use transaction::Transaction;

@@ -206,6 +206,7 @@ fn apply_oleo(fs: &mut Filesystem, op: &Op) -> Result<(), i32> {
             let flags = RenameFlags {
                 noreplace: flags & libc::RENAME_NOREPLACE != 0,
                 exchange: flags & libc::RENAME_EXCHANGE != 0,
+                whiteout: None,
             };
             fs.rename(s, sn, d, dn, flags).map_err(e)
         }

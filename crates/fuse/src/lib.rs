@@ -21,6 +21,7 @@ use nodeid::NodeIds;
 use oleo::{Attr, Error, FallocMode, FileKind, Filesystem, InodeId, NewInode, SetAttr, XattrSet};
 use parking_lot::RwLock;
 use space_guard::{OpenMode, SpaceGuard};
+use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
@@ -65,6 +66,8 @@ pub struct OleoFuse {
     settings: MountSettings,
     ttl: Duration,
     space: SpaceGuard,
+    /// Open directory handles: where each listing ends (see `Filesystem::readdir_end`).
+    dir_handles: parking_lot::Mutex<(u64, HashMap<u64, u64>)>,
 }
 
 impl OleoFuse {
@@ -78,6 +81,7 @@ impl OleoFuse {
             settings,
             ttl,
             space: SpaceGuard::new(space_guard::kernel_dirty_limit()),
+            dir_handles: parking_lot::Mutex::new((1, HashMap::new())),
         }
     }
 
@@ -167,10 +171,12 @@ impl OleoFuse {
     fn list(
         &self,
         ino: INodeNo,
+        fh: FileHandle,
         offset: u64,
         mut add: impl FnMut(&Filesystem, u64, InodeId, FileKind, &[u8], u64) -> bool,
     ) -> Result<(), Errno> {
         let dir = self.id(ino)?;
+        let end = self.dir_handles.lock().1.get(&fh.0).copied();
         let fs = self.fs.read();
         // Offsets 1 and 2 follow "." and ".."; a real entry with DIR_INDEX i resumes at i + 1.
         if offset < 1 && add(&fs, ino.0, dir, FileKind::Dir, b".", 1) {
@@ -180,11 +186,17 @@ impl OleoFuse {
             return Ok(());
         }
         let mut err = None;
-        fs.readdir(dir, offset.max(2), &mut |e| match self.ids.encode(e.id) {
-            Some(node) => !add(&fs, node, e.id, e.kind, &e.name, e.next_offset),
-            None => {
-                err = Some(Errno::EOVERFLOW);
-                false
+        fs.readdir(dir, offset.max(2), &mut |e| {
+            // Entries created or renamed since opendir sit past its end.
+            if end.is_some_and(|end| e.next_offset > end) {
+                return false;
+            }
+            match self.ids.encode(e.id) {
+                Some(node) => !add(&fs, node, e.id, e.kind, &e.name, e.next_offset),
+                None => {
+                    err = Some(Errno::EOVERFLOW);
+                    false
+                }
             }
         })
         .map_err(errno)?;
@@ -214,11 +226,17 @@ fn spawn_committer(fs: Weak<RwLock<Filesystem>>, interval: Duration) {
 }
 
 fn time_or_now(t: TimeOrNow) -> oleo::Timespec {
-    let st = match t {
-        TimeOrNow::SpecificTime(t) => t,
-        TimeOrNow::Now => SystemTime::now(),
-    };
-    system_time(st)
+    match t {
+        TimeOrNow::SpecificTime(t) => system_time(t),
+        // The engine's clock, as every other stamp.
+        TimeOrNow::Now => {
+            let t = oleo::now();
+            oleo::Timespec {
+                sec: t.sec,
+                nsec: t.nsec,
+            }
+        }
+    }
 }
 
 fn system_time(st: SystemTime) -> oleo::Timespec {
@@ -484,7 +502,7 @@ impl fuser::Filesystem for OleoFuse {
 
     fn rename(
         &self,
-        _req: &Request,
+        req: &Request,
         parent: INodeNo,
         name: &OsStr,
         newparent: INodeNo,
@@ -493,12 +511,14 @@ impl fuser::Filesystem for OleoFuse {
         reply: ReplyEmpty,
     ) {
         let raw = flags.bits();
-        if raw & !(libc::RENAME_NOREPLACE | libc::RENAME_EXCHANGE) != 0 {
+        let known = libc::RENAME_NOREPLACE | libc::RENAME_EXCHANGE | libc::RENAME_WHITEOUT;
+        if raw & !known != 0 {
             return reply.error(Errno::EINVAL);
         }
         let flags = oleo::RenameFlags {
             noreplace: raw & libc::RENAME_NOREPLACE != 0,
             exchange: raw & libc::RENAME_EXCHANGE != 0,
+            whiteout: (raw & libc::RENAME_WHITEOUT != 0).then(|| (req.uid(), req.gid())),
         };
         let r = self.id(parent).and_then(|from| {
             let to = self.id(newparent)?;
@@ -833,6 +853,13 @@ impl fuser::Filesystem for OleoFuse {
             libc::SEEK_HOLE => false,
             _ => return reply.error(Errno::EINVAL),
         };
+        if self.space.has_cached_writer(ino.0) {
+            // The kernel may hold data for this file that we have not seen (it does not
+            // write back before asking), so our map of holes could be wrong. ENOSYS makes
+            // the kernel answer from then on by itself, for every file of the mount: all
+            // data up to its size, which is never wrong, only less sparse.
+            return reply.error(Errno::ENOSYS);
+        }
         match self
             .id(ino)
             .and_then(|id| self.fs.read().seek_data_hole(id, from, data).map_err(errno))
@@ -842,22 +869,48 @@ impl fuser::Filesystem for OleoFuse {
         }
     }
 
-    fn opendir(&self, _req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        let end = match self
+            .id(ino)
+            .and_then(|dir| self.fs.read().readdir_end(dir).map_err(errno))
+        {
+            Ok(end) => end,
+            Err(e) => return reply.error(e),
+        };
+        let fh = {
+            let mut h = self.dir_handles.lock();
+            let fh = h.0;
+            h.0 += 1;
+            h.1.insert(fh, end);
+            fh
+        };
         reply.opened(
-            FileHandle(0),
+            FileHandle(fh),
             FopenFlags::FOPEN_KEEP_CACHE | FopenFlags::FOPEN_CACHE_DIR,
         );
+    }
+
+    fn releasedir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        reply: ReplyEmpty,
+    ) {
+        self.dir_handles.lock().1.remove(&fh.0);
+        reply.ok();
     }
 
     fn readdir(
         &self,
         _req: &Request,
         ino: INodeNo,
-        _fh: FileHandle,
+        fh: FileHandle,
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
-        let r = self.list(ino, offset, |_fs, node, _id, kind, name, next| {
+        let r = self.list(ino, fh, offset, |_fs, node, _id, kind, name, next| {
             reply.add(
                 INodeNo(node),
                 next,
@@ -875,13 +928,16 @@ impl fuser::Filesystem for OleoFuse {
         &self,
         _req: &Request,
         ino: INodeNo,
-        _fh: FileHandle,
+        fh: FileHandle,
         offset: u64,
         mut reply: ReplyDirectoryPlus,
     ) {
         let mut err = None;
-        let r = self.list(ino, offset, |fs, node, id, _kind, name, next| {
-            match self.entry_attr_in(fs, id) {
+        let r = self.list(
+            ino,
+            fh,
+            offset,
+            |fs, node, id, _kind, name, next| match self.entry_attr_in(fs, id) {
                 Ok(attr) => reply.add(
                     INodeNo(node),
                     next,
@@ -894,8 +950,8 @@ impl fuser::Filesystem for OleoFuse {
                     err = Some(e);
                     true
                 }
-            }
-        });
+            },
+        );
         match r.and_then(|_| err.map_or(Ok(()), Err)) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(e),

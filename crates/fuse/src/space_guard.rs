@@ -125,6 +125,15 @@ impl SpaceGuard {
         self.handles.lock().open.get(&fh).is_some_and(|h| !h.cached)
     }
 
+    /// Whether `ino` is open for writing through the page cache (it may have dirty pages).
+    pub(crate) fn has_cached_writer(&self, ino: u64) -> bool {
+        self.handles
+            .lock()
+            .open
+            .values()
+            .any(|h| h.cached && h.ino == ino)
+    }
+
     /// Data space a direct write must leave free: cached writers' dirty pages need it.
     pub(crate) fn keep_free(&self) -> u64 {
         let any_cached = self.handles.lock().open.values().any(|h| h.cached);
