@@ -162,3 +162,63 @@ fn a_link_is_never_older_than_a_fifo_made_before_it() {
         );
     }
 }
+
+#[test]
+fn removed_inodes_live_until_the_kernel_forgets_them() {
+    let name = "posix_forget";
+    if !ready(name) {
+        return;
+    }
+    let dir = TempDir::new(name).unwrap();
+    let m = fresh_mount(&dir);
+    use std::os::fd::AsRawFd;
+
+    // An open directory, removed: fstat still answers, with no links (kernel btrfs does).
+    let d = m.path().join("gone");
+    std::fs::create_dir(&d).unwrap();
+    let open_dir = std::fs::File::open(&d).unwrap();
+    std::fs::remove_dir(&d).unwrap();
+    let st = open_dir.metadata().unwrap();
+    assert!(st.is_dir() && st.nlink() == 0, "{st:?}");
+    // A directory renamed over another one the same way.
+    let (a, b) = (m.path().join("a"), m.path().join("b"));
+    std::fs::create_dir(&a).unwrap();
+    std::fs::create_dir(&b).unwrap();
+    let open_b = std::fs::File::open(&b).unwrap();
+    std::fs::rename(&a, &b).unwrap();
+    assert_eq!(open_b.metadata().unwrap().nlink(), 0);
+    drop((open_dir, open_b));
+
+    // Written, closed, unlinked: the kernel may still send a SETATTR for it.
+    let f = m.path().join("written");
+    std::fs::write(&f, b"data").unwrap();
+    std::fs::remove_file(&f).unwrap();
+    let c = CString::new(m.path().as_os_str().as_bytes()).unwrap();
+    // SAFETY: a NUL-terminated path; the descriptor is closed below.
+    let fd = unsafe { libc::open(c.as_ptr(), libc::O_RDONLY | libc::O_DIRECTORY) };
+    assert!(fd >= 0);
+    // SAFETY: fd is open.
+    let r = unsafe { libc::syncfs(fd) };
+    // SAFETY: fd is open.
+    unsafe { libc::close(fd) };
+    assert_eq!(r, 0, "syncfs: {}", std::io::Error::last_os_error());
+
+    // Found (an O_PATH descriptor holds the inode), unlinked, then opened: works.
+    let p = m.path().join("found");
+    std::fs::write(&p, b"still here").unwrap();
+    let cp = CString::new(p.as_os_str().as_bytes()).unwrap();
+    // SAFETY: a NUL-terminated path.
+    let path_fd = unsafe { libc::open(cp.as_ptr(), libc::O_PATH) };
+    assert!(path_fd >= 0);
+    std::fs::remove_file(&p).unwrap();
+    let reopened = std::fs::File::open(format!("/proc/self/fd/{path_fd}")).unwrap();
+    assert_eq!(reopened.metadata().unwrap().nlink(), 0);
+    let mut text = String::new();
+    use std::io::Read;
+    (&reopened).read_to_string(&mut text).unwrap();
+    assert_eq!(text, "still here");
+    assert!(reopened.as_raw_fd() >= 0);
+    drop(reopened);
+    // SAFETY: path_fd is open.
+    unsafe { libc::close(path_fd) };
+}

@@ -165,21 +165,34 @@ impl Filesystem {
 
     /// Undoes one `pin_open`; the last one deletes the inode if it has no names left.
     pub fn unpin_open(&mut self, id: InodeId) -> Result<()> {
-        let last = {
-            let mut open = self.open_inodes.lock();
-            match open.get_mut(&id) {
-                Some(n) if *n > 1 => {
-                    *n -= 1;
-                    false
-                }
-                Some(_) => {
-                    open.remove(&id);
-                    true
-                }
-                None => false,
+        if self.drop_pin(id) {
+            self.delete_if_unlinked(id)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Undoes one `pin_open` without deleting anything; true if that was the last pin (then
+    /// `delete_if_unlinked` finishes the job). Lets callers decide under a shared lock.
+    pub fn drop_pin(&self, id: InodeId) -> bool {
+        let mut open = self.open_inodes.lock();
+        match open.get_mut(&id) {
+            Some(n) if *n > 1 => {
+                *n -= 1;
+                false
             }
-        };
-        if !last || self.aborted.is_some() || !self.io.device().is_writable() {
+            Some(_) => {
+                open.remove(&id);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Deletes `id` if it has no names left and nothing pins it (an orphan whose last user
+    /// went away).
+    pub fn delete_if_unlinked(&mut self, id: InodeId) -> Result<()> {
+        if self.is_open(id) || self.aborted.is_some() || !self.io.device().is_writable() {
             return Ok(());
         }
         match self.inode_item(id) {

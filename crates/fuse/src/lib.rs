@@ -66,6 +66,9 @@ pub struct OleoFuse {
     settings: MountSettings,
     ttl: Duration,
     space: SpaceGuard,
+    /// The kernel's lookup count per node. While above zero the inode is pinned: unlinked,
+    /// it lives on as an orphan until the kernel has forgotten it and closed it.
+    lookups: parking_lot::Mutex<HashMap<u64, u64>>,
     /// Open directory handles: where each listing ends (see `Filesystem::readdir_end`).
     dir_handles: parking_lot::Mutex<(u64, HashMap<u64, u64>)>,
 }
@@ -82,6 +85,7 @@ impl OleoFuse {
             ttl,
             space: SpaceGuard::new(space_guard::kernel_dirty_limit()),
             dir_handles: parking_lot::Mutex::new((1, HashMap::new())),
+            lookups: parking_lot::Mutex::new(HashMap::new()),
         }
     }
 
@@ -124,10 +128,62 @@ impl OleoFuse {
     }
 
     fn reply_entry(&self, r: Result<Attr, Errno>, reply: ReplyEntry) {
-        match r.and_then(|a| self.file_attr(&a)) {
-            Ok(attr) => reply.entry(&self.ttl, &attr, Generation(0)),
+        match r.and_then(|a| Ok((self.file_attr(&a)?, a.id))) {
+            Ok((attr, id)) => {
+                self.remember(&self.fs.read(), attr.ino.0, id);
+                reply.entry(&self.ttl, &attr, Generation(0))
+            }
             Err(e) => reply.error(e),
         }
+    }
+
+    /// Counts one more kernel reference to `node` (each entry the kernel is given), before
+    /// the reply goes out: its FORGET cannot come earlier. `fs` is locked by the caller.
+    fn remember(&self, fs: &Filesystem, node: u64, id: InodeId) {
+        let mut lookups = self.lookups.lock();
+        let n = lookups.entry(node).or_insert(0);
+        if *n == 0 {
+            fs.pin_open(id);
+        }
+        *n += 1;
+    }
+
+    /// The kernel dropped `nlookup` references to `node`.
+    fn forget_node(&self, node: u64, nlookup: u64) {
+        let last = {
+            let mut lookups = self.lookups.lock();
+            match lookups.get_mut(&node) {
+                Some(n) if *n > nlookup => {
+                    *n -= nlookup;
+                    false
+                }
+                Some(_) => {
+                    lookups.remove(&node);
+                    true
+                }
+                None => false,
+            }
+        };
+        if !last {
+            return;
+        }
+        if let Ok(id) = self.id(INodeNo(node)) {
+            if let Err(e) = self.unpin(id) {
+                log::warn!("deleting forgotten inode {node}: {e:?}");
+            }
+        }
+    }
+
+    /// Drops one pin of `id`; deletes it if it was the last and the inode has no names left.
+    fn unpin(&self, id: InodeId) -> Result<(), Errno> {
+        let orphan = {
+            let fs = self.fs.read();
+            fs.drop_pin(id) && fs.getattr(id).is_ok_and(|a| a.nlink == 0)
+        };
+        if orphan && self.settings.writable {
+            self.fs.write().delete_if_unlinked(id).map_err(errno)?;
+        }
+        Ok(())
     }
 
     fn id(&self, ino: INodeNo) -> Result<InodeId, Errno> {
@@ -552,6 +608,9 @@ impl fuser::Filesystem for OleoFuse {
         });
         match r.and_then(|a| self.file_attr(&a)) {
             Ok(attr) => {
+                if let Ok(id) = self.id(attr.ino) {
+                    self.remember(&self.fs.read(), attr.ino.0, id);
+                }
                 let (fh, open_flags) = self.open_handle(attr.ino.0, flags);
                 reply.created(&self.ttl, &attr, Generation(0), fh, open_flags)
             }
@@ -748,15 +807,24 @@ impl fuser::Filesystem for OleoFuse {
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        let r = self
-            .id(parent)
-            .and_then(|dir| self.fs.read().lookup(dir, name.as_bytes()).map_err(errno))
-            .and_then(|id| self.entry_attr(id));
+        let r = self.id(parent).and_then(|dir| {
+            let fs = self.fs.read();
+            let id = fs.lookup(dir, name.as_bytes()).map_err(errno)?;
+            let attr = self.entry_attr_in(&fs, id)?;
+            self.remember(&fs, attr.ino.0, id);
+            Ok(attr)
+        });
         match r {
             Ok(attr) => reply.entry(&self.ttl, &attr, Generation(0)),
             Err(e) => reply.error(e),
         }
     }
+
+    fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+        self.forget_node(ino.0, nlookup);
+    }
+
+    // BATCH_FORGET: fuser's default calls `forget` for each node.
 
     fn getattr(&self, _req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
         // The kernel asks with the handle before a cached write(2) when attributes are
@@ -806,11 +874,8 @@ impl fuser::Filesystem for OleoFuse {
         reply: ReplyEmpty,
     ) {
         self.space.released(fh.0);
-        match self.id(ino) {
-            Ok(id) => match self.fs.write().unpin_open(id) {
-                Ok(()) => reply.ok(),
-                Err(e) => reply.error(errno(e)),
-            },
+        match self.id(ino).and_then(|id| self.unpin(id)) {
+            Ok(()) => reply.ok(),
             Err(e) => reply.error(e),
         }
     }
@@ -938,14 +1003,21 @@ impl fuser::Filesystem for OleoFuse {
             fh,
             offset,
             |fs, node, id, _kind, name, next| match self.entry_attr_in(fs, id) {
-                Ok(attr) => reply.add(
-                    INodeNo(node),
-                    next,
-                    OsStr::from_bytes(name),
-                    &self.ttl,
-                    &attr,
-                    Generation(0),
-                ),
+                Ok(attr) => {
+                    let full = reply.add(
+                        INodeNo(node),
+                        next,
+                        OsStr::from_bytes(name),
+                        &self.ttl,
+                        &attr,
+                        Generation(0),
+                    );
+                    // The kernel takes a reference to every entry but "." and "..".
+                    if !full && name != b"." && name != b".." {
+                        self.remember(fs, node, id);
+                    }
+                    full
+                }
                 Err(e) => {
                     err = Some(e);
                     true
