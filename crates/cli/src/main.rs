@@ -6,6 +6,7 @@ mod fuse_mount;
 mod logging;
 mod mkfs;
 mod mount;
+mod rootdir;
 
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;

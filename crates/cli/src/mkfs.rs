@@ -43,6 +43,10 @@ pub struct MkfsArgs {
     /// or one open in oleo, is refused even then.
     #[arg(short = 'f', long)]
     force: bool,
+    /// Fill the new filesystem from this directory (files, directories, symlinks, hard
+    /// links, devices, xattrs, holes). Without --size, a missing image is made big enough.
+    #[arg(short = 'r', long, value_name = "DIR")]
+    rootdir: Option<PathBuf>,
     /// Image file or block device (one: multi-device filesystems are not supported).
     #[arg(required = true, num_args = 1..)]
     targets: Vec<PathBuf>,
@@ -186,8 +190,23 @@ pub fn run(args: &MkfsArgs) -> Result<(), String> {
             args.targets.len()
         ));
     };
-    let opts = options(args)?;
+    let mut opts = options(args)?;
+    let existed = target.exists();
+    if let Some(src) = &args.rootdir {
+        if opts.size.is_none() && !existed {
+            opts.size = Some(crate::rootdir::size_for(src)?);
+        }
+    }
     let report = mkfs::mkfs(target, &opts).map_err(|e| e.to_string())?;
+    if let Some(src) = &args.rootdir {
+        if let Err(e) = crate::rootdir::fill(target, src, args.quiet) {
+            if !existed {
+                // Half a copy is no image: leave nothing behind.
+                let _ = std::fs::remove_file(target);
+            }
+            return Err(e);
+        }
+    }
     if !args.quiet {
         print!("{}", summary(&report, target));
     }

@@ -7,6 +7,7 @@
 mod layout;
 mod pack;
 mod plan;
+pub mod rootdir;
 mod signature;
 mod trees;
 
