@@ -2,6 +2,7 @@
 
 mod dump_super;
 mod dump_tree;
+mod extents;
 mod fuse_mount;
 mod logging;
 mod mkfs;
@@ -25,7 +26,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Mount a btrfs image or device through FUSE (read-only for now).
+    /// Mount a btrfs image or device through FUSE.
     Mount(mount::MountArgs),
     /// Print the superblock.
     DumpSuper {
@@ -38,6 +39,8 @@ enum Command {
     DumpTree(dump_tree::DumpTreeArgs),
     /// Create a new btrfs on an image file or block device.
     Mkfs(mkfs::MkfsArgs),
+    /// Print a file's extents from the image, like `filefrag -v` (FUSE has no FIEMAP).
+    Extents(extents::ExtentsArgs),
 }
 
 fn main() -> ExitCode {
@@ -62,6 +65,7 @@ fn main() -> ExitCode {
         Command::DumpSuper { image, mirror } => dump_super::run(&image, mirror),
         Command::DumpTree(a) => dump_tree::run(&a),
         Command::Mkfs(a) => mkfs::run(&a),
+        Command::Extents(a) => extents::run(&a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -378,3 +378,75 @@ fn copy_or_zero(src: &[u8], from: usize, dst: &mut [u8]) {
     dst[..avail].copy_from_slice(&src[from.min(src.len())..from.min(src.len()) + avail]);
     dst[avail..].fill(0);
 }
+
+/// One file extent item as `oleo extents` (and FIEMAP) describes it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ExtentInfo {
+    /// File offset and length of the range it covers.
+    pub file_offset: u64,
+    pub len: u64,
+    /// btrfs logical address of the range's first byte (what btrfs's FIEMAP calls physical);
+    /// None for inline data and holes.
+    pub logical: Option<u64>,
+    pub inline: bool,
+    /// Preallocated: reads as zeros (FIEMAP's unwritten).
+    pub prealloc: bool,
+    pub compression: Compression,
+}
+
+impl Filesystem {
+    /// The file extent items of `id` in file order, holes (explicit hole items) left out.
+    pub fn file_extents(&self, id: InodeId) -> Result<Vec<ExtentInfo>> {
+        let tree = self.tree_of(id)?;
+        let mut out = Vec::new();
+        crate::ctree::for_each_in_range(
+            self,
+            &tree,
+            Key::new(id.ino, item::EXTENT_DATA, 0),
+            Key::new(id.ino, item::EXTENT_DATA, u64::MAX),
+            |key, body| {
+                let fe = FileExtent::parse(body)
+                    .map_err(|e| Error::corrupt(0, format!("extent item {key:?}: {e}")))?;
+                let info = match fe.body {
+                    FileExtentBody::Inline { data } => ExtentInfo {
+                        file_offset: key.offset,
+                        len: if fe.compression == Compression::None {
+                            data.len() as u64
+                        } else {
+                            fe.ram_bytes
+                        },
+                        logical: None,
+                        inline: true,
+                        prealloc: false,
+                        compression: fe.compression,
+                    },
+                    FileExtentBody::Extent { disk_bytenr: 0, .. } => {
+                        return Ok(ControlFlow::Continue(()))
+                    }
+                    FileExtentBody::Extent {
+                        prealloc,
+                        disk_bytenr,
+                        offset,
+                        num_bytes,
+                        ..
+                    } => ExtentInfo {
+                        file_offset: key.offset,
+                        len: num_bytes,
+                        // A compressed extent is addressed as a whole.
+                        logical: Some(if fe.compression == Compression::None {
+                            disk_bytenr + offset
+                        } else {
+                            disk_bytenr
+                        }),
+                        inline: false,
+                        prealloc,
+                        compression: fe.compression,
+                    },
+                };
+                out.push(info);
+                Ok(ControlFlow::Continue(()))
+            },
+        )?;
+        Ok(out)
+    }
+}

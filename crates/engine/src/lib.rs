@@ -34,6 +34,7 @@ mod xattr;
 
 pub use ctree::TreeRoot;
 pub use error::{Error, Result};
+pub use file::ExtentInfo;
 pub use fs::{
     Attr, DirEntry, FileKind, Filesystem, InodeId, OpenOptions, StatFs, SubvolumeInfo, Timespec,
 };

@@ -1,0 +1,83 @@
+//! `oleo extents IMAGE PATH`: a file's extents, read from the image, in `filefrag -v`'s
+//! layout. FUSE has no FIEMAP (its ioctl's variable-length reply cannot pass through FUSE's
+//! restricted ioctls), so `filefrag` cannot ask a mount; this asks the image instead.
+//! Offsets are in blocks of the filesystem's sector size; "physical" is the btrfs logical
+//! address, as the kernel's btrfs FIEMAP reports it.
+
+use oleo::format::items::Compression;
+use oleo::{Filesystem, OpenOptions};
+use std::path::PathBuf;
+
+#[derive(clap::Args)]
+pub struct ExtentsArgs {
+    /// Image file or block device.
+    image: PathBuf,
+    /// Path of the file inside the filesystem (from its default subvolume's root).
+    path: String,
+    /// Subvolume path to start from instead of the default subvolume.
+    #[arg(long)]
+    subvol: Option<String>,
+}
+
+pub fn run(a: &ExtentsArgs) -> Result<(), String> {
+    let opts = OpenOptions {
+        subvol: a
+            .subvol
+            .as_ref()
+            .map(|s| s.trim_start_matches('/').as_bytes().to_vec()),
+        ..OpenOptions::default()
+    };
+    let fs = Filesystem::open(&a.image, opts).map_err(|e| format!("{}: {e}", a.image.display()))?;
+    let rel = a.path.trim_start_matches('/');
+    let id = fs
+        .resolve_path(fs.root(), rel.as_bytes())
+        .map_err(|e| format!("{}: {e}", a.path))?;
+    let size = fs.getattr(id).map_err(|e| format!("{}: {e}", a.path))?.size;
+    let extents = fs
+        .file_extents(id)
+        .map_err(|e| format!("{}: {e}", a.path))?;
+    let bs = u64::from(fs.superblock().sectorsize);
+    println!(
+        "Filesystem type is: 9123683e\nFile size of {} is {size} ({} blocks of {bs} bytes)",
+        a.path,
+        size.div_ceil(bs)
+    );
+    println!(" ext:     logical_offset:        physical_offset: length:   expected: flags:");
+    let n = extents.len();
+    for (i, e) in extents.iter().enumerate() {
+        let first = e.file_offset / bs;
+        let last = (e.file_offset + e.len).div_ceil(bs).saturating_sub(1);
+        let (p0, p1) = match e.logical {
+            Some(l) => (l / bs, l / bs + (last - first)),
+            None => (0, 0),
+        };
+        let mut flags = Vec::new();
+        if e.inline {
+            flags.extend(["inline", "not_aligned"]);
+        }
+        if e.prealloc {
+            flags.push("unwritten");
+        }
+        if e.compression != Compression::None {
+            flags.push("encoded");
+        }
+        if i + 1 == n {
+            flags.push("last");
+            if e.file_offset + e.len >= size {
+                flags.push("eof");
+            }
+        }
+        println!(
+            "{i:>4}: {first:>10}..{last:>10}: {p0:>10}..{p1:>10}: {:>6}: {:>11} {}",
+            last - first + 1,
+            "",
+            flags.join(",")
+        );
+    }
+    println!(
+        "{}: {n} extent{} found",
+        a.path,
+        if n == 1 { "" } else { "s" }
+    );
+    Ok(())
+}
