@@ -653,7 +653,7 @@ fn time_str(t: &Timespec) -> String {
     format!("{}.{} ({})", t.sec, t.nsec, utc_date(t.sec))
 }
 
-fn utc_date(sec: i64) -> String {
+pub(crate) fn utc_date(sec: i64) -> String {
     let days = sec.div_euclid(86_400);
     let rem = sec.rem_euclid(86_400);
     // Days since 1970-01-01 to a proleptic Gregorian date (era-based, valid for all i64/86400).

@@ -6,7 +6,6 @@ use oleo_testkit::*;
 use std::io::{ErrorKind, Write};
 use std::os::unix::fs::FileExt;
 use std::path::Path;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 const OLEO: &str = env!("CARGO_BIN_EXE_oleo");
@@ -82,16 +81,7 @@ fn writes_to_a_full_filesystem_fail_in_write_and_lose_nothing() {
     let image = dir.join("image");
     let mnt = dir.subdir("mnt").unwrap();
     let kmnt = dir.subdir("kmnt").unwrap();
-    std::fs::File::create(&image)
-        .unwrap()
-        .set_len(1 << 30)
-        .unwrap();
-    let out = Command::new("mkfs.btrfs")
-        .args(["-q", "-f"])
-        .arg(&image)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "mkfs.btrfs: {out:?}");
+    empty_image(&image, 1024, &[]).unwrap();
 
     let m = OleoMount::mount_rw(Path::new(OLEO), &image, &mnt, &[]).unwrap();
     // A file opened while space is plentiful writes through the page cache: it must still

@@ -57,16 +57,7 @@ fn extents_match_the_kernels_fiemap() {
     }
     let dir = TempDir::new(name).unwrap();
     let image = dir.join("fx.img");
-    std::fs::File::create(&image)
-        .unwrap()
-        .set_len(512 << 20)
-        .unwrap();
-    assert!(Command::new("mkfs.btrfs")
-        .args(["-q", "-f"])
-        .arg(&image)
-        .status()
-        .unwrap()
-        .success());
+    empty_image(&image, 512, &[]).unwrap();
     let kmnt = dir.subdir("kmnt").unwrap();
     let k = KernelMount::mount(&image, &kmnt, &["rw"]).unwrap();
     let sh = |cmd: &str| {

@@ -2,7 +2,7 @@
 //! serves, an image the kernel has mounted; a truncated image mounts read-only with a
 //! warning, and `-o rw` of it is refused with the reason.
 
-use oleo_testkit::{require_fuse, require_root, KernelMount, OleoMount, TempDir};
+use oleo_testkit::{empty_image, require_fuse, require_root, KernelMount, OleoMount, TempDir};
 use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
@@ -10,16 +10,7 @@ use std::time::Duration;
 const OLEO: &str = env!("CARGO_BIN_EXE_oleo");
 
 fn mkfs(image: &Path, mb: u64) {
-    std::fs::File::create(image)
-        .unwrap()
-        .set_len(mb << 20)
-        .unwrap();
-    let out = Command::new("mkfs.btrfs")
-        .args(["-q", "-f"])
-        .arg(image)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "mkfs.btrfs: {out:?}");
+    empty_image(image, mb, &[]).unwrap();
 }
 
 /// `oleo mount -f` that is expected to fail at once: its exit status and output.

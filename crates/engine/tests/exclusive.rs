@@ -5,23 +5,16 @@
 //! fails under CI=true).
 
 use oleo::{Error, Filesystem, OpenOptions};
-use oleo_testkit::{assert_btrfs_check, require_root, KernelMount, LoopDevice, TempDir};
+use oleo_testkit::{
+    assert_btrfs_check, empty_image, require_root, KernelMount, LoopDevice, TempDir,
+};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 fn mkfs(dir: &TempDir, mb: u64) -> PathBuf {
     let image = dir.join("image");
-    std::fs::File::create(&image)
-        .unwrap()
-        .set_len(mb << 20)
-        .unwrap();
-    let out = Command::new("mkfs.btrfs")
-        .args(["-q", "-f"])
-        .arg(&image)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "mkfs.btrfs: {out:?}");
+    empty_image(&image, mb, &[]).unwrap();
     image
 }
 

@@ -297,3 +297,22 @@ pub fn image_stats(image: &Path) -> io::Result<ImageStats> {
     }
     Ok(s)
 }
+
+/// An empty filesystem made by `mkfs.btrfs -f ARGS` in a new sparse file of `mb` MiB.
+pub fn empty_image(path: &Path, mb: u64, args: &[&str]) -> io::Result<()> {
+    std::fs::File::create(path)?.set_len(mb << 20)?;
+    let out = std::process::Command::new("mkfs.btrfs")
+        .args(["-q", "-f"])
+        .args(args)
+        .arg(path)
+        .output()?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(io::Error::other(format!(
+            "mkfs.btrfs {}: {}",
+            path.display(),
+            String::from_utf8_lossy(&out.stderr)
+        )))
+    }
+}
