@@ -157,3 +157,29 @@ fn the_root_directory_belongs_to_the_caller() {
     drop(fs);
     btrfs_check(&image, false).unwrap();
 }
+
+#[test]
+fn a_block_device_is_claimed_not_refused() {
+    let name = "mkfs_block_device";
+    if !require_root(name) {
+        return;
+    }
+    let tmp = TempDir::new(name).unwrap();
+    let image = tmp.join("dev.img");
+    sparse(&image, 300);
+    let lo = oleo_testkit::LoopDevice::attach(&image, false).unwrap();
+    let (ok, text) = oleo_mkfs(&["-q"], lo.path());
+    assert!(ok, "mkfs of an unused loop device: {text}");
+    let (ok, text) = oleo_mkfs(&["-q"], lo.path());
+    assert!(!ok && text.contains("btrfs filesystem"), "{text}");
+    let mnt = tmp.subdir("mnt").unwrap();
+    let out = Command::new("mount")
+        .arg(lo.path())
+        .arg(&mnt)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let (ok, text) = oleo_mkfs(&["-f"], lo.path());
+    let _ = Command::new("umount").arg(&mnt).status();
+    assert!(!ok && text.contains("mounted by the kernel"), "{text}");
+}

@@ -21,7 +21,7 @@ use oleo_format::superblock::{
 use oleo_format::CsumType;
 use std::fs::{File, OpenOptions};
 use std::io::{Seek, SeekFrom};
-use std::os::unix::fs::{FileExt, FileTypeExt, OpenOptionsExt};
+use std::os::unix::fs::{FileExt, FileTypeExt};
 use std::path::Path;
 
 /// Block group profile on a single device.
@@ -292,19 +292,13 @@ fn open_target(path: &Path, size: Option<u64>, force: bool) -> Result<Target> {
     };
     match meta {
         Some(m) if m.file_type().is_block_device() => {
-            // O_EXCL on a block device fails while it is mounted or otherwise claimed.
+            // The claim takes the device exclusively (O_EXCL), refusing one that is mounted
+            // or held: a second exclusive open of our own here would refuse ourselves.
             let mut file = OpenOptions::new()
                 .read(true)
                 .write(true)
-                .custom_flags(libc::O_EXCL)
                 .open(path)
-                .map_err(|e| match e.raw_os_error() {
-                    Some(libc::EBUSY) => Error::InvalidArgument(format!(
-                        "{} is in use (mounted, or claimed by another program)",
-                        path.display()
-                    )),
-                    _ => ctx(e),
-                })?;
+                .map_err(ctx)?;
             let claim = check_target(&file, path, force)?;
             let dev = file.seek(SeekFrom::End(0)).map_err(ctx)?;
             let fs_bytes = size.unwrap_or(dev);
