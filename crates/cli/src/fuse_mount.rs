@@ -147,6 +147,55 @@ pub fn remount(mountpoint: &Path, writable: bool) -> Result<(), String> {
     })
 }
 
+/// Sends SIGUSR1 (commit now) to the oleo serving `mountpoint`: the process running this
+/// binary that holds the mount's source (the image) open. Best effort: a mount with its own fsname
+/// cannot be traced back, and then the periodic commit does it.
+pub fn ask_server_to_commit(mountpoint: &Path) {
+    let Ok(want) = std::fs::canonicalize(mountpoint) else {
+        return;
+    };
+    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return;
+    };
+    let source = info.lines().find_map(|l| {
+        let (left, right) = l.split_once(" - ")?;
+        let point = left.split(' ').nth(4)?.replace("\\040", " ");
+        let mut r = right.split(' ');
+        let (fstype, source) = (r.next()?, r.next()?);
+        (Path::new(&point) == want && fstype == "fuse.oleo").then(|| source.replace("\\040", " "))
+    });
+    let Some(image) = source.and_then(|s| std::fs::metadata(s).ok()) else {
+        return;
+    };
+    let (Ok(procs), Ok(exe)) = (
+        std::fs::read_dir("/proc"),
+        std::fs::read_link("/proc/self/exe"),
+    ) else {
+        return;
+    };
+    let me = std::process::id() as i32;
+    for p in procs.flatten() {
+        let Some(pid) = p.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+            continue;
+        };
+        // The server runs this same binary, under whatever name it was started.
+        let is_oleo = pid != me && std::fs::read_link(p.path().join("exe")).is_ok_and(|e| e == exe);
+        let holds = is_oleo
+            && std::fs::read_dir(p.path().join("fd")).is_ok_and(|fds| {
+                fds.flatten().any(|fd| {
+                    std::fs::metadata(fd.path()).is_ok_and(|m| {
+                        m.dev() == image.dev() && m.ino() == image.ino()
+                            || (m.rdev() != 0 && m.rdev() == image.rdev())
+                    })
+                })
+            });
+        if holds {
+            // SAFETY: kill with a valid signal number.
+            unsafe { libc::kill(pid, libc::SIGUSR1) };
+        }
+    }
+}
+
 fn find_fusermount() -> Result<PathBuf, String> {
     let path = std::env::var_os("PATH").unwrap_or_default();
     let dirs = std::env::split_paths(&path)

@@ -274,7 +274,14 @@ fn mount(
     if plan.remount {
         // The mount exists: only its read-only flag changes (the server refuses writes by
         // itself if it was mounted read-only).
-        return crate::fuse_mount::remount(mountpoint, plan.writable != Some(false));
+        let writable = plan.writable != Some(false);
+        crate::fuse_mount::remount(mountpoint, writable)?;
+        if !writable {
+            // Read-only from now: what was written should be on disk now, not at the next
+            // periodic commit.
+            crate::fuse_mount::ask_server_to_commit(mountpoint);
+        }
+        return Ok(());
     }
     if !mountpoint.is_dir() {
         return Err(format!(
@@ -320,6 +327,7 @@ fn mount(
     };
     let server = oleo_fuse::OleoFuse::new(fs, settings);
     if foreground {
+        commit_on_sigusr1();
         let (session, _keeper) = start.session(server, mountpoint)?;
         return session.run().map_err(|e| format!("FUSE session: {e}"));
     }
@@ -438,6 +446,7 @@ fn daemonize_and_serve(
             let mut report = std::fs::File::from(write_end);
             // SAFETY: plain syscall in the child.
             unsafe { libc::setsid() };
+            commit_on_sigusr1();
             let (session, _keeper) = match start.session(server, mountpoint) {
                 Ok(s) => s,
                 Err(e) => {
@@ -461,6 +470,10 @@ fn daemonize_and_serve(
             std::process::exit(0);
         }
         _child => {
+            // The filesystem is the child's now. The parent's copy must not be dropped: a
+            // drop commits, and two processes committing one image from the same state
+            // would write two different generations N+1.
+            std::mem::forget(server);
             drop(write_end);
             let mut msg = String::new();
             let _ = std::fs::File::from(read_end).read_to_string(&mut msg);
@@ -476,6 +489,15 @@ fn daemonize_and_serve(
             }
         }
     }
+}
+
+/// `kill -USR1 PID` makes a serving oleo commit at once (the remount helper uses it).
+fn commit_on_sigusr1() {
+    extern "C" fn on_usr1(_: libc::c_int) {
+        oleo_fuse::request_commit();
+    }
+    // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
+    unsafe { libc::signal(libc::SIGUSR1, on_usr1 as *const () as libc::sighandler_t) };
 }
 
 fn detach_stdio() {

@@ -96,7 +96,7 @@ fn mount8_remount_and_fstab() {
     let mp = dir.subdir("mnt").unwrap();
     let log = dir.join("oleo.log");
     let opts = format!(
-        "allow_other,default_permissions,fsname=homefs,commit=5,log={}",
+        "allow_other,default_permissions,commit=300,log={}",
         log.display()
     );
     run(Command::new("mount")
@@ -104,7 +104,10 @@ fn mount8_remount_and_fstab() {
         .arg(&image)
         .arg(&mp));
     let (source, fstype, options) = proc_mount(&mp).expect("mounted");
-    assert_eq!((source.as_str(), fstype.as_str()), ("homefs", "fuse.oleo"));
+    assert_eq!(
+        (source.as_str(), fstype.as_str()),
+        (&*image.to_string_lossy(), "fuse.oleo")
+    );
     assert!(options.contains("allow_other"), "{options}");
     let findmnt = Command::new("findmnt")
         .args(["-n", "-t", "fuse.oleo", "-o", "TARGET"])
@@ -113,7 +116,17 @@ fn mount8_remount_and_fstab() {
     assert!(String::from_utf8_lossy(&findmnt.stdout).contains(&*mp.to_string_lossy()));
 
     std::fs::write(mp.join("before"), b"written rw").unwrap();
+    let generation = superblock_generation(&image).unwrap();
     run(Command::new("mount").args(["-o", "remount,ro"]).arg(&mp));
+    // Turning read-only commits at once (commit=300 would take five minutes).
+    let t0 = Instant::now();
+    while superblock_generation(&image).unwrap() == generation {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "no commit after remount,ro"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
     let err = std::fs::write(mp.join("during"), b"x").unwrap_err();
     assert_eq!(err.raw_os_error(), Some(libc::EROFS), "{err}");
     assert_eq!(std::fs::read(mp.join("before")).unwrap(), b"written rw");
@@ -157,7 +170,7 @@ fn a_background_mount_without_syslog_logs_to_a_file_it_names() {
     let out = Command::new(OLEO)
         .env("OLEO_SYSLOG_SOCKET", dir.join("no-syslog-here"))
         .env("XDG_STATE_HOME", &state)
-        .args(["mount", "-o", "auto_unmount"])
+        .args(["mount", "-o", "auto_unmount,fsname=logged-fs"])
         .arg(&image)
         .arg(&mp)
         .output()
@@ -165,6 +178,8 @@ fn a_background_mount_without_syslog_logs_to_a_file_it_names() {
     let said = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(out.status.success(), "{said}");
     // Root's default is /var/log/oleo; what matters is that the terminal was told.
+    let (source, _, _) = proc_mount(&mp).expect("mounted");
+    assert_eq!(source, "logged-fs");
     let path = said
         .lines()
         .find_map(|l| l.strip_prefix("oleo: logging to "))
@@ -262,4 +277,28 @@ fn an_unusable_fuse_says_why() {
         !err.contains("os error 13)\n") || err.contains("fusermount3"),
         "{err}"
     );
+}
+
+#[test]
+fn only_the_serving_process_writes_the_image() {
+    let name = "mount_home_one_writer";
+    if !ready(name) {
+        return;
+    }
+    let dir = TempDir::new(name).unwrap();
+    let image = dir.join("one.img");
+    mkfs(&image);
+    let mp = dir.subdir("mnt").unwrap();
+    let generation = superblock_generation(&image).unwrap();
+    // The mount forks its server; the process that returns must leave the image alone
+    // (its copy of the open filesystem is the server's, never committed twice).
+    run(Command::new(OLEO)
+        .args(["mount", "-o", "commit=300"])
+        .arg(&image)
+        .arg(&mp));
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(superblock_generation(&image).unwrap(), generation);
+    run(Command::new("umount").arg(&mp));
+    wait_released(&image);
+    assert_btrfs_check(&image, "a background mount");
 }

@@ -25,6 +25,7 @@ use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -261,11 +262,25 @@ impl OleoFuse {
 }
 
 /// Commits the running transaction every `interval` until the filesystem is gone.
+/// Set to have the committer commit at once (see `request_commit`).
+static COMMIT_REQUESTED: AtomicBool = AtomicBool::new(false);
+
+/// Asks the mount's committer to commit now rather than at its next interval (a mount
+/// turning read-only wants its changes on disk). Only stores a flag: a signal handler may
+/// call it.
+pub fn request_commit() {
+    COMMIT_REQUESTED.store(true, Ordering::SeqCst);
+}
+
 fn spawn_committer(fs: Weak<RwLock<Filesystem>>, interval: Duration) {
+    const NAP: Duration = Duration::from_millis(100);
     let spawned = std::thread::Builder::new()
         .name("oleo-commit".into())
         .spawn(move || loop {
-            std::thread::sleep(interval);
+            let start = std::time::Instant::now();
+            while start.elapsed() < interval && !COMMIT_REQUESTED.swap(false, Ordering::SeqCst) {
+                std::thread::sleep(NAP);
+            }
             let Some(fs) = fs.upgrade() else { return };
             let mut fs = fs.write();
             if fs.has_uncommitted_changes() {
