@@ -320,12 +320,20 @@ fn mount(
         config: oleo_fuse::config(plan.threads, acl),
         acl,
         readahead_kib: plan.readahead_kib,
+        dirty: None,
     };
     let settings = oleo_fuse::MountSettings {
         writable,
         commit_interval: std::time::Duration::from_secs(plan.commit_secs),
     };
+    // A sixteenth of the filesystem may sit dirty in the kernel (at least 8 MiB): small
+    // images then keep their writes cached until nearly full (see oleo_fuse::DirtyCap).
+    let dirty_cap = (fs.superblock().total_bytes / 16).max(8 << 20);
     let server = oleo_fuse::OleoFuse::new(fs, settings);
+    let start = Start {
+        dirty: Some((server.dirty_cap(), dirty_cap)),
+        ..start
+    };
     if foreground {
         commit_on_sigusr1();
         let (session, _keeper) = start.session(server, mountpoint)?;
@@ -341,6 +349,8 @@ struct Start {
     config: oleo_fuse::Config,
     acl: oleo_fuse::SessionACL,
     readahead_kib: u32,
+    /// The kernel dirty limit to set once mounted.
+    dirty: Option<(oleo_fuse::DirtyCap, u64)>,
 }
 
 impl Start {
@@ -366,6 +376,11 @@ impl Start {
                 })?;
         let _ = slot.set(session.notifier());
         tune(mountpoint, self.readahead_kib);
+        if let Some((cap, bytes)) = &self.dirty {
+            if let Err(e) = cap.apply(mountpoint, *bytes) {
+                log::info!("could not cap the kernel's dirty data at {bytes} bytes: {e}");
+            }
+        }
         Ok((session, mounted.keeper))
     }
 }

@@ -130,3 +130,46 @@ fn nix_statvfs_avail(path: &Path) -> u64 {
     assert_eq!(unsafe { libc::statvfs(c.as_ptr(), &mut st) }, 0);
     st.f_bavail * st.f_frsize
 }
+
+/// The mount's kernel dirty limit (its bdi's max_bytes), from mountinfo.
+fn bdi_max_bytes(mnt: &Path) -> u64 {
+    let info = mount_at(mnt).expect("mounted");
+    let knob = format!("/sys/class/bdi/{}:{}/max_bytes", info.dev.0, info.dev.1);
+    std::fs::read_to_string(&knob)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+#[test]
+fn a_small_filesystem_caps_the_kernels_dirty_data_and_still_stops_in_write() {
+    let name = "enospc_small";
+    if !(require_root(name) && require_fuse(name)) {
+        return;
+    }
+    let dir = TempDir::new(name).unwrap();
+    let image = dir.join("image");
+    empty_image(&image, 256, &[]).unwrap();
+    let mnt = dir.subdir("mnt").unwrap();
+    let m = OleoMount::mount_rw(Path::new(OLEO), &image, &mnt, &[]).unwrap();
+    // A sixteenth of the filesystem, so that writes stay cached until it is nearly full
+    // (the kernel keeps it as a fraction: it reads back a little off).
+    let cap = bdi_max_bytes(&mnt);
+    assert!(
+        cap.abs_diff((256 << 20) / 16) < (256 << 20) / 1600,
+        "max_bytes {cap}"
+    );
+    let (written, e) = fill(&mnt.join("fill"), 4096);
+    assert_eq!(e.kind(), ErrorKind::StorageFull, "fill: {e}");
+    check_contents(&mnt.join("fill"), written);
+    let (more, e) = fill(&mnt.join("fill2"), 4096);
+    assert_eq!(e.kind(), ErrorKind::StorageFull, "fill2: {e}");
+    m.unmount().unwrap();
+    btrfs_check(&image, true).unwrap();
+    let kmnt = dir.subdir("kmnt").unwrap();
+    let k = KernelMount::mount(&image, &kmnt, &["ro"]).unwrap();
+    check_contents(&kmnt.join("fill"), written);
+    check_contents(&kmnt.join("fill2"), more);
+    k.unmount().unwrap();
+}

@@ -66,7 +66,7 @@ pub struct OleoFuse {
     ids: NodeIds,
     settings: MountSettings,
     ttl: Duration,
-    space: SpaceGuard,
+    space: Arc<SpaceGuard>,
     /// The kernel's lookup count per node. While above zero the inode is pinned: unlinked,
     /// it lives on as an orphan until the kernel has forgotten it and closed it.
     lookups: parking_lot::Mutex<HashMap<u64, u64>>,
@@ -84,7 +84,7 @@ impl OleoFuse {
             ids,
             settings,
             ttl,
-            space: SpaceGuard::new(space_guard::kernel_dirty_limit()),
+            space: Arc::new(SpaceGuard::new(space_guard::kernel_dirty_limit())),
             dir_handles: parking_lot::Mutex::new((1, HashMap::new())),
             lookups: parking_lot::Mutex::new(HashMap::new()),
         }
@@ -94,6 +94,11 @@ impl OleoFuse {
     /// tells the kernel to stop caching writes (see `space_guard`).
     pub fn notifier_slot(&self) -> NotifierSlot {
         self.space.notifier_slot()
+    }
+
+    /// What lets the mount tell the server about the kernel's dirty limit once mounted.
+    pub fn dirty_cap(&self) -> DirtyCap {
+        DirtyCap(Arc::clone(&self.space))
     }
 
     /// Free data space, for decisions that may be approximate.
@@ -1107,16 +1112,43 @@ pub fn config(threads: usize, acl: SessionACL) -> Config {
     cfg
 }
 
+/// Caps what the kernel keeps dirty for a mount, so that a small filesystem keeps its writes
+/// cached until it is nearly full (see `space_guard`: the margin kept free follows the cap).
+pub struct DirtyCap(Arc<SpaceGuard>);
+
+impl DirtyCap {
+    /// Lowers the mount's per-device dirty limit to `bytes` (needs root: sysfs) and, if that
+    /// worked, the server's margin with it. Never raises it.
+    pub fn apply(&self, canonical_mountpoint: &Path, bytes: u64) -> std::io::Result<()> {
+        let knob = format!("/sys/class/bdi/{}/max_bytes", bdi_of(canonical_mountpoint)?);
+        let current: u64 = std::fs::read_to_string(&knob)?.trim().parse().unwrap_or(0);
+        if current != 0 && bytes >= current {
+            return Ok(());
+        }
+        std::fs::write(&knob, bytes.to_string())?;
+        self.0.set_kernel_dirty_bytes(bytes);
+        Ok(())
+    }
+}
+
 /// Raises the kernel's readahead window for the mount at `mountpoint`. FUSE can only shrink
 /// it at init, and the default 128 KiB caps sequential reads at a fraction of the disk.
 /// Needs root (sysfs); best effort otherwise. The device number comes from mountinfo: a stat
 /// of the mount point would ask this very server, which is not serving yet; for the same
 /// reason `canonical_mountpoint` must have been resolved before mounting.
 pub fn set_readahead(canonical_mountpoint: &std::path::Path, kib: u32) -> std::io::Result<()> {
+    let dev = bdi_of(canonical_mountpoint)?;
+    std::fs::write(
+        format!("/sys/class/bdi/{dev}/read_ahead_kb"),
+        kib.to_string(),
+    )
+}
+
+/// The mount's device number (its bdi's name), from mountinfo.
+fn bdi_of(canonical_mountpoint: &Path) -> std::io::Result<String> {
     let want = canonical_mountpoint;
     let info = std::fs::read_to_string("/proc/self/mountinfo")?;
-    let dev = info
-        .lines()
+    info.lines()
         .filter_map(|l| {
             let f: Vec<&str> = l.split(' ').collect();
             let point = f
@@ -1124,14 +1156,8 @@ pub fn set_readahead(canonical_mountpoint: &std::path::Path, kib: u32) -> std::i
                 .replace("\\040", " ")
                 .replace("\\011", "\t")
                 .replace("\\134", "\\");
-            (std::path::Path::new(&point) == want).then(|| f.get(2).map(|d| d.to_string()))?
+            (Path::new(&point) == want).then(|| f.get(2).map(|d| d.to_string()))?
         })
         .next_back()
-        .ok_or_else(|| {
-            std::io::Error::new(std::io::ErrorKind::NotFound, "mount not in mountinfo")
-        })?;
-    std::fs::write(
-        format!("/sys/class/bdi/{dev}/read_ahead_kb"),
-        kib.to_string(),
-    )
+        .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::NotFound, "mount not in mountinfo"))
 }

@@ -22,7 +22,7 @@
 use fuser::{INodeNo, Notifier};
 use parking_lot::Mutex;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
 /// Handles of files that are not open for writing share this value.
@@ -42,7 +42,7 @@ struct Handle {
 
 #[derive(Debug)]
 pub(crate) struct SpaceGuard {
-    dirty_limit: u64,
+    dirty_limit: AtomicU64,
     low: AtomicBool,
     handles: Mutex<Handles>,
     notifier: NotifierSlot,
@@ -65,7 +65,7 @@ pub(crate) enum OpenMode {
 impl SpaceGuard {
     pub(crate) fn new(dirty_limit: u64) -> SpaceGuard {
         SpaceGuard {
-            dirty_limit,
+            dirty_limit: AtomicU64::new(dirty_limit),
             low: AtomicBool::new(false),
             handles: Mutex::new(Handles {
                 next: READ_HANDLE + 1,
@@ -80,7 +80,13 @@ impl SpaceGuard {
     }
 
     fn low_water(&self) -> u64 {
-        2 * self.dirty_limit
+        2 * self.dirty_limit.load(Ordering::Relaxed)
+    }
+
+    /// The kernel now keeps at most `per_mount` bytes dirty for this mount (its per-device
+    /// max_bytes was set): a smaller margin will do.
+    pub(crate) fn set_kernel_dirty_bytes(&self, per_mount: u64) {
+        self.dirty_limit.store(margin(per_mount), Ordering::Relaxed);
     }
 
     pub(crate) fn is_low(&self) -> bool {
@@ -138,7 +144,7 @@ impl SpaceGuard {
     pub(crate) fn keep_free(&self) -> u64 {
         let any_cached = self.handles.lock().open.values().any(|h| h.cached);
         if any_cached {
-            self.dirty_limit
+            self.dirty_limit.load(Ordering::Relaxed)
         } else {
             0
         }
@@ -216,7 +222,6 @@ impl SpaceGuard {
 /// The most the kernel may hold dirty for one FUSE mount and still send us, with margin:
 /// FUSE mounts get 1% of the global dirty limit (a strict limit), plus what is in flight.
 pub(crate) fn kernel_dirty_limit() -> u64 {
-    const MIB: u64 = 1 << 20;
     let read = |p: &str| {
         std::fs::read_to_string(p)
             .ok()
@@ -237,9 +242,14 @@ pub(crate) fn kernel_dirty_limit() -> u64 {
             total / 100 * ratio
         }
     };
-    // Twice the per-mount share for the slack of the dirty throttle, plus a full queue of
-    // 1 MiB write-backs in flight.
-    (2 * global / 100 + 16 * MIB).max(32 * MIB)
+    margin(global / 100)
+}
+
+/// What to keep free for a mount whose kernel dirty share is `per_mount`: twice it, for the
+/// slack of the dirty throttle, plus a full queue of 1 MiB write-backs in flight.
+fn margin(per_mount: u64) -> u64 {
+    const MIB: u64 = 1 << 20;
+    (2 * per_mount + 16 * MIB).max(32 * MIB)
 }
 
 #[cfg(test)]
