@@ -302,12 +302,11 @@ fn mount(
     // SAFETY: geteuid cannot fail.
     let is_root = unsafe { libc::geteuid() } == 0;
     let allow_other = plan.allow_other.unwrap_or(is_root) || plan.allow_root;
-    let acl = if plan.allow_root && plan.allow_other != Some(true) {
-        oleo_fuse::SessionACL::RootAndOwner
-    } else if allow_other {
-        oleo_fuse::SessionACL::All
+    // Without allow_other the kernel itself keeps everyone but the owner out.
+    let access = if plan.allow_root && plan.allow_other != Some(true) {
+        oleo_fuse::Access::RootAndOwner
     } else {
-        oleo_fuse::SessionACL::Owner
+        oleo_fuse::Access::All
     };
     let start = Start {
         options: crate::fuse_mount::FuseOptions {
@@ -317,8 +316,8 @@ fn mount(
             default_permissions: true,
             auto_unmount: plan.auto_unmount,
         },
-        config: oleo_fuse::config(plan.threads, acl),
-        acl,
+        threads: plan.threads,
+        access,
         readahead_kib: plan.readahead_kib,
         dirty: None,
     };
@@ -337,7 +336,11 @@ fn mount(
     if foreground {
         commit_on_sigusr1();
         let (session, _keeper) = start.session(server, mountpoint)?;
-        return session.run().map_err(|e| format!("FUSE session: {e}"));
+        return session.run().map_err(|e| {
+            // A session that failed leaves a dead mount behind: take it away.
+            crate::fuse_mount::unmount(mountpoint);
+            format!("FUSE session: {e}")
+        });
     }
     let log = logging::background_target(plan.log.as_deref(), image)?;
     daemonize_and_serve(server, mountpoint, &start, &log)
@@ -346,15 +349,16 @@ fn mount(
 /// What it takes to mount and start serving.
 struct Start {
     options: crate::fuse_mount::FuseOptions,
-    config: oleo_fuse::Config,
-    acl: oleo_fuse::SessionACL,
+    /// FUSE worker threads.
+    threads: usize,
+    access: oleo_fuse::Access,
     readahead_kib: u32,
     /// The kernel dirty limit to set once mounted.
     dirty: Option<(oleo_fuse::DirtyCap, u64)>,
 }
 
 impl Start {
-    /// Mounts, then shakes hands with the kernel (the session reads FUSE's INIT).
+    /// Mounts and makes the session that will serve it (its `run` shakes hands).
     fn session(
         &self,
         server: oleo_fuse::OleoFuse,
@@ -368,12 +372,7 @@ impl Start {
     > {
         let slot = server.notifier_slot();
         let mounted = crate::fuse_mount::mount(mountpoint, &self.options)?;
-        let session =
-            oleo_fuse::Session::from_fd(server, mounted.fd, self.acl, self.config.clone())
-                .map_err(|e| {
-                    crate::fuse_mount::unmount(mountpoint);
-                    format!("starting the FUSE session on {}: {e}", mountpoint.display())
-                })?;
+        let session = oleo_fuse::Session::from_fd(server, mounted.fd, self.threads, self.access);
         let _ = slot.set(session.notifier());
         tune(mountpoint, self.readahead_kib);
         if let Some((cap, bytes)) = &self.dirty {
@@ -480,6 +479,7 @@ fn daemonize_and_serve(
             );
             if let Err(e) = session.run() {
                 log::error!("FUSE session ended: {e}");
+                crate::fuse_mount::unmount(mountpoint);
                 std::process::exit(1);
             }
             std::process::exit(0);

@@ -1,7 +1,7 @@
 //! POSIX behaviour found missing by a standard test suite, through a real FUSE mount and
 //! against what kernel btrfs does: a listing ends where the directory ended at opendir,
 //! timestamps come from one clock, renameat2(RENAME_WHITEOUT) leaves a whiteout, SEEK_DATA
-//! sees data still in the page cache.
+//! sees data still in the page cache, O_TMPFILE makes unnamed files that linkat(2) can name.
 
 use oleo_testkit::*;
 use std::collections::HashSet;
@@ -221,4 +221,182 @@ fn removed_inodes_live_until_the_kernel_forgets_them() {
     drop(reopened);
     // SAFETY: path_fd is open.
     unsafe { libc::close(path_fd) };
+}
+
+/// open(O_TMPFILE) in a directory; the descriptor.
+fn open_tmpfile(dir: &Path, extra: i32) -> std::fs::File {
+    use std::os::fd::FromRawFd;
+    let c = CString::new(dir.as_os_str().as_bytes()).unwrap();
+    // SAFETY: a NUL-terminated path.
+    let fd = unsafe { libc::open(c.as_ptr(), libc::O_TMPFILE | libc::O_RDWR | extra, 0o640) };
+    assert!(fd >= 0, "O_TMPFILE: {}", std::io::Error::last_os_error());
+    // SAFETY: fd was just opened and is owned here only.
+    unsafe { std::fs::File::from_raw_fd(fd) }
+}
+
+/// linkat(2) of an open descriptor through /proc, as `ln` of an O_TMPFILE file is done.
+fn link_fd(f: &std::fs::File, to: &Path) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let from = CString::new(format!("/proc/self/fd/{}", f.as_raw_fd())).unwrap();
+    let to = CString::new(to.as_os_str().as_bytes()).unwrap();
+    // SAFETY: both paths are NUL-terminated.
+    let r = unsafe {
+        libc::linkat(
+            libc::AT_FDCWD,
+            from.as_ptr(),
+            libc::AT_FDCWD,
+            to.as_ptr(),
+            libc::AT_SYMLINK_FOLLOW,
+        )
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+/// Used bytes of the filesystem at `p`.
+fn used(p: &Path) -> u64 {
+    let c = CString::new(p.as_os_str().as_bytes()).unwrap();
+    // SAFETY: zeroed statvfs is a valid out-parameter.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: a NUL-terminated path and a valid out-parameter.
+    assert_eq!(unsafe { libc::statvfs(c.as_ptr(), &mut st) }, 0);
+    (st.f_blocks - st.f_bfree) * st.f_frsize
+}
+
+fn syncfs(p: &Path) {
+    std::fs::File::open(p).unwrap().sync_all().unwrap();
+}
+
+#[test]
+fn o_tmpfile_makes_unnamed_files_that_linkat_can_name() {
+    use std::io::{Read, Seek, SeekFrom, Write};
+    let name = "posix_tmpfile";
+    if !ready(name) {
+        return;
+    }
+    let dir = TempDir::new(name).unwrap();
+    let m = fresh_mount(&dir);
+    let d = m.path().join("d");
+    std::fs::create_dir(&d).unwrap();
+    // A set-group-ID directory: the new file takes its group, as any new file would.
+    std::os::unix::fs::chown(&d, None, Some(4242)).unwrap();
+    std::fs::set_permissions(&d, std::os::unix::fs::PermissionsExt::from_mode(0o2775)).unwrap();
+    syncfs(m.path());
+    let before = used(m.path());
+
+    // Named later: written, read back, committed while unnamed, then linked in.
+    let mut f = open_tmpfile(&d, 0);
+    let data: Vec<u8> = (0..(3u32 << 20)).map(|i| (i * 7 % 251) as u8).collect();
+    f.write_all(&data).unwrap();
+    let st = f.metadata().unwrap();
+    assert_eq!(
+        (st.nlink(), st.mode() & 0o170777, st.gid(), st.len()),
+        (0, 0o100640, 4242, data.len() as u64)
+    );
+    assert_eq!(
+        std::fs::read_dir(&d).unwrap().count(),
+        0,
+        "an unnamed file is listed"
+    );
+    f.sync_all().unwrap();
+    link_fd(&f, &d.join("named")).unwrap();
+    assert_eq!(f.metadata().unwrap().nlink(), 1);
+    f.seek(SeekFrom::Start(0)).unwrap();
+    let mut back = Vec::new();
+    f.read_to_end(&mut back).unwrap();
+    assert!(back == data, "read back through the descriptor differs");
+    drop(f);
+    assert!(std::fs::read(d.join("named")).unwrap() == data);
+
+    // O_EXCL: never to be named (the kernel refuses the link).
+    let excl = open_tmpfile(&d, libc::O_EXCL);
+    let e = link_fd(&excl, &d.join("never")).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::ENOENT), "{e}");
+    drop(excl);
+
+    // Never named: its space comes back at the last close.
+    let mut gone = open_tmpfile(m.path(), 0);
+    gone.write_all(&vec![1u8; 32 << 20]).unwrap();
+    gone.sync_all().unwrap();
+    assert!(used(m.path()) > before + (30 << 20));
+    drop(gone);
+    let t0 = std::time::Instant::now();
+    loop {
+        syncfs(m.path());
+        if used(m.path()) < before + (8 << 20) {
+            break;
+        }
+        assert!(
+            t0.elapsed().as_secs() < 10,
+            "an unnamed file's space was not given back"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let image = dir.join("image");
+    m.unmount().unwrap();
+    assert_btrfs_check(&image, "O_TMPFILE");
+    // The kernel sees the named one, with its bytes, and nothing else.
+    let kmnt = dir.subdir("kmnt").unwrap();
+    let k = KernelMount::mount(&image, &kmnt, &["ro"]).unwrap();
+    let names: Vec<_> = std::fs::read_dir(k.path().join("d"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(names, vec![std::ffi::OsString::from("named")]);
+    assert!(std::fs::read(k.path().join("d/named")).unwrap() == data);
+    assert_eq!(std::fs::read_dir(k.path()).unwrap().count(), 1);
+    k.unmount().unwrap();
+}
+
+/// A server killed with an unnamed file open leaves its orphan item; the next mount
+/// deletes the file, as the kernel does.
+#[test]
+fn an_unnamed_file_of_a_killed_server_is_deleted_at_the_next_mount() {
+    use std::io::Write;
+    let name = "posix_tmpfile_killed";
+    if !ready(name) {
+        return;
+    }
+    let dir = TempDir::new(name).unwrap();
+    let image = dir.join("image");
+    let out = Command::new(OLEO)
+        .args(["mkfs", "-q", "--size", "512M"])
+        .arg(&image)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "oleo mkfs: {out:?}");
+    let mnt = dir.subdir("mnt").unwrap();
+    let mut server = Command::new(OLEO)
+        .args(["mount", "-f", "-o", "rw"])
+        .arg(&image)
+        .arg(&mnt)
+        .spawn()
+        .unwrap();
+    let t0 = std::time::Instant::now();
+    while mount_at(&mnt).is_none() {
+        assert!(t0.elapsed().as_secs() < 10, "mount did not appear");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    syncfs(&mnt);
+    let before = used(&mnt);
+    let mut f = open_tmpfile(&mnt, 0);
+    f.write_all(&vec![3u8; 16 << 20]).unwrap();
+    f.sync_all().unwrap();
+    let _ = server.kill();
+    let _ = server.wait();
+    drop(f);
+    let _ = Command::new("umount").arg("-l").arg(&mnt).status();
+    assert_btrfs_check(&image, "killed with an unnamed file open");
+    let m = OleoMount::mount_rw(Path::new(OLEO), &image, &mnt, &[]).unwrap();
+    syncfs(m.path());
+    assert!(
+        used(m.path()) < before + (4 << 20),
+        "the unnamed file was not deleted at mount"
+    );
+    assert_eq!(std::fs::read_dir(m.path()).unwrap().count(), 0);
+    m.unmount().unwrap();
+    assert_btrfs_check(&image, "after the next mount");
 }

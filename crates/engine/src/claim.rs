@@ -56,11 +56,21 @@ pub fn claim(file: &File, path: &Path, writer: bool) -> Result<Claim> {
 
 fn lock(file: &File, path: &Path, writer: bool) -> Result<()> {
     let op = if writer { libc::LOCK_EX } else { libc::LOCK_SH } | libc::LOCK_NB;
-    // SAFETY: flock on a descriptor we own.
-    if unsafe { libc::flock(file.as_raw_fd(), op) } == 0 {
-        return Ok(());
-    }
-    let e = std::io::Error::last_os_error();
+    // A lock released a moment ago may still be held for a moment: a thread of this
+    // process forking a child (to exec anything) gives it a copy of every descriptor until
+    // the exec closes them, and with them our last open's lock. A real holder holds on.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(1);
+    let e = loop {
+        // SAFETY: flock on a descriptor we own.
+        if unsafe { libc::flock(file.as_raw_fd(), op) } == 0 {
+            return Ok(());
+        }
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EWOULDBLOCK) || std::time::Instant::now() > deadline {
+            break e;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    };
     if e.raw_os_error() != Some(libc::EWOULDBLOCK) {
         // Filesystems without flock (some network ones): nothing to enforce with.
         log::warn!("{}: cannot lock: {e}", path.display());
@@ -96,11 +106,22 @@ fn lock_backing(backing: &Path, path: &Path, writer: bool) -> Result<Option<File
 
 /// Opens `dev` with O_EXCL; EBUSY becomes a message naming who has it.
 fn exclusive_open(dev: &Path, target: &Path, through: Option<&Path>) -> Result<File> {
-    match OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_EXCL)
-        .open(dev)
+    let open = || {
+        OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_EXCL)
+            .open(dev)
+    };
+    // As with `lock`: our own claim, just dropped, may live on a moment in a forked child.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(1);
+    let mut r = open();
+    while matches!(&r, Err(e) if e.raw_os_error() == Some(libc::EBUSY))
+        && std::time::Instant::now() < deadline
     {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+        r = open();
+    }
+    match r {
         Ok(f) => Ok(f),
         Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
             let via = through.map_or(String::new(), |d| format!(" (through {})", d.display()));

@@ -215,6 +215,49 @@ impl Transaction<'_> {
         if self.find_dir_entry(parent, name)?.is_some() {
             return Err(Error::AlreadyExists);
         }
+        let new = NewInode {
+            mode,
+            umask,
+            rdev,
+            uid,
+            gid,
+        };
+        let (id, file_type) = self.new_inode(parent, &dir, &new, symlink, 1)?;
+        self.link_name(parent, &mut dir, name, id, file_type)?;
+        self.write_inode(parent, &mut dir)?;
+        Ok(id)
+    }
+
+    /// An O_TMPFILE file: a regular file in `parent`'s subvolume with no name, an orphan
+    /// until `link` names it (the kernel's btrfs_tmpfile).
+    fn create_tmpfile(&mut self, parent: InodeId, new: &NewInode) -> Result<InodeId> {
+        let dir = self.dir_inode(parent)?;
+        let new = NewInode {
+            mode: (new.mode & 0o7777) | S_IFREG,
+            ..*new
+        };
+        let (id, _) = self.new_inode(parent, &dir, &new, None, 0)?;
+        self.add_orphan(id)?;
+        Ok(id)
+    }
+
+    /// Inserts a new inode's items (inode, symlink target, inherited ACLs) with `nlink`
+    /// links; names are the caller's.
+    fn new_inode(
+        &mut self,
+        parent: InodeId,
+        dir: &InodeItem,
+        new: &NewInode,
+        symlink: Option<&[u8]>,
+        nlink: u32,
+    ) -> Result<(InodeId, u8)> {
+        let NewInode {
+            mode,
+            umask,
+            rdev,
+            uid,
+            gid,
+        } = *new;
         let file_type = file_type_of(mode)?;
         let ino = self.new_ino(parent.subvol)?;
         let id = InodeId {
@@ -258,7 +301,7 @@ impl Transaction<'_> {
         let mut inode = InodeItem {
             generation: self.transid,
             transid: self.transid,
-            nlink: 1,
+            nlink,
             uid,
             gid,
             mode,
@@ -308,9 +351,7 @@ impl Transaction<'_> {
                 acl::ACCESS,
             )?;
         }
-        self.link_name(parent, &mut dir, name, id, file_type)?;
-        self.write_inode(parent, &mut dir)?;
-        Ok(id)
+        Ok((id, file_type))
     }
 
     fn link(&mut self, id: InodeId, parent: InodeId, name: &[u8]) -> Result<()> {
@@ -663,6 +704,16 @@ impl Filesystem {
         let id = self.write_op(Reserve::items(8), |t| {
             t.create_node(parent, name, mode, umask, 0, uid, gid, None)
         })?;
+        self.getattr(id)
+    }
+
+    /// Creates an unnamed regular file in `parent`'s subvolume (open(2) with O_TMPFILE),
+    /// pinned as if open: `unpin_open` deletes it unless `link` gave it a name first.
+    /// `parent` supplies what a new file inherits (set-group-ID, default ACL, NOCOW).
+    pub fn tmpfile(&mut self, parent: InodeId, new: &NewInode) -> Result<Attr> {
+        self.check_subvol_writable(parent.subvol)?;
+        let id = self.write_op(Reserve::items(6), |t| t.create_tmpfile(parent, new))?;
+        self.pin_open(id);
         self.getattr(id)
     }
 

@@ -19,7 +19,7 @@
 //! next write(2). The kernel's cached size of that file may then claim the lost bytes until
 //! it forgets the inode: the size on disk never does.
 
-use fuser::{INodeNo, Notifier};
+use crate::transport::Notifier;
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -209,7 +209,7 @@ impl SpaceGuard {
         };
         for ino in inodes {
             // Offset -1: attributes only, the page cache stays.
-            if let Err(e) = notifier.inval_inode(INodeNo(ino), -1, 0) {
+            if let Err(e) = notifier.inval_inode(ino, -1, 0) {
                 // ENOENT: the kernel has already forgotten the inode; nothing to stop.
                 if e.raw_os_error() != Some(libc::ENOENT) {
                     log::warn!("cannot tell the kernel to recheck inode {ino}: {e}");

@@ -1,0 +1,517 @@
+//! One function per FUSE request: decode what the kernel sent into an engine call, encode
+//! the answer. `dispatch` routes; nothing here decides anything about the filesystem.
+
+use crate::transport::abi::{self, fattr};
+use crate::transport::{DirBuf, Errno, Handler, InitConfig, Op, Reply, Request};
+use crate::{errno, spawn_committer, write_direct, OleoFuse, MAX_IO};
+use oleo::{FallocMode, NewInode, SetAttr, XattrSet};
+use std::sync::Arc;
+
+/// Answers with `ok` or the error.
+fn answer<T>(r: Result<T, Errno>, reply: Reply<'_>, ok: impl FnOnce(T, Reply<'_>)) {
+    match r {
+        Ok(v) => ok(v, reply),
+        Err(e) => reply.error(e),
+    }
+}
+
+fn empty(r: Result<(), Errno>, reply: Reply<'_>) {
+    answer(r, reply, |(), reply| reply.ok())
+}
+
+fn entry(r: Result<abi::EntryOut, Errno>, reply: Reply<'_>) {
+    answer(r, reply, |e, reply| reply.entry(&e))
+}
+
+impl Handler for OleoFuse {
+    fn init(&self, _kernel_flags: u64) -> InitConfig {
+        // Started here, in the serving process: a daemonizing mount forks after `new`.
+        if self.settings.writable {
+            spawn_committer(Arc::downgrade(&self.fs), self.settings.commit_interval);
+        }
+        let mut flags = abi::init::ASYNC_READ
+            | abi::init::BIG_WRITES
+            | abi::init::ATOMIC_O_TRUNC
+            | abi::init::DO_READDIRPLUS
+            | abi::init::PARALLEL_DIROPS
+            | abi::init::CACHE_SYMLINKS
+            | abi::init::MAX_PAGES
+            // The kernel then caches ACLs (found or absent) instead of asking per access.
+            | abi::init::POSIX_ACL;
+        if self.settings.writable {
+            // The kernel's page cache gathers writes into large requests (one extent each).
+            // Direct-IO handles (near full, see space_guard) can still be mmapped.
+            flags |= abi::init::WRITEBACK_CACHE | abi::init::DIRECT_IO_ALLOW_MMAP;
+        }
+        InitConfig {
+            flags,
+            max_write: MAX_IO,
+            max_readahead: MAX_IO,
+        }
+    }
+
+    fn destroy(&self) {
+        if !self.settings.writable {
+            return;
+        }
+        let mut fs = self.fs.write();
+        if let Err(e) = fs.close_all_and_sync() {
+            log::error!("final commit at unmount failed: {e}");
+        }
+    }
+
+    fn dispatch(&self, req: &Request, op: Op<'_>, reply: Reply<'_>) {
+        let node = req.nodeid;
+        match op {
+            Op::Lookup { name } => entry(self.lookup(node, name), reply),
+            Op::Forget(n) => {
+                self.forget_node(node, n);
+                reply.none()
+            }
+            Op::BatchForget(all) => {
+                for f in all {
+                    self.forget_node(f.nodeid, f.nlookup);
+                }
+                reply.none()
+            }
+            Op::Getattr { fh } => answer(self.getattr(node, fh), reply, |a, r| r.attr(&a)),
+            Op::Setattr(arg) => answer(self.setattr(node, &arg), reply, |a, r| r.attr(&a)),
+            Op::Readlink => answer(self.readlink(node), reply, |t, r| r.data(&t)),
+            Op::Symlink { name, target } => entry(self.symlink(req, node, name, target), reply),
+            Op::Mknod { arg, name } => {
+                let new = NewInode::with_mode(arg.mode)
+                    .umask(arg.umask)
+                    .rdev(u64::from(arg.rdev))
+                    .owner(req.uid, req.gid);
+                entry(self.mknod(node, name, &new), reply)
+            }
+            Op::Mkdir { arg, name } => {
+                let new = NewInode::dir(arg.mode)
+                    .umask(arg.umask)
+                    .owner(req.uid, req.gid);
+                entry(self.mkdir(node, name, &new), reply)
+            }
+            Op::Unlink { name } => empty(self.unlink(node, name, false), reply),
+            Op::Rmdir { name } => empty(self.unlink(node, name, true), reply),
+            Op::Rename {
+                newdir,
+                flags,
+                name,
+                newname,
+            } => empty(self.rename(req, node, name, newdir, newname, flags), reply),
+            Op::Link { oldnode, name } => entry(self.link(oldnode, node, name), reply),
+            Op::Open { flags } => {
+                answer(self.open(node, flags), reply, |(fh, f), r| r.opened(fh, f))
+            }
+            Op::Read(arg) => answer(self.read(node, &arg), reply, |d, r| r.data(&d)),
+            Op::Write { arg, data } => self.write(node, &arg, data, reply),
+            Op::Statfs => answer(self.statfs(), reply, |s, r| r.statfs(&s)),
+            Op::Release(arg) => {
+                self.space.released(arg.fh);
+                empty(self.id(node).and_then(|id| self.unpin(id)), reply)
+            }
+            // Durable means committed: the whole transaction goes (a log tree comes later).
+            Op::Fsync { .. } | Op::Fsyncdir { .. } | Op::Syncfs => {
+                empty(self.mutate(|fs| fs.sync().map(drop)), reply)
+            }
+            Op::Setxattr { flags, name, value } => {
+                empty(self.setxattr(node, name, value, flags), reply)
+            }
+            Op::Getxattr { size, name } => {
+                let r = self
+                    .id(node)
+                    .and_then(|id| self.fs.read().getxattr(id, name).map_err(errno));
+                xattr_answer(r, size, reply)
+            }
+            Op::Listxattr { size } => {
+                let r = self
+                    .id(node)
+                    .and_then(|id| self.fs.read().listxattr(id).map_err(errno))
+                    .map(|names| {
+                        let mut buf = Vec::new();
+                        for n in names {
+                            buf.extend_from_slice(&n);
+                            buf.push(0);
+                        }
+                        buf
+                    });
+                xattr_answer(r, size, reply)
+            }
+            Op::Removexattr { name } => empty(
+                self.id(node)
+                    .and_then(|id| self.mutate(|fs| fs.removexattr(id, name))),
+                reply,
+            ),
+            // Nothing to do on close (durability is fsync's job). ENOSYS tells the kernel to
+            // stop sending FLUSH at all, saving a round trip per close; with the writeback
+            // cache it still writes dirty pages back on close.
+            Op::Flush => reply.error(Errno::ENOSYS),
+            Op::Opendir { .. } => answer(self.opendir(node), reply, |fh, r| {
+                r.opened(fh, abi::fopen::KEEP_CACHE | abi::fopen::CACHE_DIR)
+            }),
+            Op::Readdir(arg) => self.readdir(node, &arg, reply),
+            Op::Readdirplus(arg) => self.readdirplus(node, &arg, reply),
+            Op::Releasedir(arg) => {
+                self.dir_handles.lock().1.remove(&arg.fh);
+                reply.ok()
+            }
+            Op::Create { arg, name } => self.create(req, node, Some(name), &arg, reply),
+            Op::Tmpfile(arg) => self.create(req, node, None, &arg, reply),
+            Op::Fallocate(arg) => empty(self.fallocate(node, &arg), reply),
+            Op::Lseek(arg) => answer(self.lseek(node, &arg), reply, |o, r| r.offset(o)),
+            Op::CopyFileRange(arg) => answer(self.copy_file_range(node, &arg), reply, |n, r| {
+                r.written(n.min(u64::from(u32::MAX)) as u32)
+            }),
+            // Permissions are the kernel's (default_permissions): ACCESS never comes then.
+            Op::Access { .. } | Op::Unknown(_) => reply.error(Errno::ENOSYS),
+            Op::Init(..) | Op::Destroy | Op::Interrupt => reply.error(Errno::EIO),
+        }
+    }
+}
+
+/// GETXATTR and LISTXATTR: size 0 asks how big; too small a buffer is ERANGE.
+fn xattr_answer(r: Result<Vec<u8>, Errno>, size: u32, reply: Reply<'_>) {
+    match r {
+        Ok(v) if size == 0 => reply.xattr_size(v.len() as u32),
+        Ok(v) if v.len() > size as usize => reply.error(Errno::ERANGE),
+        Ok(v) => reply.data(&v),
+        Err(e) => reply.error(e),
+    }
+}
+
+impl OleoFuse {
+    fn lookup(&self, parent: u64, name: &[u8]) -> Result<abi::EntryOut, Errno> {
+        let dir = self.id(parent)?;
+        let fs = self.fs.read();
+        let id = fs.lookup(dir, name).map_err(errno)?;
+        let e = self.entry_in(&fs, id)?;
+        self.remember(&fs, e.nodeid, id);
+        Ok(e)
+    }
+
+    fn getattr(&self, node: u64, fh: Option<u64>) -> Result<abi::AttrOut, Errno> {
+        // The kernel asks with the handle before a cached write(2) when attributes are
+        // invalid: the moment to stop a writer the page cache would let run on.
+        if fh.is_some_and(|fh| self.space.refuse_cached_write(fh)) {
+            return Err(Errno::ENOSPC);
+        }
+        let id = self.id(node)?;
+        let a = self.fs.read().getattr(id).map_err(errno)?;
+        self.attr_out(&a)
+    }
+
+    fn setattr(&self, node: u64, arg: &abi::SetattrIn) -> Result<abi::AttrOut, Errno> {
+        let v = arg.valid;
+        let has = |bit: u32| v & bit != 0;
+        let stamp = |now_bit: u32, bit: u32, sec: u64, nsec: u32| {
+            if has(now_bit) {
+                // The engine's clock, as every other stamp.
+                let t = oleo::now();
+                Some(oleo::Timespec {
+                    sec: t.sec,
+                    nsec: t.nsec,
+                })
+            } else if has(bit) {
+                Some(oleo::Timespec {
+                    sec: sec as i64,
+                    nsec,
+                })
+            } else {
+                None
+            }
+        };
+        let set = SetAttr {
+            mode: has(fattr::MODE).then_some(arg.mode),
+            uid: has(fattr::UID).then_some(arg.uid),
+            gid: has(fattr::GID).then_some(arg.gid),
+            size: has(fattr::SIZE).then_some(arg.size),
+            atime: stamp(fattr::ATIME_NOW, fattr::ATIME, arg.atime, arg.atimensec),
+            mtime: stamp(fattr::MTIME_NOW, fattr::MTIME, arg.mtime, arg.mtimensec),
+            ctime: has(fattr::CTIME).then_some(oleo::Timespec {
+                sec: arg.ctime as i64,
+                nsec: arg.ctimensec,
+            }),
+        };
+        let id = self.id(node)?;
+        let a = self.mutate(|fs| fs.setattr(id, &set))?;
+        self.attr_out(&a)
+    }
+
+    fn readlink(&self, node: u64) -> Result<Vec<u8>, Errno> {
+        let id = self.id(node)?;
+        self.fs.read().readlink(id).map_err(errno)
+    }
+
+    fn symlink(
+        &self,
+        req: &Request,
+        parent: u64,
+        name: &[u8],
+        target: &[u8],
+    ) -> Result<abi::EntryOut, Errno> {
+        let dir = self.id(parent)?;
+        self.new_entry(self.mutate(|fs| fs.symlink(dir, name, target, req.uid, req.gid)))
+    }
+
+    fn mknod(&self, parent: u64, name: &[u8], new: &NewInode) -> Result<abi::EntryOut, Errno> {
+        let dir = self.id(parent)?;
+        self.new_entry(self.mutate(|fs| fs.mknod(dir, name, new)))
+    }
+
+    fn mkdir(&self, parent: u64, name: &[u8], new: &NewInode) -> Result<abi::EntryOut, Errno> {
+        let dir = self.id(parent)?;
+        self.new_entry(self.mutate(|fs| fs.mkdir(dir, name, new)))
+    }
+
+    fn link(&self, node: u64, newparent: u64, name: &[u8]) -> Result<abi::EntryOut, Errno> {
+        let id = self.id(node)?;
+        let dir = self.id(newparent)?;
+        self.new_entry(self.mutate(|fs| fs.link(id, dir, name)))
+    }
+
+    fn unlink(&self, parent: u64, name: &[u8], dir: bool) -> Result<(), Errno> {
+        let parent = self.id(parent)?;
+        if dir {
+            self.mutate(|fs| fs.rmdir(parent, name))
+        } else {
+            self.mutate(|fs| fs.unlink(parent, name))
+        }
+    }
+
+    fn rename(
+        &self,
+        req: &Request,
+        parent: u64,
+        name: &[u8],
+        newparent: u64,
+        newname: &[u8],
+        raw: u32,
+    ) -> Result<(), Errno> {
+        let known = libc::RENAME_NOREPLACE | libc::RENAME_EXCHANGE | libc::RENAME_WHITEOUT;
+        if raw & !known != 0 {
+            return Err(Errno::EINVAL);
+        }
+        let flags = oleo::RenameFlags {
+            noreplace: raw & libc::RENAME_NOREPLACE != 0,
+            exchange: raw & libc::RENAME_EXCHANGE != 0,
+            whiteout: (raw & libc::RENAME_WHITEOUT != 0).then_some((req.uid, req.gid)),
+        };
+        let from = self.id(parent)?;
+        let to = self.id(newparent)?;
+        self.mutate(|fs| fs.rename(from, name, to, newname, flags))
+    }
+
+    fn open(&self, node: u64, flags: u32) -> Result<(u64, u32), Errno> {
+        let flags = flags as i32;
+        if flags & libc::O_ACCMODE != libc::O_RDONLY && !self.settings.writable {
+            return Err(Errno::EROFS);
+        }
+        let id = self.id(node)?;
+        // An open file outlives its last name (it becomes an orphan until release).
+        self.fs.read().pin_open(id);
+        Ok(self.open_handle(node, flags))
+    }
+
+    /// CREATE, or with no name TMPFILE: a regular file with no name, which lives while
+    /// open and until the kernel forgets it, unless linkat(2) gives it a name.
+    fn create(
+        &self,
+        req: &Request,
+        parent: u64,
+        name: Option<&[u8]>,
+        arg: &abi::CreateIn,
+        reply: Reply<'_>,
+    ) {
+        let r = self.id(parent).and_then(|dir| {
+            self.mutate(|fs| {
+                let new = NewInode::with_mode(arg.mode)
+                    .umask(arg.umask)
+                    .owner(req.uid, req.gid);
+                let a = match name {
+                    Some(name) => fs.mknod(dir, name, &new)?,
+                    None => fs.tmpfile(dir, &new)?,
+                };
+                if name.is_some() {
+                    fs.pin_open(a.id);
+                }
+                Ok(a)
+            })
+        });
+        match r.and_then(|a| Ok((self.entry_out(&a)?, a.id))) {
+            Ok((e, id)) => {
+                self.remember(&self.fs.read(), e.nodeid, id);
+                let (fh, open_flags) = self.open_handle(e.nodeid, arg.flags as i32);
+                reply.created(&e, fh, open_flags)
+            }
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn read(&self, node: u64, arg: &abi::ReadIn) -> Result<Vec<u8>, Errno> {
+        let id = self.id(node)?;
+        self.fs.read().read(id, arg.offset, arg.size).map_err(errno)
+    }
+
+    fn write(&self, node: u64, arg: &abi::WriteIn, data: &[u8], reply: Reply<'_>) {
+        let direct = self.space.is_direct(arg.fh);
+        let keep = if direct { self.space.keep_free() } else { 0 };
+        let r = self.id(node).and_then(|id| {
+            self.mutate(|fs| {
+                let n = if direct {
+                    write_direct(fs, id, arg.offset, data, keep)?
+                } else {
+                    fs.write(id, arg.offset, data)?
+                };
+                Ok((n, Self::available(fs)))
+            })
+        });
+        match r {
+            Ok((n, available)) => {
+                reply.written(n as u32);
+                self.space.update(available);
+            }
+            Err(e) => {
+                reply.error(e);
+                if e == Errno::ENOSPC && !direct {
+                    // A write-back: the writer learns at its next write(2), fsync or close.
+                    self.space.writeback_failed(node);
+                }
+            }
+        }
+    }
+
+    fn statfs(&self) -> Result<abi::StatfsOut, Errno> {
+        let s = self.fs.read().statfs().map_err(errno)?;
+        Ok(abi::StatfsOut {
+            blocks: s.blocks,
+            bfree: s.blocks_free,
+            bavail: s.blocks_avail,
+            files: s.files,
+            ffree: s.files_free,
+            bsize: s.block_size,
+            namelen: s.name_max,
+            frsize: s.block_size,
+            ..Default::default()
+        })
+    }
+
+    fn setxattr(&self, node: u64, name: &[u8], value: &[u8], flags: u32) -> Result<(), Errno> {
+        let how = match flags as i32 {
+            0 => XattrSet::Either,
+            libc::XATTR_CREATE => XattrSet::Create,
+            libc::XATTR_REPLACE => XattrSet::Replace,
+            _ => return Err(Errno::EINVAL),
+        };
+        let id = self.id(node)?;
+        self.mutate(|fs| fs.setxattr(id, name, value, how))
+    }
+
+    fn opendir(&self, node: u64) -> Result<u64, Errno> {
+        let dir = self.id(node)?;
+        let end = self.fs.read().readdir_end(dir).map_err(errno)?;
+        let mut h = self.dir_handles.lock();
+        let fh = h.0;
+        h.0 += 1;
+        h.1.insert(fh, end);
+        Ok(fh)
+    }
+
+    fn readdir(&self, node: u64, arg: &abi::ReadIn, reply: Reply<'_>) {
+        let mut buf = DirBuf::new(arg.size);
+        let r = self.list(
+            node,
+            arg.fh,
+            arg.offset,
+            |_fs, ino, _id, kind, name, next| !buf.add(ino, next, crate::type_bits(kind), name),
+        );
+        match r {
+            Ok(()) => buf.send(reply),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn readdirplus(&self, node: u64, arg: &abi::ReadIn, reply: Reply<'_>) {
+        let mut buf = DirBuf::new(arg.size);
+        let mut err = None;
+        let r = self.list(node, arg.fh, arg.offset, |fs, ino, id, kind, name, next| {
+            match self.entry_in(fs, id) {
+                Ok(mut e) => {
+                    e.nodeid = ino;
+                    let full = !buf.add_plus(&e, next, crate::type_bits(kind), name);
+                    // The kernel takes a reference to every entry but "." and "..".
+                    if !full && name != b"." && name != b".." {
+                        self.remember(fs, ino, id);
+                    }
+                    full
+                }
+                Err(e) => {
+                    err = Some(e);
+                    true
+                }
+            }
+        });
+        match r.and_then(|()| err.map_or(Ok(()), Err)) {
+            Ok(()) => buf.send(reply),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn fallocate(&self, node: u64, arg: &abi::FallocateIn) -> Result<(), Errno> {
+        let mode = arg.mode as i32;
+        let keep_size = mode & libc::FALLOC_FL_KEEP_SIZE != 0;
+        let known =
+            libc::FALLOC_FL_KEEP_SIZE | libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_ZERO_RANGE;
+        if mode & !known != 0 {
+            return Err(Errno::EOPNOTSUPP);
+        }
+        let m = if mode & libc::FALLOC_FL_PUNCH_HOLE != 0 {
+            if !keep_size {
+                return Err(Errno::EOPNOTSUPP);
+            }
+            FallocMode::PunchHole
+        } else if mode & libc::FALLOC_FL_ZERO_RANGE != 0 {
+            FallocMode::ZeroRange { keep_size }
+        } else {
+            FallocMode::Allocate { keep_size }
+        };
+        let id = self.id(node)?;
+        let available = self.mutate(|fs| {
+            fs.fallocate(id, arg.offset, arg.length, m)?;
+            Ok(Self::available(fs))
+        })?;
+        self.space.update(available);
+        Ok(())
+    }
+
+    fn lseek(&self, node: u64, arg: &abi::LseekIn) -> Result<u64, Errno> {
+        let Ok(from) = u64::try_from(arg.offset as i64) else {
+            return Err(Errno::EINVAL);
+        };
+        // The kernel answers SEEK_SET/CUR/END itself; only the extent-aware ones come here.
+        let data = match arg.whence as i32 {
+            libc::SEEK_DATA => true,
+            libc::SEEK_HOLE => false,
+            _ => return Err(Errno::EINVAL),
+        };
+        if self.space.has_cached_writer(node) {
+            // The kernel may hold data for this file that we have not seen (it does not
+            // write back before asking), so our map of holes could be wrong. ENOSYS makes
+            // the kernel answer from then on by itself, for every file of the mount: all
+            // data up to its size, which is never wrong, only less sparse.
+            return Err(Errno::ENOSYS);
+        }
+        let id = self.id(node)?;
+        self.fs.read().seek_data_hole(id, from, data).map_err(errno)
+    }
+
+    fn copy_file_range(&self, node: u64, arg: &abi::CopyFileRangeIn) -> Result<u64, Errno> {
+        let src = self.id(node)?;
+        let dst = self.id(arg.nodeid_out)?;
+        let (n, available) = self.mutate(|fs| {
+            let n = fs.copy_file_range(src, arg.off_in, dst, arg.off_out, arg.len)?;
+            Ok((n, Self::available(fs)))
+        })?;
+        self.space.update(available);
+        Ok(n)
+    }
+}

@@ -1,0 +1,13 @@
+//! oleo's own FUSE transport: the kernel protocol spoken over /dev/fuse, with worker
+//! threads on cloned descriptors. Ours rather than a crate's because the crates lack what
+//! oleo needs (FUSE_TMPFILE for O_TMPFILE; FUSE over io_uring next). It knows nothing of
+//! btrfs: the adapter in `lib.rs` turns requests into engine calls.
+
+pub mod abi;
+mod reply;
+mod request;
+mod session;
+
+pub use reply::{DirBuf, Errno, Notifier, Reply};
+pub use request::{Op, Request};
+pub use session::{Access, Handler, InitConfig, Session};

@@ -1,0 +1,256 @@
+//! Answers: one reply per request, written to the device as one message (header and body
+//! gathered with writev), and the notifications the server may send unasked.
+
+use super::abi::{self, OutHeader};
+use std::io::IoSlice;
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::Arc;
+use zerocopy::IntoBytes;
+
+/// An error number for the kernel (positive, as errno).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Errno(pub i32);
+
+impl Errno {
+    pub const EPERM: Errno = Errno(libc::EPERM);
+    pub const EIO: Errno = Errno(libc::EIO);
+    pub const EACCES: Errno = Errno(libc::EACCES);
+    pub const EINVAL: Errno = Errno(libc::EINVAL);
+    pub const ENOSPC: Errno = Errno(libc::ENOSPC);
+    pub const EROFS: Errno = Errno(libc::EROFS);
+    pub const ERANGE: Errno = Errno(libc::ERANGE);
+    pub const ENOSYS: Errno = Errno(libc::ENOSYS);
+    pub const EOPNOTSUPP: Errno = Errno(libc::EOPNOTSUPP);
+    pub const ESTALE: Errno = Errno(libc::ESTALE);
+    pub const EOVERFLOW: Errno = Errno(libc::EOVERFLOW);
+}
+
+/// One opened /dev/fuse descriptor (the mount's, or a clone of it).
+#[derive(Debug)]
+pub struct Channel(pub(crate) OwnedFd);
+
+impl Channel {
+    /// Writes one whole message. ENOENT means the request was interrupted and the kernel
+    /// no longer waits for its answer: not an error.
+    pub(crate) fn send(&self, parts: &[IoSlice<'_>]) -> std::io::Result<()> {
+        match nix::sys::uio::writev(self.0.as_fd(), parts) {
+            Ok(_) | Err(nix::errno::Errno::ENOENT) => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+}
+
+/// The answer to one request; sending consumes it. One dropped unsent answers EIO, so the
+/// kernel never waits forever on a forgotten request.
+pub struct Reply<'a> {
+    ch: &'a Channel,
+    unique: u64,
+    sent: bool,
+}
+
+impl<'a> Reply<'a> {
+    pub(crate) fn new(ch: &'a Channel, unique: u64) -> Reply<'a> {
+        Reply {
+            ch,
+            unique,
+            sent: false,
+        }
+    }
+
+    fn send(mut self, error: i32, body: &[&[u8]]) {
+        self.sent = true;
+        let len = size_of::<OutHeader>() + body.iter().map(|b| b.len()).sum::<usize>();
+        let h = OutHeader {
+            len: len as u32,
+            error: -error,
+            unique: self.unique,
+        };
+        let mut parts = Vec::with_capacity(body.len() + 1);
+        parts.push(IoSlice::new(h.as_bytes()));
+        parts.extend(body.iter().map(|b| IoSlice::new(b)));
+        if let Err(e) = self.ch.send(&parts) {
+            log::warn!("FUSE reply to request {} failed: {e}", self.unique);
+        }
+    }
+
+    /// For requests the kernel expects no answer to (FORGET, INTERRUPT).
+    pub fn none(mut self) {
+        self.sent = true;
+    }
+
+    pub fn error(self, e: Errno) {
+        self.send(e.0, &[])
+    }
+
+    pub fn ok(self) {
+        self.send(0, &[])
+    }
+
+    pub fn data(self, data: &[u8]) {
+        self.send(0, &[data])
+    }
+
+    pub fn entry(self, e: &abi::EntryOut) {
+        self.send(0, &[e.as_bytes()])
+    }
+
+    pub fn attr(self, a: &abi::AttrOut) {
+        self.send(0, &[a.as_bytes()])
+    }
+
+    pub fn opened(self, fh: u64, open_flags: u32) {
+        let o = abi::OpenOut {
+            fh,
+            open_flags,
+            backing_id: 0,
+        };
+        self.send(0, &[o.as_bytes()])
+    }
+
+    /// CREATE and TMPFILE: the new entry, and the file opened.
+    pub fn created(self, e: &abi::EntryOut, fh: u64, open_flags: u32) {
+        let o = abi::OpenOut {
+            fh,
+            open_flags,
+            backing_id: 0,
+        };
+        self.send(0, &[e.as_bytes(), o.as_bytes()])
+    }
+
+    pub fn written(self, n: u32) {
+        let w = abi::WriteOut {
+            size: n,
+            padding: 0,
+        };
+        self.send(0, &[w.as_bytes()])
+    }
+
+    pub fn statfs(self, s: &abi::StatfsOut) {
+        self.send(0, &[s.as_bytes()])
+    }
+
+    /// GETXATTR/LISTXATTR asked with size 0: how big a buffer the value needs.
+    pub fn xattr_size(self, n: u32) {
+        let g = abi::GetxattrOut {
+            size: n,
+            padding: 0,
+        };
+        self.send(0, &[g.as_bytes()])
+    }
+
+    pub fn offset(self, offset: u64) {
+        self.send(0, &[abi::LseekOut { offset }.as_bytes()])
+    }
+
+    pub(crate) fn init(self, out: &abi::InitOut) {
+        self.send(0, &[out.as_bytes()])
+    }
+}
+
+impl Drop for Reply<'_> {
+    fn drop(&mut self) {
+        if !self.sent {
+            log::error!("FUSE request {} left unanswered: EIO", self.unique);
+            let h = OutHeader {
+                len: size_of::<OutHeader>() as u32,
+                error: -libc::EIO,
+                unique: self.unique,
+            };
+            let _ = self.ch.send(&[IoSlice::new(h.as_bytes())]);
+        }
+    }
+}
+
+/// A READDIR or READDIRPLUS answer filling up to the size the kernel asked for.
+pub struct DirBuf {
+    buf: Vec<u8>,
+    max: usize,
+}
+
+impl DirBuf {
+    pub fn new(max: u32) -> DirBuf {
+        DirBuf {
+            buf: Vec::new(),
+            max: max as usize,
+        }
+    }
+
+    /// Adds an entry; false (and nothing added) once the answer is full. `mode` gives the
+    /// type (its S_IFMT bits); `off` is where a listing resumes after this entry.
+    pub fn add(&mut self, ino: u64, off: u64, mode: u32, name: &[u8]) -> bool {
+        self.push(None, ino, off, mode, name)
+    }
+
+    /// The same with the entry's attributes (READDIRPLUS): the kernel takes a lookup
+    /// reference on every entry added but "." and "..".
+    pub fn add_plus(&mut self, e: &abi::EntryOut, off: u64, mode: u32, name: &[u8]) -> bool {
+        self.push(Some(e), e.attr.ino, off, mode, name)
+    }
+
+    fn push(
+        &mut self,
+        entry: Option<&abi::EntryOut>,
+        ino: u64,
+        off: u64,
+        mode: u32,
+        name: &[u8],
+    ) -> bool {
+        let head = entry.map_or(0, |_| size_of::<abi::EntryOut>()) + size_of::<abi::DirentHead>();
+        let size = (head + name.len()).next_multiple_of(8);
+        if self.buf.len() + size > self.max {
+            return false;
+        }
+        if let Some(e) = entry {
+            self.buf.extend_from_slice(e.as_bytes());
+        }
+        let d = abi::DirentHead {
+            ino,
+            off,
+            namelen: name.len() as u32,
+            typ: (mode & libc::S_IFMT) >> 12,
+        };
+        self.buf.extend_from_slice(d.as_bytes());
+        self.buf.extend_from_slice(name);
+        self.buf.resize(self.buf.len().next_multiple_of(8), 0);
+        true
+    }
+
+    pub fn send(self, reply: Reply<'_>) {
+        reply.data(&self.buf)
+    }
+}
+
+/// Tells the kernel things unasked: that its cache of an inode is stale. Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct Notifier(pub(crate) Arc<Channel>);
+
+impl Notifier {
+    /// Drops the kernel's cached attributes of `ino` and, from `off` for `len` bytes (all
+    /// with len 0; none with off < 0), its cached pages.
+    pub fn inval_inode(&self, ino: u64, off: i64, len: i64) -> std::io::Result<()> {
+        let body = abi::NotifyInvalInodeOut { ino, off, len };
+        let h = OutHeader {
+            len: (size_of::<OutHeader>() + size_of::<abi::NotifyInvalInodeOut>()) as u32,
+            error: abi::NOTIFY_INVAL_INODE,
+            unique: 0,
+        };
+        self.0
+            .send(&[IoSlice::new(h.as_bytes()), IoSlice::new(body.as_bytes())])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dirents_are_padded_and_stop_when_full() {
+        let mut d = DirBuf::new(64);
+        assert!(d.add(5, 1, libc::S_IFDIR, b"."));
+        assert_eq!(d.buf.len(), 32);
+        assert!(d.add(6, 2, libc::S_IFREG, b"abcdefgh"));
+        assert_eq!(d.buf.len(), 64);
+        assert!(!d.add(7, 3, libc::S_IFREG, b"x"));
+        assert_eq!(d.buf[16..24], [1, 0, 0, 0, 4, 0, 0, 0]);
+    }
+}

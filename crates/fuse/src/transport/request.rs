@@ -1,0 +1,395 @@
+//! Decoding one request the kernel sent: its header and what the opcode carries. A request
+//! that does not parse is answered EINVAL (a kernel we do not understand), never trusted.
+
+use super::abi::{self, opcode, InHeader};
+use zerocopy::FromBytes;
+
+/// Who asked, and about which node.
+#[derive(Clone, Copy, Debug)]
+pub struct Request {
+    pub unique: u64,
+    pub nodeid: u64,
+    pub uid: u32,
+    pub gid: u32,
+    pub pid: u32,
+}
+
+/// What the kernel asks for. Names are bytes without their NUL.
+#[derive(Debug)]
+pub enum Op<'a> {
+    Init(abi::InitIn, u64),
+    Destroy,
+    Interrupt,
+    Lookup {
+        name: &'a [u8],
+    },
+    Forget(u64),
+    BatchForget(Vec<abi::ForgetOne>),
+    Getattr {
+        fh: Option<u64>,
+    },
+    Setattr(abi::SetattrIn),
+    Readlink,
+    Symlink {
+        name: &'a [u8],
+        target: &'a [u8],
+    },
+    Mknod {
+        arg: abi::MknodIn,
+        name: &'a [u8],
+    },
+    Mkdir {
+        arg: abi::MkdirIn,
+        name: &'a [u8],
+    },
+    Unlink {
+        name: &'a [u8],
+    },
+    Rmdir {
+        name: &'a [u8],
+    },
+    Rename {
+        newdir: u64,
+        flags: u32,
+        name: &'a [u8],
+        newname: &'a [u8],
+    },
+    Link {
+        oldnode: u64,
+        name: &'a [u8],
+    },
+    Open {
+        flags: u32,
+    },
+    Read(abi::ReadIn),
+    Write {
+        arg: abi::WriteIn,
+        data: &'a [u8],
+    },
+    Statfs,
+    Release(abi::ReleaseIn),
+    Fsync {
+        fh: u64,
+        datasync: bool,
+    },
+    Setxattr {
+        flags: u32,
+        name: &'a [u8],
+        value: &'a [u8],
+    },
+    Getxattr {
+        size: u32,
+        name: &'a [u8],
+    },
+    Listxattr {
+        size: u32,
+    },
+    Removexattr {
+        name: &'a [u8],
+    },
+    Flush,
+    Opendir {
+        flags: u32,
+    },
+    Readdir(abi::ReadIn),
+    Readdirplus(abi::ReadIn),
+    Releasedir(abi::ReleaseIn),
+    Fsyncdir {
+        fh: u64,
+        datasync: bool,
+    },
+    Access {
+        mask: u32,
+    },
+    Create {
+        arg: abi::CreateIn,
+        name: &'a [u8],
+    },
+    /// O_TMPFILE in directory `nodeid`: a create without a name.
+    Tmpfile(abi::CreateIn),
+    Fallocate(abi::FallocateIn),
+    Lseek(abi::LseekIn),
+    CopyFileRange(abi::CopyFileRangeIn),
+    Syncfs,
+    /// An opcode we do not serve: answered ENOSYS, so the kernel stops asking.
+    Unknown(u32),
+}
+
+/// A malformed request.
+#[derive(Debug)]
+pub struct Malformed;
+
+/// Reads fixed structs and NUL-terminated names off the front of a request's body.
+struct Cursor<'a>(&'a [u8]);
+
+impl<'a> Cursor<'a> {
+    fn get<T: FromBytes>(&mut self) -> Result<T, Malformed> {
+        let (v, rest) = T::read_from_prefix(self.0).map_err(|_| Malformed)?;
+        self.0 = rest;
+        Ok(v)
+    }
+
+    fn name(&mut self) -> Result<&'a [u8], Malformed> {
+        let end = self.0.iter().position(|&b| b == 0).ok_or(Malformed)?;
+        let (name, rest) = self.0.split_at(end);
+        self.0 = &rest[1..];
+        Ok(name)
+    }
+
+    fn bytes(&mut self, n: usize) -> Result<&'a [u8], Malformed> {
+        if self.0.len() < n {
+            return Err(Malformed);
+        }
+        let (b, rest) = self.0.split_at(n);
+        self.0 = rest;
+        Ok(b)
+    }
+}
+
+/// Splits a buffer read from the device into the request and its operation.
+pub fn parse(buf: &[u8]) -> Result<(Request, Op<'_>), (Option<u64>, Malformed)> {
+    let (h, _) = InHeader::read_from_prefix(buf).map_err(|_| (None, Malformed))?;
+    let unique = h.unique;
+    let len = h.len as usize;
+    if len > buf.len() || len < size_of::<InHeader>() {
+        return Err((Some(unique), Malformed));
+    }
+    // Extensions (security context, supplementary groups) sit at the end; we ask for none.
+    let body_end = len
+        .checked_sub(usize::from(h.total_extlen) * 8)
+        .filter(|&e| e >= size_of::<InHeader>())
+        .ok_or((Some(unique), Malformed))?;
+    let mut c = Cursor(&buf[size_of::<InHeader>()..body_end]);
+    let op = op(h.opcode, &mut c).map_err(|e| (Some(unique), e))?;
+    let req = Request {
+        unique,
+        nodeid: h.nodeid,
+        uid: h.uid,
+        gid: h.gid,
+        pid: h.pid,
+    };
+    Ok((req, op))
+}
+
+fn op<'a>(code: u32, c: &mut Cursor<'a>) -> Result<Op<'a>, Malformed> {
+    Ok(match code {
+        opcode::INIT => {
+            let init: abi::InitIn = c.get()?;
+            // flags2 follows when the kernel has INIT_EXT (7.36+).
+            let high = if u64::from(init.flags) & abi::init::INIT_EXT != 0 {
+                c.get::<u32>().map_or(0, u64::from)
+            } else {
+                0
+            };
+            Op::Init(init, u64::from(init.flags) | high << 32)
+        }
+        opcode::DESTROY => Op::Destroy,
+        opcode::INTERRUPT => Op::Interrupt,
+        opcode::LOOKUP => Op::Lookup { name: c.name()? },
+        opcode::FORGET => Op::Forget(c.get::<abi::ForgetIn>()?.nlookup),
+        opcode::BATCH_FORGET => {
+            let head: abi::BatchForgetIn = c.get()?;
+            let n = head.count as usize;
+            let mut all = Vec::with_capacity(n.min(4096));
+            for _ in 0..n {
+                all.push(c.get::<abi::ForgetOne>()?);
+            }
+            Op::BatchForget(all)
+        }
+        opcode::GETATTR => {
+            let g: abi::GetattrIn = c.get()?;
+            Op::Getattr {
+                fh: (g.getattr_flags & abi::GETATTR_FH != 0).then_some(g.fh),
+            }
+        }
+        opcode::SETATTR => Op::Setattr(c.get()?),
+        opcode::READLINK => Op::Readlink,
+        opcode::SYMLINK => {
+            let name = c.name()?;
+            Op::Symlink {
+                name,
+                target: c.name()?,
+            }
+        }
+        opcode::MKNOD => Op::Mknod {
+            arg: c.get()?,
+            name: c.name()?,
+        },
+        opcode::MKDIR => Op::Mkdir {
+            arg: c.get()?,
+            name: c.name()?,
+        },
+        opcode::UNLINK => Op::Unlink { name: c.name()? },
+        opcode::RMDIR => Op::Rmdir { name: c.name()? },
+        opcode::RENAME => {
+            let newdir = c.get::<abi::RenameIn>()?.newdir;
+            Op::Rename {
+                newdir,
+                flags: 0,
+                name: c.name()?,
+                newname: c.name()?,
+            }
+        }
+        opcode::RENAME2 => {
+            let r: abi::Rename2In = c.get()?;
+            Op::Rename {
+                newdir: r.newdir,
+                flags: r.flags,
+                name: c.name()?,
+                newname: c.name()?,
+            }
+        }
+        opcode::LINK => Op::Link {
+            oldnode: c.get::<abi::LinkIn>()?.oldnodeid,
+            name: c.name()?,
+        },
+        opcode::OPEN => Op::Open {
+            flags: c.get::<abi::OpenIn>()?.flags,
+        },
+        opcode::READ => Op::Read(c.get()?),
+        opcode::WRITE => {
+            let arg: abi::WriteIn = c.get()?;
+            Op::Write {
+                arg,
+                data: c.bytes(arg.size as usize)?,
+            }
+        }
+        opcode::STATFS => Op::Statfs,
+        opcode::RELEASE => Op::Release(c.get()?),
+        opcode::FSYNC | opcode::FSYNCDIR => {
+            let f: abi::FsyncIn = c.get()?;
+            let datasync = f.fsync_flags & abi::FSYNC_FDATASYNC != 0;
+            if code == opcode::FSYNC {
+                Op::Fsync { fh: f.fh, datasync }
+            } else {
+                Op::Fsyncdir { fh: f.fh, datasync }
+            }
+        }
+        opcode::SETXATTR => {
+            let s: abi::SetxattrIn = c.get()?;
+            let name = c.name()?;
+            Op::Setxattr {
+                flags: s.flags,
+                name,
+                value: c.bytes(s.size as usize)?,
+            }
+        }
+        opcode::GETXATTR => {
+            let g: abi::GetxattrIn = c.get()?;
+            Op::Getxattr {
+                size: g.size,
+                name: c.name()?,
+            }
+        }
+        opcode::LISTXATTR => Op::Listxattr {
+            size: c.get::<abi::GetxattrIn>()?.size,
+        },
+        opcode::REMOVEXATTR => Op::Removexattr { name: c.name()? },
+        opcode::FLUSH => Op::Flush,
+        opcode::OPENDIR => Op::Opendir {
+            flags: c.get::<abi::OpenIn>()?.flags,
+        },
+        opcode::READDIR => Op::Readdir(c.get()?),
+        opcode::READDIRPLUS => Op::Readdirplus(c.get()?),
+        opcode::RELEASEDIR => Op::Releasedir(c.get()?),
+        opcode::ACCESS => Op::Access {
+            mask: c.get::<u32>()?,
+        },
+        opcode::CREATE => Op::Create {
+            arg: c.get()?,
+            name: c.name()?,
+        },
+        // The kernel sends a placeholder name ("/"): it means nothing.
+        opcode::TMPFILE => Op::Tmpfile(c.get()?),
+        opcode::FALLOCATE => Op::Fallocate(c.get()?),
+        opcode::LSEEK => Op::Lseek(c.get()?),
+        opcode::COPY_FILE_RANGE => Op::CopyFileRange(c.get()?),
+        opcode::SYNCFS => Op::Syncfs,
+        other => Op::Unknown(other),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use zerocopy::IntoBytes;
+
+    fn message(opcode: u32, body: &[u8]) -> Vec<u8> {
+        let h = InHeader {
+            len: (size_of::<InHeader>() + body.len()) as u32,
+            opcode,
+            unique: 7,
+            nodeid: 1,
+            uid: 1000,
+            gid: 100,
+            pid: 42,
+            ..Default::default()
+        };
+        let mut v = h.as_bytes().to_vec();
+        v.extend_from_slice(body);
+        v
+    }
+
+    #[test]
+    fn names_and_structs_decode() {
+        let mut body = abi::Rename2In {
+            newdir: 9,
+            flags: 1,
+            padding: 0,
+        }
+        .as_bytes()
+        .to_vec();
+        body.extend_from_slice(b"old\0new\0");
+        let buf = message(opcode::RENAME2, &body);
+        let (req, op) = parse(&buf).unwrap();
+        assert_eq!((req.unique, req.uid, req.pid), (7, 1000, 42));
+        match op {
+            Op::Rename {
+                newdir,
+                flags,
+                name,
+                newname,
+            } => assert_eq!(
+                (newdir, flags, name, newname),
+                (9, 1, &b"old"[..], &b"new"[..])
+            ),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn truncated_requests_are_refused_not_trusted() {
+        // A name without its NUL, a write claiming more data than came, a short header.
+        let buf = message(opcode::LOOKUP, b"abc");
+        assert!(matches!(parse(&buf), Err((Some(7), _))));
+        let mut w = abi::WriteIn {
+            size: 100,
+            ..Default::default()
+        }
+        .as_bytes()
+        .to_vec();
+        w.extend_from_slice(&[0; 10]);
+        assert!(parse(&message(opcode::WRITE, &w)).is_err());
+        assert!(matches!(parse(&[0; 10]), Err((None, _))));
+        let mut lying = message(opcode::STATFS, &[]);
+        lying[0] = 200;
+        assert!(parse(&lying).is_err());
+    }
+
+    #[test]
+    fn tmpfile_is_a_create_without_a_name() {
+        let mut body = abi::CreateIn {
+            flags: 2,
+            mode: 0o100600,
+            umask: 0o22,
+            open_flags: 0,
+        }
+        .as_bytes()
+        .to_vec();
+        body.extend_from_slice(b"/\0");
+        match parse(&message(opcode::TMPFILE, &body)).unwrap().1 {
+            Op::Tmpfile(c) => assert_eq!((c.mode, c.umask), (0o100600, 0o22)),
+            other => panic!("{other:?}"),
+        }
+    }
+}

@@ -1,0 +1,269 @@
+//! A served mount: the INIT handshake, then worker threads that each read requests from
+//! their own clone of the device descriptor (FUSE_DEV_IOC_CLONE, so the kernel hands
+//! requests to whichever worker is idle), pass them to the handler and let it reply.
+
+use super::abi::{self, init};
+use super::reply::{Channel, Errno, Notifier, Reply};
+use super::request::{parse, Op, Request};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::sync::Arc;
+
+/// What a filesystem served over FUSE implements.
+pub trait Handler: Send + Sync + 'static {
+    /// Called once, with the kernel's capabilities, before any other request.
+    fn init(&self, kernel_flags: u64) -> InitConfig;
+    /// Answers one request (every path must consume `reply`).
+    fn dispatch(&self, req: &Request, op: Op<'_>, reply: Reply<'_>);
+    /// The mount is gone: called once, after the last request.
+    fn destroy(&self);
+}
+
+/// What the server asks for at INIT.
+#[derive(Clone, Copy, Debug)]
+pub struct InitConfig {
+    /// INIT flags wanted; only those the kernel offers are taken.
+    pub flags: u64,
+    pub max_write: u32,
+    pub max_readahead: u32,
+}
+
+/// Who may use the mount besides what the kernel already checks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Access {
+    /// Everyone the kernel lets through (allow_other, or only the owner without it).
+    All,
+    /// allow_root: the kernel lets everyone through (allow_other), we let root and the
+    /// mount's owner.
+    RootAndOwner,
+}
+
+pub struct Session<H: Handler> {
+    handler: Arc<H>,
+    ch: Arc<Channel>,
+    threads: usize,
+    access: Access,
+    owner: u32,
+}
+
+/// Requests carry at most max_write bytes of data after their header and arguments.
+fn buffer_size(max_write: u32) -> usize {
+    max_write as usize + 64 * 1024
+}
+
+impl<H: Handler> Session<H> {
+    /// A session on a mounted /dev/fuse descriptor; `threads` workers serve it.
+    pub fn from_fd(handler: H, fd: OwnedFd, threads: usize, access: Access) -> Session<H> {
+        Session {
+            handler: Arc::new(handler),
+            ch: Arc::new(Channel(fd)),
+            threads: threads.max(1),
+            access,
+            // SAFETY: geteuid cannot fail.
+            owner: unsafe { libc::geteuid() },
+        }
+    }
+
+    pub fn notifier(&self) -> Notifier {
+        Notifier(Arc::clone(&self.ch))
+    }
+
+    /// Serves until the filesystem is unmounted, then calls `destroy`.
+    pub fn run(self) -> std::io::Result<()> {
+        let max_write = self.handshake()?;
+        let mut workers = Vec::new();
+        for i in 1..self.threads {
+            let ch = match clone_channel(&self.ch) {
+                Ok(ch) => Arc::new(ch),
+                Err(e) => {
+                    log::warn!("FUSE_DEV_IOC_CLONE failed ({e}): workers share one descriptor");
+                    Arc::clone(&self.ch)
+                }
+            };
+            let worker = Worker {
+                handler: Arc::clone(&self.handler),
+                ch,
+                access: self.access,
+                owner: self.owner,
+            };
+            workers.push(
+                std::thread::Builder::new()
+                    .name(format!("oleo-fuse-{i}"))
+                    .spawn(move || worker.serve(max_write))?,
+            );
+        }
+        let me = Worker {
+            handler: Arc::clone(&self.handler),
+            ch: Arc::clone(&self.ch),
+            access: self.access,
+            owner: self.owner,
+        };
+        let mut result = me.serve(max_write);
+        for w in workers {
+            match w.join() {
+                Ok(r) => result = result.and(r),
+                Err(_) => result = Err(std::io::Error::other("a FUSE worker panicked")),
+            }
+        }
+        self.handler.destroy();
+        result
+    }
+
+    /// Reads INIT and answers it; returns the negotiated max_write.
+    fn handshake(&self) -> std::io::Result<u32> {
+        let mut buf = vec![0u8; buffer_size(0)];
+        loop {
+            let Some(n) = read_request(&self.ch, &mut buf)? else {
+                return Err(std::io::Error::other("unmounted before INIT"));
+            };
+            let (req, op) = match parse(&buf[..n]) {
+                Ok(x) => x,
+                Err((unique, _)) => {
+                    if let Some(u) = unique {
+                        Reply::new(&self.ch, u).error(Errno::EINVAL);
+                    }
+                    continue;
+                }
+            };
+            let reply = Reply::new(&self.ch, req.unique);
+            let Op::Init(arg, kernel_flags) = op else {
+                // Nothing else may come first.
+                reply.error(Errno::EIO);
+                continue;
+            };
+            if arg.major != abi::KERNEL_VERSION || arg.minor < abi::MIN_KERNEL_MINOR_VERSION {
+                // A newer major makes the kernel retry with ours; an older one is too old.
+                if arg.major > abi::KERNEL_VERSION {
+                    reply.init(&abi::InitOut {
+                        major: abi::KERNEL_VERSION,
+                        minor: abi::KERNEL_MINOR_VERSION,
+                        ..Default::default()
+                    });
+                    continue;
+                }
+                reply.error(Errno(libc::EPROTO));
+                return Err(std::io::Error::other(format!(
+                    "the kernel's FUSE protocol {}.{} is older than 7.{} (Linux 5.8)",
+                    arg.major,
+                    arg.minor,
+                    abi::MIN_KERNEL_MINOR_VERSION
+                )));
+            }
+            let want = self.handler.init(kernel_flags);
+            let flags = want.flags & kernel_flags;
+            let max_write = want.max_write.max(4096);
+            let mut out = abi::InitOut {
+                major: abi::KERNEL_VERSION,
+                minor: abi::KERNEL_MINOR_VERSION,
+                max_readahead: want.max_readahead.min(arg.max_readahead),
+                flags: flags as u32,
+                max_background: 64,
+                congestion_threshold: 48,
+                max_write,
+                time_gran: 1,
+                ..Default::default()
+            };
+            if flags & init::MAX_PAGES != 0 {
+                out.max_pages = max_write.div_ceil(4096) as u16;
+            }
+            if kernel_flags & init::INIT_EXT != 0 {
+                out.flags |= init::INIT_EXT as u32;
+                out.flags2 = (flags >> 32) as u32;
+            }
+            log::debug!(
+                "FUSE {}.{}: flags {flags:#x}, max_write {max_write}",
+                arg.major,
+                arg.minor
+            );
+            reply.init(&out);
+            return Ok(max_write);
+        }
+    }
+}
+
+struct Worker<H: Handler> {
+    handler: Arc<H>,
+    ch: Arc<Channel>,
+    access: Access,
+    owner: u32,
+}
+
+impl<H: Handler> Worker<H> {
+    fn serve(&self, max_write: u32) -> std::io::Result<()> {
+        let mut buf = vec![0u8; buffer_size(max_write)];
+        while let Some(n) = read_request(&self.ch, &mut buf)? {
+            let (req, op) = match parse(&buf[..n]) {
+                Ok(x) => x,
+                Err((unique, _)) => {
+                    log::warn!("malformed FUSE request ({n} bytes)");
+                    if let Some(u) = unique {
+                        Reply::new(&self.ch, u).error(Errno::EINVAL);
+                    }
+                    continue;
+                }
+            };
+            let reply = Reply::new(&self.ch, req.unique);
+            match op {
+                Op::Interrupt => reply.none(),
+                Op::Init(..) => reply.error(Errno::EIO),
+                Op::Destroy => {
+                    reply.ok();
+                    return Ok(());
+                }
+                op if !self.allowed(&req, &op) => reply.error(Errno::EACCES),
+                op => self.handler.dispatch(&req, op, reply),
+            }
+        }
+        Ok(())
+    }
+
+    /// allow_root: only root and the owner, except for what ends the use of something
+    /// already granted (releases, forgets) and what the kernel sends on its own.
+    fn allowed(&self, req: &Request, op: &Op<'_>) -> bool {
+        self.access == Access::All
+            || req.uid == 0
+            || req.uid == self.owner
+            || matches!(
+                op,
+                Op::Forget(_)
+                    | Op::BatchForget(_)
+                    | Op::Read(_)
+                    | Op::Write { .. }
+                    | Op::Readdir(_)
+                    | Op::Readdirplus(_)
+                    | Op::Fsync { .. }
+                    | Op::Fsyncdir { .. }
+                    | Op::Release(_)
+                    | Op::Releasedir(_)
+            )
+    }
+}
+
+/// Reads one request; None once the filesystem is unmounted.
+fn read_request(ch: &Channel, buf: &mut [u8]) -> std::io::Result<Option<usize>> {
+    loop {
+        match nix::unistd::read(ch.0.as_fd(), buf) {
+            Ok(n) => return Ok(Some(n)),
+            // An interrupted request vanished before we read it; a signal woke us.
+            Err(nix::errno::Errno::ENOENT | nix::errno::Errno::EINTR) => continue,
+            Err(nix::errno::Errno::EAGAIN) => continue,
+            Err(nix::errno::Errno::ENODEV) => return Ok(None),
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+/// A new descriptor attached to the same connection: requests are spread across them.
+fn clone_channel(ch: &Channel) -> std::io::Result<Channel> {
+    let fd = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/fuse")?;
+    let fd = OwnedFd::from(fd);
+    let source: u32 = ch.0.as_raw_fd() as u32;
+    // SAFETY: the ioctl reads one u32 from a valid pointer.
+    let r = unsafe { libc::ioctl(fd.as_raw_fd(), abi::DEV_IOC_CLONE, &source) };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(Channel(fd))
+}
