@@ -8,6 +8,7 @@ export PATH="$HOME/.cargo/bin:$PATH"
 # Style and lints first: a red CI for a formatting slip is cheaper than for a bug.
 cargo fmt --all --check
 cargo clippy --workspace --all-targets -- -D warnings
+cargo clippy -p oleo --features model-check --all-targets -- -D warnings
 cargo build --workspace --all-targets
 cargo build --release -p oleo-cli
 bash scripts/fuzz.sh 15
@@ -16,10 +17,12 @@ bash scripts/fuzz.sh 15
 bash bench/setup.sh
 /usr/bin/python3 -m pytest -q bench/tests
 
-# Everything else; the closing line sums every test binary's results.
+# The commit protocol under the model checker (shuttle), then everything else; the closing
+# line sums every test binary's results.
 log=$(mktemp)
 status=0
-cargo test --workspace --all-targets --no-fail-fast -- --test-threads=2 2>&1 | tee "$log" || status=$?
+cargo test -p oleo --features model-check --lib commit_pipe 2>&1 | tee "$log" || status=$?
+cargo test --workspace --all-targets --no-fail-fast -- --test-threads=2 2>&1 | tee -a "$log" || status=$?
 awk '/^test result:/ { p += $4; f += $6 } END { printf "total: %d passed, %d failed\n", p, f }' "$log"
 rm -f "$log"
 exit $status

@@ -18,7 +18,7 @@ pub fn size_for(src: &Path) -> Result<u64, String> {
 
 /// Copies `src` into the filesystem just made on `image`, then commits.
 pub fn fill(image: &Path, src: &Path, quiet: bool) -> Result<(), String> {
-    let mut fs = Filesystem::open_rw(image, OpenOptions::default())
+    let fs = Filesystem::open_rw(image, OpenOptions::default())
         .map_err(|e| format!("{}: {e}", image.display()))?;
     let bar = if !quiet && std::io::stderr().is_terminal() {
         let total = rootdir::measure(src).map_err(|e| e.to_string())?;
@@ -39,7 +39,7 @@ pub fn fill(image: &Path, src: &Path, quiet: bool) -> Result<(), String> {
             bar.set_message(format!("{}/{} inodes", p.inodes, inodes));
         }
     };
-    let r = rootdir::fill(&mut fs, src, &mut tick).map_err(|e| e.to_string());
+    let r = rootdir::fill(&fs, src, &mut tick).map_err(|e| e.to_string());
     if let Some((bar, _)) = &bar {
         bar.finish_and_clear();
     }

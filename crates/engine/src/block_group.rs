@@ -1,7 +1,9 @@
 //! Block groups as a transaction sees them: which metadata/system block groups exist, how
 //! many bytes each has in use (BLOCK_GROUP_ITEM.used), their free ranges, and where a new
 //! tree block may go. Space freed in this transaction stays pinned: the last committed
-//! trees may still point at it until the new superblock is on disk.
+//! trees may still point at it until the new superblock is on disk. Loaded once and
+//! carried from one transaction to the next; what a commit still writing in the background
+//! freed stays pinned (in `CommitPins`) until its superblock is durable.
 
 use crate::ctree::{self, BlockSource, TreeRoot};
 use crate::error::{Error, Result};
@@ -11,7 +13,13 @@ use crate::volumes::ChunkMap;
 use oleo_format::items::{block_group as bg, BlockGroupItem};
 use oleo_format::key::{item, Key};
 use oleo_format::superblock;
+use parking_lot::Mutex;
 use std::collections::BTreeMap;
+use std::sync::Arc;
+
+/// Space freed by transactions whose commit is not durable yet: start -> (length,
+/// generation). Shared with the commits, which release their part once on disk.
+pub(crate) type CommitPins = Arc<Mutex<BTreeMap<u64, (u64, u64)>>>;
 
 /// Where the kernel never puts an extent: a superblock copy (a 64 KiB stripe each) and the
 /// first MiB of the device.
@@ -35,6 +43,8 @@ pub(crate) struct BlockGroups {
     groups: BTreeMap<u64, BlockGroup>,
     /// Freed in this transaction: start -> length. Never reused before the commit.
     pinned: BTreeMap<u64, u64>,
+    /// Freed by earlier transactions whose commit is still being written.
+    committing: CommitPins,
     /// Per block group type, where the last allocation ended.
     cursor: BTreeMap<u64, u64>,
     /// Net change of all `used` counters (for the superblock's bytes_used).
@@ -49,6 +59,7 @@ impl BlockGroups {
         items: &TreeRoot,
         fst: &TreeRoot,
         sectorsize: u64,
+        committing: CommitPins,
     ) -> Result<BlockGroups> {
         let mut groups = BTreeMap::new();
         for (&start, chunk) in chunks.chunks() {
@@ -74,9 +85,20 @@ impl BlockGroups {
         Ok(BlockGroups {
             groups,
             pinned: BTreeMap::new(),
+            committing,
             cursor: BTreeMap::new(),
             used_delta: 0,
         })
+    }
+
+    /// Transaction `transid` closed with these counters written: what it freed stays
+    /// pinned until its commit is durable, and the next transaction starts from here.
+    pub(crate) fn carry_over(&mut self, transid: u64) {
+        let mut committing = self.committing.lock();
+        for (start, len) in std::mem::take(&mut self.pinned) {
+            committing.insert(start, (len, transid));
+        }
+        self.used_delta = 0;
     }
 
     /// Adds a block group created in this transaction: nothing used, everything free but
@@ -164,6 +186,7 @@ impl BlockGroups {
 
     /// The first fitting place at or after `from`: (block group start, address).
     fn find(&self, kind: u64, len: u64, align: u64, from: u64) -> Option<(u64, u64)> {
+        let committing = self.committing.lock();
         for (&start, g) in self.groups.range(..) {
             if g.flags & kind == 0
                 || !g.allocatable
@@ -179,7 +202,9 @@ impl BlockGroups {
                 }
                 let mut cand = s.max(from).next_multiple_of(align);
                 while cand + len <= end {
-                    match blocked(&g.avoid, &self.pinned, cand, len) {
+                    let skip = blocked(&g.avoid, &self.pinned, cand, len)
+                        .or_else(|| blocked_by_commits(&committing, cand, len));
+                    match skip {
                         Some(skip) => cand = skip.next_multiple_of(align),
                         None => return Some((start, cand)),
                     }
@@ -206,6 +231,7 @@ impl BlockGroups {
     /// Bytes that allocations of type `kind` can still get in this transaction: free
     /// space not pinned, in allocatable block groups.
     pub(crate) fn available(&self, kind: u64) -> u64 {
+        let committing = self.committing.lock();
         let mut total = 0u64;
         for (&start, g) in &self.groups {
             if g.flags & kind == 0 || !g.allocatable {
@@ -218,6 +244,11 @@ impl BlockGroups {
                 .pinned
                 .range(start..end)
                 .map(|(&s, &l)| g.free.free_within(s, l))
+                .chain(
+                    committing
+                        .range(start..end)
+                        .map(|(&s, &(l, _))| g.free.free_within(s, l)),
+                )
                 .sum();
             let avoided: u64 = g.avoid.iter().map(|&(s, l)| g.free.free_within(s, l)).sum();
             total += g.free.total().saturating_sub(pinned + avoided);
@@ -227,12 +258,14 @@ impl BlockGroups {
 
     /// True if a commit would make freed space of type `kind` reusable.
     pub(crate) fn has_pinned(&self, kind: u64) -> bool {
-        self.pinned.iter().any(|(&s, _)| {
+        let of_kind = |s: u64| {
             self.groups
                 .range(..=s)
                 .next_back()
                 .is_some_and(|(_, g)| g.flags & kind != 0)
-        })
+        };
+        self.pinned.keys().any(|&s| of_kind(s))
+            || self.committing.lock().keys().any(|&s| of_kind(s))
     }
 
     /// (type flags, length, used) of every block group, for statfs.
@@ -271,6 +304,14 @@ fn blocked(avoid: &[(u64, u64)], pinned: &BTreeMap<u64, u64>, cand: u64, len: u6
         .next_back()
         .filter(|(&s, &l)| s + l > cand)
         .map(|(&s, &l)| s + l)
+}
+
+/// Like `blocked`, for space pinned by commits still being written.
+fn blocked_by_commits(pins: &BTreeMap<u64, (u64, u64)>, cand: u64, len: u64) -> Option<u64> {
+    pins.range(..cand + len)
+        .next_back()
+        .filter(|(&s, &(l, _))| s + l > cand)
+        .map(|(&s, &(l, _))| s + l)
 }
 
 /// Logical ranges of the block group at `start` that hold superblock copies (or the first

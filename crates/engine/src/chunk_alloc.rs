@@ -12,7 +12,7 @@
 //! Not re-entrant: call it between B-tree operations, never from inside one.
 
 use crate::error::{Error, Result};
-use crate::fs::Filesystem;
+use crate::fs::FsCore;
 use crate::transaction::Transaction;
 use oleo_format::items::{
     block_group as bg, BlockGroupItem, ChunkItem, DevExtent, DevItem, FreeSpaceInfo, Stripe,
@@ -91,7 +91,7 @@ struct Plan {
 
 /// The block group type and profile for a new chunk of `kind`: the profile the filesystem
 /// already uses for that type (the kernel follows the existing chunks' profile too).
-fn chunk_flags(fs: &Filesystem, kind: u64) -> Result<u64> {
+fn chunk_flags(fs: &FsCore, kind: u64) -> Result<u64> {
     let mixed = fs.sb.has_incompat(incompat::MIXED_GROUPS);
     let ty = match kind {
         bg::SYSTEM => bg::SYSTEM,
@@ -345,10 +345,9 @@ impl Transaction<'_> {
             .ok_or_else(|| Error::corrupt(0, "device bytes_used would exceed its size"))?;
         // Registered before its items go in, so that the tree blocks those need can come
         // from the new group itself (a full metadata space can still grow).
-        self.fs_mut()
+        self.filesystem()
             .io
-            .chunks_mut()
-            .insert(plan.logical, chunk.clone())?;
+            .add_chunk(plan.logical, chunk.clone())?;
         self.block_groups
             .insert_new(plan.logical, &chunk, u64::from(sectorsize))?;
 

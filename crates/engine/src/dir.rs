@@ -3,7 +3,7 @@
 
 use crate::ctree::{for_each_in_range, lookup, lookup_le};
 use crate::error::{Error, Result};
-use crate::fs::{DirEntry, FileKind, Filesystem, InodeId};
+use crate::fs::{DirEntry, FileKind, FsCore, InodeId};
 use oleo_format::csum::name_hash;
 use oleo_format::items::{DirEntryItem, DirEntryIter, FileType};
 use oleo_format::key::{item, objectid, Key};
@@ -22,7 +22,7 @@ fn kind_of(t: FileType) -> Option<FileKind> {
     })
 }
 
-impl Filesystem {
+impl FsCore {
     fn require_dir(&self, dir: InodeId) -> Result<()> {
         if self.getattr(dir)?.kind != FileKind::Dir {
             return Err(Error::NotDir);
@@ -165,7 +165,7 @@ impl Filesystem {
 #[cfg(test)]
 mod tests {
     use crate::error::Error;
-    use crate::{Filesystem, OpenOptions};
+    use crate::{fs::FsCore, OpenOptions};
 
     #[test]
     fn overlong_names_are_too_long_not_absent() {
@@ -177,7 +177,7 @@ mod tests {
             ..Default::default()
         };
         crate::mkfs::mkfs(&img, &opts).unwrap();
-        let fs = Filesystem::open(&img, OpenOptions::default()).unwrap();
+        let fs = FsCore::open(&img, OpenOptions::default()).unwrap();
         let root = fs.root();
         assert!(matches!(
             fs.lookup(root, &[b'x'; 255]),

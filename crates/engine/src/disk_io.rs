@@ -1,13 +1,17 @@
 //! Reading tree blocks and data through the chunk map, with verification and mirror
-//! fallback, and the bounded tree-block cache.
+//! fallback, and the bounded tree-block cache. Shared by every thread and by a commit
+//! writing in the background: the blocks of a commit not yet written are served from
+//! memory (`inflight`) until they are.
 
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::volumes::ChunkMap;
 use oleo_format::key::Key;
 use oleo_format::validate::{check_tree_block, Expect, FsContext};
+use parking_lot::{RwLock, RwLockReadGuard};
 use quick_cache::sync::Cache;
 use quick_cache::Weighter;
+use std::collections::HashMap;
 use std::sync::Arc;
 
 /// A verified tree block, shared between readers.
@@ -26,9 +30,11 @@ pub struct DiskIo {
     device: Device,
     /// The one device we have open; chunks on others are unreadable (multi-device is refused).
     devid: u64,
-    chunks: ChunkMap,
-    pub ctx: FsContext,
+    chunks: RwLock<ChunkMap>,
+    ctx: RwLock<FsContext>,
     cache: Cache<u64, Block, BlockWeight>,
+    /// Blocks of a commit that is writing them out: what a read must see until then.
+    inflight: RwLock<HashMap<u64, Block>>,
 }
 
 impl DiskIo {
@@ -43,33 +49,71 @@ impl DiskIo {
         DiskIo {
             device,
             devid,
-            chunks,
-            ctx,
+            chunks: RwLock::new(chunks),
+            ctx: RwLock::new(ctx),
             cache: Cache::with_weighter(items, cache_bytes.max(16 * 65536), BlockWeight),
+            inflight: RwLock::new(HashMap::new()),
         }
     }
 
-    pub fn chunks(&self) -> &ChunkMap {
-        &self.chunks
+    pub fn chunks(&self) -> RwLockReadGuard<'_, ChunkMap> {
+        self.chunks.read()
+    }
+
+    pub fn nodesize(&self) -> u32 {
+        self.ctx.read().nodesize
+    }
+
+    /// Blocks newer than this generation are refused (a commit moves it forward).
+    pub(crate) fn set_super_generation(&self, generation: u64) {
+        self.ctx.write().super_generation = generation;
+    }
+
+    /// Serves `blocks` from memory until `written` is called for them.
+    pub(crate) fn add_inflight(&self, blocks: &[(u64, Block)]) {
+        let mut map = self.inflight.write();
+        for (bytenr, b) in blocks {
+            map.insert(*bytenr, b.clone());
+        }
+    }
+
+    /// Writes a finished tree block (checksummed) to every copy and keeps it cached.
+    pub(crate) fn write_tree_block(&self, bytenr: u64, block: &Block) -> Result<()> {
+        self.write_logical(bytenr, block)?;
+        self.cache.insert(bytenr, block.clone());
+        Ok(())
+    }
+
+    /// The blocks are on disk now: reads go the usual way.
+    pub(crate) fn written(&self, bytenrs: impl Iterator<Item = u64>) {
+        let mut map = self.inflight.write();
+        for b in bytenrs {
+            map.remove(&b);
+        }
     }
 
     pub fn device(&self) -> &Device {
         &self.device
     }
 
-    pub fn set_chunks(&mut self, chunks: ChunkMap) {
-        self.chunks = chunks;
+    pub fn set_chunks(&self, chunks: ChunkMap) {
+        *self.chunks.write() = chunks;
     }
 
-    /// The chunk map, to add a chunk created by a transaction.
-    pub(crate) fn chunks_mut(&mut self) -> &mut ChunkMap {
-        &mut self.chunks
+    /// Adds a chunk created by a transaction.
+    pub(crate) fn add_chunk(
+        &self,
+        logical: u64,
+        chunk: oleo_format::items::ChunkItem,
+    ) -> Result<()> {
+        self.chunks.write().insert(logical, chunk)
     }
 
     /// Reads copy `mirror` of `[logical, logical + buf.len())`.
     pub fn read_logical(&self, logical: u64, buf: &mut [u8], mirror: usize) -> Result<()> {
         let mut done = 0usize;
-        for piece in self.chunks.map(logical, buf.len() as u64, mirror)? {
+        let pieces = self.chunks.read().map(logical, buf.len() as u64, mirror)?;
+        for piece in pieces {
             if piece.devid != self.devid {
                 return Err(Error::Unsupported(format!(
                     "logical {logical} lives on device {} which is not open",
@@ -89,6 +133,7 @@ impl DiskIo {
     pub fn write_logical(&self, logical: u64, buf: &[u8]) -> Result<()> {
         let profile = self
             .chunks
+            .read()
             .lookup(logical)
             .map(|(_, c)| c.chunk_type & oleo_format::items::block_group::PROFILE_MASK)
             .ok_or_else(|| Error::corrupt(logical, "logical address is not in any chunk"))?;
@@ -101,7 +146,8 @@ impl DiskIo {
         self.cache.remove(&logical);
         for mirror in 0..self.num_mirrors(logical).max(1) {
             let mut done = 0usize;
-            for piece in self.chunks.map(logical, buf.len() as u64, mirror)? {
+            let pieces = self.chunks.read().map(logical, buf.len() as u64, mirror)?;
+            for piece in pieces {
                 if piece.devid != self.devid {
                     return Err(Error::Unsupported(format!(
                         "logical {logical} lives on device {} which is not open",
@@ -128,7 +174,7 @@ impl DiskIo {
     }
 
     pub fn num_mirrors(&self, logical: u64) -> usize {
-        self.chunks.num_mirrors(logical)
+        self.chunks.read().num_mirrors(logical)
     }
 
     /// A verified tree block. Tries every copy; a bad copy is logged with its address and
@@ -146,6 +192,10 @@ impl DiskIo {
             generation,
             first_key,
         };
+        if let Some(block) = self.inflight.read().get(&bytenr) {
+            check_expectations(block, &expect)?;
+            return Ok(block.clone());
+        }
         if let Some(block) = self.cache.get(&bytenr) {
             // Cached blocks passed the full check; only the parent's expectations remain.
             check_expectations(&block, &expect)?;
@@ -154,9 +204,9 @@ impl DiskIo {
         let mirrors = self.num_mirrors(bytenr).max(1);
         let mut last_err = String::new();
         for mirror in 0..mirrors {
-            let mut buf = vec![0u8; self.ctx.nodesize as usize];
+            let mut buf = vec![0u8; self.nodesize() as usize];
             let verdict = self.read_logical(bytenr, &mut buf, mirror).and_then(|_| {
-                check_tree_block(&buf, &self.ctx, &expect)
+                check_tree_block(&buf, &self.ctx.read(), &expect)
                     .map_err(|e| Error::corrupt(bytenr, e.to_string()))
             });
             match verdict {

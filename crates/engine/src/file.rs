@@ -3,7 +3,7 @@
 
 use crate::ctree::Cursor;
 use crate::error::{Error, Result};
-use crate::fs::{FileKind, Filesystem, InodeId};
+use crate::fs::{FileKind, FsCore, InodeId};
 use oleo_format::compression::decompress;
 use oleo_format::items::{Compression, FileExtent, FileExtentBody, INODE_FLAG_NODATASUM};
 use oleo_format::key::{item, objectid, Key};
@@ -40,7 +40,7 @@ enum MappingKind {
     },
 }
 
-impl Filesystem {
+impl FsCore {
     /// Reads up to `size` bytes at `offset`; short only at end of file.
     pub fn read(&self, id: InodeId, offset: u64, size: u32) -> Result<Vec<u8>> {
         let attr = self.getattr(id)?;
@@ -394,7 +394,7 @@ pub struct ExtentInfo {
     pub compression: Compression,
 }
 
-impl Filesystem {
+impl FsCore {
     /// The file extent items of `id` in file order, holes (explicit hole items) left out.
     pub fn file_extents(&self, id: InodeId) -> Result<Vec<ExtentInfo>> {
         let tree = self.tree_of(id)?;

@@ -1,7 +1,7 @@
-//! The public API: a `Filesystem`, its options, and the plain types it hands out.
+//! The public API: a `FsCore`, its options, and the plain types it hands out.
 //! Front ends (FUSE, CLI, library users) see only this module. The work is done in the
 //! modules named after each btrfs concept (`dir`, `inode`, `file`, `xattr`, `subvolume`),
-//! which extend `Filesystem` with `impl` blocks of their own.
+//! which extend `FsCore` with `impl` blocks of their own.
 
 use crate::ctree::TreeRoot;
 use crate::device::Device;
@@ -117,7 +117,7 @@ pub struct StatFs {
 
 #[derive(Clone, Debug)]
 pub struct OpenOptions {
-    /// False opens the device read-write, for transactions (see `Filesystem::open_rw`).
+    /// False opens the device read-write, for transactions (see `FsCore::open_rw`).
     pub read_only: bool,
     /// Open this subvolume (path from the top level), like btrfs's `subvol=`.
     pub subvol: Option<Vec<u8>>,
@@ -145,8 +145,9 @@ impl Default for OpenOptions {
 }
 
 /// An open btrfs filesystem. `Send + Sync`: share it behind an `Arc` between threads.
-pub struct Filesystem {
-    pub(crate) io: DiskIo,
+pub struct FsCore {
+    /// Shared with commits writing in the background.
+    pub(crate) io: Arc<DiskIo>,
     pub(crate) sb: Superblock,
     pub(crate) root_tree: TreeRoot,
     pub(crate) csum_tree: Option<TreeRoot>,
@@ -174,9 +175,14 @@ pub struct Filesystem {
     pub(crate) staging: Mutex<Option<crate::device::IoBuf>>,
     /// Open counts of inodes (see `pin_open`).
     pub(crate) open_inodes: Mutex<HashMap<InodeId, u32>>,
+    /// Block groups between transactions: loaded once, carried from each transaction to
+    /// the next (with what commits still writing have freed kept pinned).
+    pub(crate) block_groups: Option<crate::block_group::BlockGroups>,
+    /// Commits writing in the background: their order and outcome (see `transaction`).
+    pub(crate) pipe: Arc<crate::transaction::CommitPipe>,
 }
 
-impl Drop for Filesystem {
+impl Drop for FsCore {
     /// Dropping a writable filesystem commits what it has, as an unmount does: writes must
     /// not vanish because a program forgot `sync` or `close`.
     fn drop(&mut self) {
@@ -203,11 +209,11 @@ pub(crate) fn too_small(size: u64, sb: &Superblock) -> Option<String> {
     })
 }
 
-impl Filesystem {
+impl FsCore {
     /// Opens an image file or block device writable: changes go through
-    /// [`Filesystem::start_transaction`] (items only for now).
-    pub fn open_rw(path: impl AsRef<Path>, options: OpenOptions) -> Result<Filesystem> {
-        Filesystem::open(
+    /// [`FsCore::start_transaction`] (items only for now).
+    pub fn open_rw(path: impl AsRef<Path>, options: OpenOptions) -> Result<FsCore> {
+        FsCore::open(
             path,
             OpenOptions {
                 read_only: false,
@@ -217,7 +223,7 @@ impl Filesystem {
     }
 
     /// Opens an image file or block device (read-only unless `options.read_only` is false).
-    pub fn open(path: impl AsRef<Path>, options: OpenOptions) -> Result<Filesystem> {
+    pub fn open(path: impl AsRef<Path>, options: OpenOptions) -> Result<FsCore> {
         let path = path.as_ref();
         let device = if options.read_only {
             Device::open(path)?
@@ -249,7 +255,7 @@ impl Filesystem {
             sys.insert(logical, chunk)?;
         }
         let cache_bytes = options.cache_bytes.max(1 << 20);
-        let mut io = DiskIo::new(device, sb.dev_item.devid, sys, ctx, cache_bytes);
+        let io = DiskIo::new(device, sb.dev_item.devid, sys, ctx, cache_bytes);
         let chunk_root = TreeRoot {
             id: objectid::CHUNK_TREE,
             bytenr: sb.chunk_root,
@@ -276,8 +282,9 @@ impl Filesystem {
         let pending_log = sb.log_root != 0;
         let entries = (cache_bytes / 8 / 256).max(1024) as usize;
         let extent_bytes = (cache_bytes / 8).max(4 << 20);
-        let mut fs = Filesystem {
-            io,
+        let pipe = Arc::new(crate::transaction::CommitPipe::new(sb.generation));
+        let mut fs = FsCore {
+            io: Arc::new(io),
             sb,
             root_tree,
             csum_tree: None,
@@ -298,6 +305,8 @@ impl Filesystem {
             open_inodes: Mutex::new(HashMap::new()),
             readonly_subvols: Mutex::new(HashMap::new()),
             staging: Mutex::new(None),
+            block_groups: None,
+            pipe,
         };
         fs.csum_tree = fs.read_root_item(objectid::CSUM_TREE)?.map(|(r, _)| r);
         if fs.subvol_root(objectid::FS_TREE)?.is_none() {
@@ -390,6 +399,7 @@ impl Filesystem {
     /// Forgets the running transaction and every cache that may hold its view.
     pub(crate) fn drop_running(&mut self) {
         self.running = None;
+        self.block_groups = None;
         if self.aborted.is_some() {
             self.next_ino.lock().clear();
             self.next_index.lock().clear();
@@ -426,14 +436,25 @@ impl Filesystem {
         self.running.is_some()
     }
 
-    /// Makes a commit's superblock the in-memory state: new roots, and every cache that
-    /// may hold the previous generation's view dropped.
+    /// Makes a closed transaction's superblock the in-memory state (its blocks are served
+    /// from memory until written): new roots, the block groups carried over to the next
+    /// transaction with this one's freed space pinned until it is durable. Caches stay:
+    /// they hold what the closed transaction showed, which is what it committed; only
+    /// subvolume roots and decompressed extents (keyed by addresses that may be reused)
+    /// go.
     pub(crate) fn committed(&mut self, mut sb: Superblock, root_tree: TreeRoot) -> Result<()> {
         sb.bytenr = superblock::SUPER_PRIMARY_OFFSET;
-        self.io.ctx.super_generation = sb.generation;
+        self.io.set_super_generation(sb.generation);
         self.root_tree = root_tree;
+        let transid = sb.generation;
         self.sb = sb;
-        self.drop_running();
+        if let Some(st) = self.running.take() {
+            let mut groups = st.block_groups;
+            groups.carry_over(transid);
+            self.block_groups = Some(groups);
+        }
+        self.subvol_roots.write().clear();
+        self.extents.clear();
         self.csum_tree = self.read_root_item(objectid::CSUM_TREE)?.map(|(r, _)| r);
         Ok(())
     }
@@ -529,7 +550,7 @@ fn read_chunk_tree(io: &DiskIo, chunk_root: &TreeRoot) -> Result<ChunkMap> {
 }
 
 /// Reads see the running transaction's blocks before the disk's.
-impl crate::ctree::BlockSource for Filesystem {
+impl crate::ctree::BlockSource for FsCore {
     fn read_tree_block(
         &self,
         bytenr: u64,

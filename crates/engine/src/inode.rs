@@ -2,7 +2,7 @@
 
 use crate::ctree::{for_each_in_range, lookup};
 use crate::error::{Error, Result};
-use crate::fs::{Attr, FileKind, Filesystem, InodeId, Timespec};
+use crate::fs::{Attr, FileKind, FsCore, InodeId, Timespec};
 use oleo_format::items::{InodeItem, InodeRef, Timespec as DiskTime};
 use oleo_format::key::{item, objectid, Key};
 use std::ops::ControlFlow;
@@ -26,7 +26,7 @@ pub(crate) fn disk_rdev_to_user(raw: u64) -> u64 {
         | (minor & 0xff)
 }
 
-impl Filesystem {
+impl FsCore {
     pub(crate) fn inode_item(&self, id: InodeId) -> Result<Arc<InodeItem>> {
         if let Some(i) = self.inodes.get(&id) {
             return Ok(i);

@@ -6,7 +6,7 @@
 use crate::acl::{self, Acl};
 use crate::dir_item::{xattr_entry, EntryTarget};
 use crate::error::{Error, Result};
-use crate::fs::{Attr, FileKind, Filesystem, InodeId, Timespec};
+use crate::fs::{Attr, FileKind, FsCore, InodeId, Timespec};
 use crate::inode_item::now;
 use crate::space::Reserve;
 use crate::transaction::Transaction;
@@ -660,7 +660,7 @@ impl NewInode {
     }
 }
 
-impl Filesystem {
+impl FsCore {
     /// Creates a file of any type but directory and symlink (regular, fifo, socket, device)
     /// named `name` in `parent`, as `new` describes (a mode without type bits is a regular
     /// file).
@@ -843,7 +843,7 @@ impl Filesystem {
     }
 }
 
-impl Filesystem {
+impl FsCore {
     /// Copies up to `len` bytes (stopping at the source's end) and returns how many. Whole
     /// sectors share the source's extents (a reflink); the rest is copied.
     pub fn copy_file_range(
@@ -918,7 +918,7 @@ impl Filesystem {
 
     /// Drops every open pin (deleting orphans) and commits: the end of a mount.
     /// Closes a filesystem: open files are closed (unlinked ones deleted) and the running
-    /// transaction committed. Returns the commit's result; dropping a `Filesystem` does the
+    /// transaction committed. Returns the commit's result; dropping a `FsCore` does the
     /// same but can only log a failure.
     pub fn close(mut self) -> Result<()> {
         let r = self.finish();
@@ -949,7 +949,7 @@ impl Filesystem {
     }
 }
 
-impl Filesystem {
+impl FsCore {
     /// A read-only subvolume (a read-only snapshot) refuses every change, as in the kernel.
     fn check_subvol_writable(&self, subvol: u64) -> Result<()> {
         if let Some(&ro) = self.readonly_subvols.lock().get(&subvol) {

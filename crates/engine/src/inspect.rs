@@ -4,12 +4,12 @@
 use crate::ctree::TreeRoot;
 use crate::disk_io::Block;
 use crate::error::{Error, Result};
-use crate::fs::Filesystem;
+use crate::fs::FsCore;
 use oleo_format::key::{item, objectid, Key};
 use oleo_format::TreeBlock;
 use std::ops::ControlFlow;
 
-impl Filesystem {
+impl FsCore {
     /// The root of tree `id`: the chunk, root and log-root trees come from the superblock,
     /// every other tree from its ROOT_ITEM.
     pub fn tree_root(&self, id: u64) -> Result<Option<TreeRoot>> {

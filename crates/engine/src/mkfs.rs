@@ -113,7 +113,7 @@ impl MkfsFeatures {
 
 #[derive(Clone, Debug)]
 pub struct MkfsOptions {
-    /// Filesystem size in bytes. Files are created or extended to it; without it, the
+    /// FsCore size in bytes. Files are created or extended to it; without it, the
     /// existing file's or block device's size is used.
     pub size: Option<u64>,
     pub csum: CsumType,
@@ -602,7 +602,7 @@ fn write_all(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{Filesystem, OpenOptions as FsOpenOptions};
+    use crate::{fs::FsCore, OpenOptions as FsOpenOptions};
 
     fn temp_image(name: &str) -> std::path::PathBuf {
         let dir = std::env::temp_dir().join(format!("oleo-mkfs-unit-{}", std::process::id()));
@@ -615,7 +615,7 @@ mod tests {
     fn roundtrip(name: &str, opts: MkfsOptions) {
         let img = temp_image(name);
         let report = mkfs(&img, &opts).unwrap();
-        let fs = Filesystem::open(&img, FsOpenOptions::default()).unwrap();
+        let fs = FsCore::open(&img, FsOpenOptions::default()).unwrap();
         let sb = fs.superblock();
         assert_eq!(sb.fsid, report.fsid);
         assert_eq!(sb.generation, 1);

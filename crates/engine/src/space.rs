@@ -5,7 +5,7 @@
 //! changed trees leaves them inconsistent: the transaction is aborted.
 
 use crate::error::{Error, Result};
-use crate::fs::{Filesystem, InodeId, StatFs};
+use crate::fs::{FsCore, InodeId, StatFs};
 use crate::transaction::Transaction;
 use oleo_format::items::block_group as bg;
 use oleo_format::items::BlockGroupItem;
@@ -103,7 +103,7 @@ impl Transaction<'_> {
     }
 }
 
-impl Filesystem {
+impl FsCore {
     /// Runs one operation in the running transaction after reserving `need`.
     pub(crate) fn write_op<R>(
         &mut self,
@@ -141,7 +141,9 @@ impl Filesystem {
                 }
                 return r;
             }
-            if txn.dirty_bytes() > self.dirty_limit {
+            let over = txn.dirty_bytes() > txn.filesystem().dirty_limit;
+            drop(txn);
+            if over {
                 // Bounded memory: dirty tree blocks go to disk before they outgrow the limit.
                 self.start_transaction()?.commit()?;
             }
@@ -152,10 +154,19 @@ impl Filesystem {
     /// Commits the running transaction, if any: everything before is durable after.
     /// Returns the generation on disk.
     pub fn sync(&mut self) -> Result<u64> {
-        if self.running.is_some() {
-            self.start_transaction()?.commit()?;
+        match self.close_running()? {
+            Some(io) => io.write(),
+            None => self.pipe.wait_durable(self.sb.generation),
         }
-        Ok(self.sb.generation)
+    }
+
+    /// Closes the running transaction, if any, leaving its writing to the caller (which
+    /// need not hold the filesystem: see `Filesystem::sync`).
+    pub(crate) fn close_running(&mut self) -> Result<Option<crate::transaction::CommitIo>> {
+        if self.running.is_none() {
+            return Ok(None);
+        }
+        self.start_transaction()?.close().map(Some)
     }
 
     /// Marks `id` as open: if its last name goes, it lives on (as an orphan) until closed.
@@ -229,7 +240,7 @@ fn copies(flags: u64) -> u64 {
     }
 }
 
-impl Filesystem {
+impl FsCore {
     /// (flags, length, used) of every block group as reads see them now.
     fn block_group_usage(&self) -> Result<Vec<(u64, u64, u64)>> {
         if let Some(t) = &self.running {

@@ -3,13 +3,13 @@
 
 use crate::ctree::{for_each_in_range, lookup, TreeRoot};
 use crate::error::{Error, Result};
-use crate::fs::{Filesystem, InodeId, OpenOptions, SubvolumeInfo};
+use crate::fs::{FsCore, InodeId, OpenOptions, SubvolumeInfo};
 use oleo_format::csum::name_hash;
 use oleo_format::items::{DirEntryIter, RootRef, ROOT_SUBVOL_RDONLY};
 use oleo_format::key::{item, objectid, Key};
 use std::ops::ControlFlow;
 
-impl Filesystem {
+impl FsCore {
     /// The tree of subvolume `id`, if it exists and is live.
     pub(crate) fn subvol_root(&self, id: u64) -> Result<Option<TreeRoot>> {
         if !objectid::is_fs_tree(id) {

@@ -1,19 +1,43 @@
 //! A write transaction: generation T = last committed + 1. It holds every tree block changed
 //! in T in memory (the `BlockStore` the B-tree write side works on), allocates new tree
-//! blocks from metadata (system for the chunk tree) block groups, and on `commit` brings the
+//! blocks from metadata (system for the chunk tree) block groups, and on commit brings the
 //! bookkeeping to a fixpoint (extent items, block group `used`, free space tree, ROOT_ITEMs),
 //! writes the blocks to every copy, flushes, and only then writes the superblocks.
 //!
 //! Until the superblock is written nothing on disk refers to the new blocks: they go to space
-//! that is free in the last commit, and space freed in T is never reused within T.
+//! that is free in the last commit, and space freed in T is never reused within T (nor
+//! before T's superblock is durable).
+//!
+//! ## States
+//! - *Running*: `FsCore::running`. Operations join it one at a time, each holding the
+//!   filesystem's write lock (`Filesystem::core`) for as long as it changes trees.
+//! - *Closed* (`Transaction::close`, under the write lock): bookkeeping to a fixpoint,
+//!   blocks checksummed and handed to `DiskIo` as in-flight (reads see them from memory),
+//!   the in-memory superblock and roots switched to T, the block groups carried over to
+//!   T+1 with T's freed space pinned. The lock is released: T+1 starts at the next
+//!   operation.
+//! - *Writing* (`commit_pipe::CommitIo`, no filesystem lock): T's blocks, a flush, then in
+//!   generation order its superblocks and a flush.
+//! - *Durable*: T's pins and in-flight blocks are released. A failure instead marks the
+//!   pipe failed: every later commit and operation gets `Error::Aborted` (EROFS).
+//!
+//! ## Lock order
+//! 1. `Filesystem::core` (RwLock over `FsCore`): reads share it, changes hold it alone.
+//! 2. `CommitOrder::durable`, then `CommitOrder::failed`. A thread holding `core` may wait
+//!    on `durable` (an inline commit, `sync` with nothing new); the writing half of a
+//!    commit never takes `core`, so it always finishes.
+//! 3. Leaf locks, never held while taking another: the caches, `open_inodes`, `next_ino`,
+//!    `next_index`, `subvol_roots`, `DiskIo`'s chunk map, context and in-flight map, and
+//!    `CommitPins`.
 
 use crate::block_group::{self, BlockGroups};
+pub(crate) use crate::commit_pipe::{CommitIo, CommitPipe};
 use crate::ctree::{self, finalize_block, BlockSource, BlockStore, TreeRoot};
 use crate::disk_io::Block;
 use crate::error::{Error, Result};
 use crate::extent_tree::{self, DelayedRefs};
 use crate::free_space;
-use crate::fs::Filesystem;
+use crate::fs::FsCore;
 use oleo_format::items::{block_group as bg, RootItem, Timespec, ROOT_ITEM_SIZE};
 use oleo_format::key::{item, objectid, Key};
 use oleo_format::superblock::{self, compat_ro, incompat, BackupRoot, SUPER_INFO_SIZE};
@@ -32,7 +56,7 @@ fn now() -> (u64, u32) {
 /// Rounds of the commit fixpoint before we call it a bug rather than slow convergence.
 const MAX_COMMIT_ROUNDS: usize = 64;
 
-/// The running transaction's state. It lives in `Filesystem::running` between operations,
+/// The running transaction's state. It lives in `FsCore::running` between operations,
 /// so every operation joins it and reads see its changes until it is committed.
 pub struct TxnState {
     pub(crate) transid: u64,
@@ -66,7 +90,33 @@ pub struct TxnState {
 /// leaves the changes in the running transaction for the next operation to join; `commit`
 /// writes them out.
 pub struct Transaction<'a> {
-    fs: &'a mut Filesystem,
+    fs: CoreRef<'a>,
+}
+
+/// The state a transaction works on: borrowed by an operation already holding it, or
+/// locked for a transaction started through the public handle.
+enum CoreRef<'a> {
+    Borrowed(&'a mut FsCore),
+    Locked(parking_lot::RwLockWriteGuard<'a, FsCore>),
+}
+
+impl std::ops::Deref for CoreRef<'_> {
+    type Target = FsCore;
+    fn deref(&self) -> &FsCore {
+        match self {
+            CoreRef::Borrowed(f) => f,
+            CoreRef::Locked(g) => g,
+        }
+    }
+}
+
+impl std::ops::DerefMut for CoreRef<'_> {
+    fn deref_mut(&mut self) -> &mut FsCore {
+        match self {
+            CoreRef::Borrowed(f) => f,
+            CoreRef::Locked(g) => g,
+        }
+    }
 }
 
 impl std::ops::Deref for Transaction<'_> {
@@ -88,7 +138,7 @@ impl std::ops::DerefMut for Transaction<'_> {
     }
 }
 
-impl Filesystem {
+impl FsCore {
     /// Starts transaction `generation + 1`. The filesystem must have been opened writable.
     pub fn start_transaction(&mut self) -> Result<Transaction<'_>> {
         Transaction::start(self)
@@ -107,7 +157,7 @@ impl Filesystem {
     }
 }
 
-impl Filesystem {
+impl FsCore {
     /// Why this filesystem cannot be written by oleo, if it cannot.
     pub fn can_write(&self) -> Result<()> {
         if let Some(why) = &self.aborted {
@@ -127,7 +177,7 @@ impl Filesystem {
     }
 }
 
-fn check_writable(fs: &Filesystem) -> Result<()> {
+fn check_writable(fs: &FsCore) -> Result<()> {
     let sb = &fs.sb;
     if !fs.io.device().is_writable() {
         return Err(Error::ReadOnly);
@@ -166,7 +216,13 @@ fn check_writable(fs: &Filesystem) -> Result<()> {
 }
 
 impl TxnState {
-    fn new(fs: &Filesystem) -> Result<TxnState> {
+    fn new(fs: &mut FsCore) -> Result<TxnState> {
+        if let Some(why) = fs.pipe.failure() {
+            fs.aborted.get_or_insert(why);
+        }
+        if let Some(why) = &fs.aborted {
+            return Err(Error::Aborted(why.clone()));
+        }
         check_writable(fs)?;
         let transid = fs
             .sb
@@ -188,15 +244,21 @@ impl TxnState {
             }
             Err(e) => return Err(e),
         }
-        let (items_root, _) = load_root(fs, bg_items_tree)?;
-        let (fst_root, _) = load_root(fs, objectid::FREE_SPACE_TREE)?;
-        let block_groups = BlockGroups::load(
-            &fs.io,
-            fs.io.chunks(),
-            &items_root,
-            &fst_root,
-            u64::from(fs.sb.sectorsize),
-        )?;
+        let block_groups = match fs.block_groups.take() {
+            Some(groups) => groups,
+            None => {
+                let (items_root, _) = load_root(fs, bg_items_tree)?;
+                let (fst_root, _) = load_root(fs, objectid::FREE_SPACE_TREE)?;
+                BlockGroups::load(
+                    &*fs.io,
+                    &fs.io.chunks(),
+                    &items_root,
+                    &fst_root,
+                    u64::from(fs.sb.sectorsize),
+                    fs.pipe.pins(),
+                )?
+            }
+        };
         let nodesize = fs.sb.nodesize;
         // New blocks carry the chunk tree uuid every existing header has.
         let chunk_tree_uuid = {
@@ -230,12 +292,29 @@ impl TxnState {
 }
 
 impl<'a> Transaction<'a> {
-    fn start(fs: &'a mut Filesystem) -> Result<Transaction<'a>> {
+    fn start(fs: &'a mut FsCore) -> Result<Transaction<'a>> {
+        Self::join(CoreRef::Borrowed(fs))
+    }
+
+    pub(crate) fn start_locked(
+        fs: parking_lot::RwLockWriteGuard<'a, FsCore>,
+    ) -> Result<Transaction<'a>> {
+        Self::join(CoreRef::Locked(fs))
+    }
+
+    fn join(mut fs: CoreRef<'a>) -> Result<Transaction<'a>> {
+        if let Some(why) = fs.pipe.failure() {
+            // A commit failed while this transaction ran on top of it: both are lost.
+            if fs.aborted.is_none() {
+                fs.aborted = Some(why);
+                fs.drop_running();
+            }
+        }
         if let Some(why) = &fs.aborted {
             return Err(Error::Aborted(why.clone()));
         }
         if fs.running.is_none() {
-            let st = TxnState::new(fs)?;
+            let st = TxnState::new(&mut fs)?;
             fs.running = Some(Box::new(st));
         }
         Ok(Transaction { fs })
@@ -246,8 +325,8 @@ impl<'a> Transaction<'a> {
     }
 
     /// The filesystem; its reads see this transaction's changes.
-    pub fn filesystem(&self) -> &Filesystem {
-        self.fs
+    pub fn filesystem(&self) -> &FsCore {
+        &self.fs
     }
 
     /// The current root of tree `tree` (as changed in this transaction).
@@ -255,7 +334,7 @@ impl<'a> Transaction<'a> {
         if let Some(r) = self.roots.get(&tree) {
             return Ok(*r);
         }
-        let (root, key) = load_root(self.fs, tree)?;
+        let (root, key) = load_root(&self.fs, tree)?;
         self.roots.insert(tree, root);
         self.recorded.insert(tree, (root, key));
         Ok(root)
@@ -349,10 +428,6 @@ impl<'a> Transaction<'a> {
         ctree::lookup_le(&*self, &root, key)
     }
 
-    pub(crate) fn fs_mut(&mut self) -> &mut Filesystem {
-        self.fs
-    }
-
     /// The item with this key as this transaction sees it.
     pub fn lookup(&mut self, tree: u64, key: &Key) -> Result<Option<Vec<u8>>> {
         let root = self.root(tree)?;
@@ -432,19 +507,24 @@ impl<'a> Transaction<'a> {
     /// Commits: bookkeeping to a fixpoint, blocks to disk, flush, superblocks, flush.
     /// Returns the new generation. On error before the superblock write the disk still
     /// shows the previous generation.
-    pub fn commit(mut self) -> Result<u64> {
-        match self.try_commit() {
-            Ok(generation) => Ok(generation),
+    pub fn commit(self) -> Result<u64> {
+        self.close()?.write()
+    }
+
+    /// Closes the transaction (bookkeeping to a fixpoint, blocks checksummed, the next
+    /// transaction may start) and returns the writing still to do, which needs no lock.
+    pub(crate) fn close(mut self) -> Result<CommitIo> {
+        match self.try_close() {
+            Ok(io) => Ok(io),
             Err(e) => {
-                // Half-written blocks sit in space the last commit does not use: the disk
-                // is intact, but the in-memory state can no longer be trusted.
+                // The disk is intact, but the in-memory state can no longer be trusted.
                 self.abort(&format!("commit failed: {e}"));
                 Err(e)
             }
         }
     }
 
-    fn try_commit(&mut self) -> Result<u64> {
+    fn try_close(&mut self) -> Result<CommitIo> {
         self.usable()?;
         // The root tree is copied in every commit: its root carries the new generation.
         let (_, ext_key) = self.recorded_key(objectid::EXTENT_TREE)?;
@@ -474,13 +554,18 @@ impl<'a> Transaction<'a> {
             ));
         }
         let sb = self.new_superblock(root_tree)?;
-        self.write_blocks()?;
-        self.fs.io.flush()?;
-        write_superblocks(self.fs, &sb)?;
-        self.fs.io.flush()?;
+        let blocks = self.finish_blocks()?;
+        // Readers and the next transaction see these blocks from memory until written.
+        self.fs.io.add_inflight(&blocks);
         let transid = self.transid;
-        self.fs.committed(sb, root_tree)?;
-        Ok(transid)
+        self.fs.committed(sb.clone(), root_tree)?;
+        Ok(CommitIo::new(
+            transid,
+            blocks,
+            sb,
+            std::sync::Arc::clone(&self.fs.io),
+            std::sync::Arc::clone(&self.fs.pipe),
+        ))
     }
 
     fn recorded_key(&mut self, tree: u64) -> Result<(TreeRoot, Key)> {
@@ -491,21 +576,22 @@ impl<'a> Transaction<'a> {
             .ok_or_else(|| Error::corrupt(0, format!("tree {tree} has no recorded root")))
     }
 
-    fn write_blocks(&mut self) -> Result<()> {
-        let fs = &mut *self.fs;
-        let csum = fs.sb.csum_type();
-        let st = fs.running.as_deref_mut().ok_or(Error::NotFound)?;
-        for (&bytenr, block) in st.dirty.iter_mut() {
-            finalize_block(block, csum)?;
-            fs.io.write_logical(bytenr, block)?;
+    /// Checksums every dirty block; they leave the transaction as shared blocks.
+    fn finish_blocks(&mut self) -> Result<Vec<(u64, Block)>> {
+        let csum = self.fs.sb.csum_type();
+        let st = self.fs.running.as_deref_mut().ok_or(Error::NotFound)?;
+        let mut out = Vec::with_capacity(st.dirty.len());
+        for (bytenr, mut block) in std::mem::take(&mut st.dirty) {
+            finalize_block(&mut block, csum)?;
+            out.push((bytenr, Block::from(block)));
         }
-        Ok(())
+        Ok(out)
     }
 
     /// Throws the running transaction away after a failure left its trees inconsistent.
     /// The disk still holds the last commit; changes since are lost, so the filesystem
     /// refuses further writes (as the kernel turns read-only after an abort).
-    pub fn abort(self, why: &str) {
+    pub fn abort(mut self, why: &str) {
         log::error!(
             "transaction {} aborted: {why}; changes since generation {} are lost and the filesystem is now read-only",
             self.transid,
@@ -627,8 +713,11 @@ impl<'a> Transaction<'a> {
 }
 
 /// Writes the superblock to every copy that fits on the device, each with its own bytenr.
-fn write_superblocks(fs: &Filesystem, sb: &superblock::Superblock) -> Result<()> {
-    let size = fs.io.device().size();
+pub(crate) fn write_superblocks(
+    io: &crate::disk_io::DiskIo,
+    sb: &superblock::Superblock,
+) -> Result<()> {
+    let size = io.device().size();
     for mirror in 0..3 {
         let off = superblock::mirror_offset(mirror);
         if off + SUPER_INFO_SIZE as u64 > size {
@@ -639,14 +728,14 @@ fn write_superblocks(fs: &Filesystem, sb: &superblock::Superblock) -> Result<()>
         let bytes = copy
             .to_bytes()
             .map_err(|e| Error::corrupt(off, format!("superblock: {e}")))?;
-        fs.io.device().write_all_at(&bytes, off)?;
+        io.device().write_all_at(&bytes, off)?;
     }
     Ok(())
 }
 
 /// The committed root of tree `tree` and the key of the item recording it (the superblock
 /// records the root and chunk trees: their key is a placeholder).
-fn load_root(fs: &Filesystem, tree: u64) -> Result<(TreeRoot, Key)> {
+fn load_root(fs: &FsCore, tree: u64) -> Result<(TreeRoot, Key)> {
     match tree {
         objectid::ROOT_TREE => Ok((fs.root_tree, Key::MIN)),
         objectid::CHUNK_TREE => Ok((
@@ -661,7 +750,7 @@ fn load_root(fs: &Filesystem, tree: u64) -> Result<(TreeRoot, Key)> {
         _ => {
             let mut found = None;
             ctree::for_each_in_range(
-                &fs.io,
+                &*fs.io,
                 &fs.root_tree,
                 Key::new(tree, item::ROOT_ITEM, 0),
                 Key::new(tree, item::ROOT_ITEM, u64::MAX),

@@ -2,13 +2,13 @@
 
 use crate::ctree::{for_each_in_range, lookup};
 use crate::error::{Error, Result};
-use crate::fs::{Filesystem, InodeId};
+use crate::fs::{FsCore, InodeId};
 use oleo_format::csum::name_hash;
 use oleo_format::items::DirEntryIter;
 use oleo_format::key::{item, objectid, Key};
 use std::ops::ControlFlow;
 
-impl Filesystem {
+impl FsCore {
     pub fn getxattr(&self, id: InodeId, name: &[u8]) -> Result<Vec<u8>> {
         if id.ino == objectid::EMPTY_SUBVOL_DIR {
             return Err(Error::NoXattr);

@@ -298,7 +298,7 @@ fn kernel_writes_a_file(scratch: &Scratch, name: &str) {
 /// oleo opens it read-write and starts a transaction: every block group and its free space
 /// must load (the free space tree is checked item by item there).
 fn oleo_reopens(path: &Path) {
-    let mut fs = Filesystem::open_rw(path, OpenOptions::default()).expect("reopen rw");
+    let fs = Filesystem::open_rw(path, OpenOptions::default()).expect("reopen rw");
     fs.start_transaction()
         .expect("a transaction loads every block group");
 }
@@ -429,7 +429,7 @@ fn every_type(name: &str, maker: Maker) {
     drop(fs);
     kernel_writes_a_file(&scratch, "kernel-file");
     // oleo writes on top of the kernel's commit, into the new groups too.
-    let mut fs = open_rw(&img);
+    let fs = open_rw(&img);
     fs.with_transaction(|txn| {
         for _ in 0..200 {
             xattrs.add(txn, 2000)?;
@@ -524,7 +524,7 @@ fn progs_mixed_block_groups() {
         return;
     }
     let before = chunk_tree(&img);
-    let mut fs = open_rw(&img);
+    let fs = open_rw(&img);
     let mut xattrs = Xattrs::default();
     let mut made = Vec::new();
     fs.with_transaction(|txn| {
@@ -564,7 +564,7 @@ fn system_chunks_until_the_superblock_array_is_full() {
         },
     );
     let (_, array_before) = super_fields(&img);
-    let mut fs = open_rw(&img);
+    let fs = open_rw(&img);
     let mut made = 0u64;
     for round in 0..2 {
         let (_, full) = fs
@@ -614,7 +614,7 @@ fn fill_metadata(name: &str, maker: Maker, bytes: u64, value_len: usize) {
     let before = chunk_tree(&img);
     let reserve = 4 * MIB;
     let mut xattrs = Xattrs::default();
-    let mut fs = open_rw(&img);
+    let fs = open_rw(&img);
     let mut chunks = 0;
     let mut commits = 0;
     loop {
@@ -675,7 +675,7 @@ fn fill_metadata(name: &str, maker: Maker, bytes: u64, value_len: usize) {
     oleo_reopens(&img);
     // Free a third of the items, so the kernel has room. Copy-on-write needs space to free
     // space: small batches of neighbouring keys (each leaf copied once, then emptied).
-    let mut fs = open_rw(&img);
+    let fs = open_rw(&img);
     let mut names: Vec<Vec<u8>> = xattrs.values.keys().cloned().collect();
     names.sort_by_key(|n| name_hash(n));
     names.truncate(names.len() / 3);
@@ -756,7 +756,7 @@ fn data_chunk_makes_metadata_room_first() {
     );
     let before = chunk_tree(&img);
     let mut xattrs = Xattrs::default();
-    let mut fs = open_rw(&img);
+    let fs = open_rw(&img);
     let mut made = Vec::new();
     fs.with_transaction(|txn| {
         while txn.available(bg::METADATA) > 700 << 10 {

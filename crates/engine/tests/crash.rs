@@ -329,7 +329,7 @@ fn run_workload(name: &str, mkfs_args: &[&str], ops: usize) {
     );
     sparse_copy(&base, &work);
 
-    let mut fs = Filesystem::open_rw(&work, OpenOptions::default()).unwrap();
+    let fs = Filesystem::open_rw(&work, OpenOptions::default()).unwrap();
     let d = fs.root();
     fs.mkdir(d, b"d", &oleo::NewInode::dir(0o755)).unwrap();
     fs.sync().unwrap();
@@ -493,4 +493,203 @@ fn crash_states_small_nodes_no_holes_off() {
 #[test]
 fn crash_states_sha256() {
     run_workload("sha256", &["--csum", "sha256"], 200);
+}
+
+/// Generation of a superblock image (its `generation` field).
+fn sb_generation(data: &[u8]) -> Option<u64> {
+    (data.len() >= 0x50).then(|| u64::from_le_bytes(data[0x48..0x50].try_into().unwrap()))
+}
+
+/// Commits racing with writers: four threads create files of one write each (so a commit
+/// holds a file empty or whole), delete older ones (so freed space is soon wanted again)
+/// and sync now and then, while another thread forces commits;
+/// a commit's writing overlaps the next transaction's operations. Every crash state must
+/// pass `btrfs check`, show a generation between the newest durable one and the newest
+/// whose superblock was written, hold every file synced before the crash, and hold no file
+/// partly.
+#[test]
+fn crash_states_with_commits_racing_writers() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Arc, Mutex};
+    let name = "racing";
+    if !oleo_testkit::require_root(name) {
+        return;
+    }
+    let seed = seed(name);
+    let scratch = Scratch::new(name);
+    let base = scratch.path("base.img");
+    let work = scratch.path("work.img");
+    oleo_testkit::empty_image(&base, 512, &[]).unwrap();
+    sparse_copy(&base, &work);
+    let fs = Arc::new(Filesystem::open_rw(&work, OpenOptions::default()).unwrap());
+    let (w0, f0) = fs.io_counts();
+    fs.start_io_recording();
+    let at = {
+        let fs = Arc::clone(&fs);
+        move || {
+            let (w, f) = fs.io_counts();
+            (w + f - w0 - f0) as usize
+        }
+    };
+    // Every file made: name -> (content, event count when a sync covering it returned,
+    // unlinked since).
+    type Made = BTreeMap<String, (Vec<u8>, Option<usize>, bool)>;
+    let made: Arc<Mutex<Made>> = Arc::default();
+    let stop = Arc::new(AtomicBool::new(false));
+    let committer = {
+        let (fs, stop) = (Arc::clone(&fs), Arc::clone(&stop));
+        std::thread::spawn(move || {
+            let mut rng = Rng::new(seed);
+            while !stop.load(Ordering::Relaxed) {
+                std::thread::sleep(std::time::Duration::from_micros(rng.below(3000)));
+                fs.sync().unwrap();
+            }
+        })
+    };
+    let threads: Vec<_> = (0..4u64)
+        .map(|t| {
+            let (fs, made, at) = (Arc::clone(&fs), Arc::clone(&made), at.clone());
+            std::thread::spawn(move || {
+                let mut rng = Rng::new(seed.wrapping_add(t + 1));
+                let mut mine: Vec<String> = Vec::new();
+                let mut older: Vec<String> = Vec::new();
+                for i in 0..80 {
+                    // Deleting frees space the allocator will want back soon.
+                    if !older.is_empty() && rng.below(2) == 0 {
+                        let victim = older.swap_remove(rng.below(older.len() as u64) as usize);
+                        fs.unlink(fs.root(), victim.as_bytes()).unwrap();
+                        made.lock().unwrap().get_mut(&victim).unwrap().2 = true;
+                    }
+                    let name = format!("t{t}-{i}");
+                    let len = 1 + rng.below(1 << 20) as usize;
+                    let fill = rng.next() as u8;
+                    let data: Vec<u8> = (0..len).map(|j| fill.wrapping_add(j as u8)).collect();
+                    let id = fs
+                        .mknod(fs.root(), name.as_bytes(), &oleo::NewInode::file(0o644))
+                        .unwrap()
+                        .id;
+                    fs.write(id, 0, &data).unwrap();
+                    made.lock()
+                        .unwrap()
+                        .insert(name.clone(), (data, None, false));
+                    mine.push(name.clone());
+                    older.push(name);
+                    if rng.below(6) == 0 {
+                        fs.sync().unwrap();
+                        let mark = at();
+                        for n in &mine {
+                            if let Some(e) = made.lock().unwrap().get_mut(n) {
+                                e.1.get_or_insert(mark);
+                            }
+                        }
+                        mine.clear();
+                    }
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    stop.store(true, Ordering::Relaxed);
+    committer.join().unwrap();
+    fs.sync().unwrap();
+    let events = fs.take_io_recording();
+    drop(at);
+    drop(Arc::into_inner(fs).unwrap());
+    let made = Arc::into_inner(made).unwrap().into_inner().unwrap();
+
+    // Where superblocks were written and flushed.
+    let primary = 64 * 1024;
+    let supers: Vec<(usize, u64)> = events
+        .iter()
+        .enumerate()
+        .filter_map(|(i, e)| match e {
+            IoEvent::Write { offset, data } if *offset == primary => {
+                sb_generation(data).map(|g| (i, g))
+            }
+            _ => None,
+        })
+        .collect();
+    assert!(
+        supers.len() > 5,
+        "too few commits recorded: {}",
+        supers.len()
+    );
+    for w in supers.windows(2) {
+        assert!(w[0].1 < w[1].1, "superblocks out of generation order");
+    }
+    let mut rng = Rng::new(seed ^ 0x5eed);
+    let mut cuts: Vec<usize> = (0..40)
+        .map(|_| rng.below(events.len() as u64 + 1) as usize)
+        .collect();
+    cuts.extend(supers.iter().flat_map(|&(i, _)| [i, i + 1, i + 2]));
+    cuts.retain(|&c| c <= events.len());
+    cuts.sort();
+    cuts.dedup();
+    let step = (cuts.len() / 60).max(1);
+    let crash = scratch.path("crash.img");
+    let mut checked = 0;
+    for &n in cuts.iter().step_by(step) {
+        let dropped = crash_image(&base, &crash, &events, n, &mut rng);
+        let last_flush = events[..n].iter().rposition(|e| *e == IoEvent::Flush);
+        let floor = supers
+            .iter()
+            .filter(|&&(i, _)| last_flush.is_some_and(|f| i < f))
+            .map(|&(_, g)| g)
+            .max();
+        let ceiling = supers
+            .iter()
+            .filter(|&&(i, _)| i < n)
+            .map(|&(_, g)| g)
+            .max();
+        let what = format!(
+            "seed {seed}: crash after {n} of {} events ({dropped} late writes lost)",
+            events.len()
+        );
+        if let Err(text) = oleo_testkit::btrfs_check(&crash, false) {
+            panic!("{what}: btrfs check:\n{text}");
+        }
+        let fs = Filesystem::open(&crash, OpenOptions::default())
+            .unwrap_or_else(|e| panic!("{what}: oleo cannot open: {e}"));
+        let generation = fs.superblock().generation;
+        if let (Some(lo), Some(hi)) = (floor, ceiling) {
+            assert!(
+                (lo..=hi).contains(&generation),
+                "{what}: generation {generation}, expected {lo}..={hi}"
+            );
+        }
+        for (name, (data, synced, deleted)) in &made {
+            match fs.lookup(fs.root(), name.as_bytes()) {
+                Ok(id) => {
+                    let size = fs.getattr(id).unwrap().size;
+                    if size != 0 {
+                        let got = fs
+                            .read(id, 0, data.len() as u32 + 1)
+                            .unwrap_or_else(|e| panic!("{what}: {name}: {e}"));
+                        assert!(got == *data, "{what}: {name} holds other bytes");
+                    }
+                    assert!(
+                        size == 0 || size == data.len() as u64,
+                        "{what}: {name} is {size} bytes of {}",
+                        data.len()
+                    );
+                    if synced.is_some_and(|m| m <= n) {
+                        assert_eq!(size, data.len() as u64, "{what}: {name} was synced");
+                    }
+                }
+                Err(_) => assert!(
+                    *deleted || !synced.is_some_and(|m| m <= n),
+                    "{what}: {name} was synced before the crash and is gone"
+                ),
+            }
+        }
+        checked += 1;
+    }
+    eprintln!(
+        "{name} seed {seed}: {} events, {} commits, {} files; {checked} crash states checked",
+        events.len(),
+        supers.len(),
+        made.len()
+    );
 }

@@ -112,7 +112,7 @@ fn one_big_file_until_full() {
     }
     init_log();
     let s = Scratch::new("big", 256, &[]);
-    let mut fs = Filesystem::open_rw(s.image(), OpenOptions::default()).unwrap();
+    let fs = Filesystem::open_rw(s.image(), OpenOptions::default()).unwrap();
     let root = fs.root();
     let id = fs.mknod(root, b"big", &NewInode::file(0o644)).unwrap().id;
     let chunk = 1 << 20;
@@ -144,7 +144,7 @@ fn one_big_file_until_full() {
         "filling with one file",
     );
     // Freeing space makes room again (after the commit that unpins it).
-    let mut fs = Filesystem::open_rw(s.image(), OpenOptions::default()).unwrap();
+    let fs = Filesystem::open_rw(s.image(), OpenOptions::default()).unwrap();
     let root = fs.root();
     fs.unlink(root, b"big").unwrap();
     let id = fs.mknod(root, b"again", &NewInode::file(0o644)).unwrap().id;
@@ -166,7 +166,7 @@ fn many_small_files_until_full() {
         return;
     }
     let s = Scratch::new("small", 128, &["--nodesize", "4096"]);
-    let mut fs = Filesystem::open_rw(s.image(), OpenOptions::default()).unwrap();
+    let fs = Filesystem::open_rw(s.image(), OpenOptions::default()).unwrap();
     let root = fs.root();
     let mut files: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
     let mut i = 0u64;
@@ -210,7 +210,7 @@ fn xattrs_until_full() {
         return;
     }
     let s = Scratch::new("xattr", 128, &[]);
-    let mut fs = Filesystem::open_rw(s.image(), OpenOptions::default()).unwrap();
+    let fs = Filesystem::open_rw(s.image(), OpenOptions::default()).unwrap();
     let root = fs.root();
     let mut ids: Vec<InodeId> = Vec::new();
     for n in 0..20 {
@@ -257,7 +257,7 @@ fn dirty_metadata_stays_bounded() {
         cache_bytes: 8 << 20,
         ..Default::default()
     };
-    let mut fs = Filesystem::open_rw(s.image(), opts).unwrap();
+    let fs = Filesystem::open_rw(s.image(), opts).unwrap();
     let root = fs.root();
     let mut peak = 0;
     let gen0 = fs.superblock().generation;
@@ -293,7 +293,7 @@ fn superblock_copies_are_not_free_space() {
         return;
     }
     let s = Scratch::new("sbcopy", 2048, &["-d", "single", "-m", "single"]);
-    let mut fs = Filesystem::open_rw(s.image(), OpenOptions::default()).unwrap();
+    let fs = Filesystem::open_rw(s.image(), OpenOptions::default()).unwrap();
     let root = fs.root();
     let id = fs.mknod(root, b"f", &NewInode::file(0o644)).unwrap().id;
     let piece = 64 << 10;

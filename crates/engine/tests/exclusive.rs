@@ -183,7 +183,7 @@ fn dropping_a_writable_filesystem_commits_and_close_reports() {
     let dir = TempDir::new(name).unwrap();
     let image = mkfs(&dir, 256);
     {
-        let mut fs = Filesystem::open_rw(&image, OpenOptions::default()).unwrap();
+        let fs = Filesystem::open_rw(&image, OpenOptions::default()).unwrap();
         let root = fs.root();
         let f = fs
             .mknod(root, b"kept", &oleo::NewInode::file(0o644))
@@ -197,7 +197,7 @@ fn dropping_a_writable_filesystem_commits_and_close_reports() {
     drop(fs);
     assert_btrfs_check(&image, "a drop");
 
-    let mut fs = Filesystem::open_rw(&image, OpenOptions::default()).unwrap();
+    let fs = Filesystem::open_rw(&image, OpenOptions::default()).unwrap();
     let root = fs.root();
     fs.mknod(root, b"closed", &oleo::NewInode::file(0o600))
         .unwrap();
@@ -207,7 +207,7 @@ fn dropping_a_writable_filesystem_commits_and_close_reports() {
     drop(fs);
 
     // A commit that cannot reach the disk: close says so.
-    let mut fs = Filesystem::open_rw(&image, OpenOptions::default()).unwrap();
+    let fs = Filesystem::open_rw(&image, OpenOptions::default()).unwrap();
     let root = fs.root();
     fs.mknod(root, b"lost", &oleo::NewInode::file(0o600))
         .unwrap();
@@ -227,7 +227,7 @@ fn an_aborted_transaction_turns_the_filesystem_read_only() {
     }
     let dir = TempDir::new(name).unwrap();
     let image = mkfs(&dir, 256);
-    let mut fs = Filesystem::open_rw(&image, OpenOptions::default()).unwrap();
+    let fs = Filesystem::open_rw(&image, OpenOptions::default()).unwrap();
     let root = fs.root();
     fs.mknod(root, b"pending", &oleo::NewInode::file(0o600))
         .unwrap();

@@ -494,7 +494,7 @@ fn interrupted_commit_keeps_previous_generation() {
     let committed = fs.superblock().generation;
     drop(fs);
     for round in 0..3 {
-        let mut fs = open_rw(&scratch.image());
+        let fs = open_rw(&scratch.image());
         let budget = rng.below(60);
         fs.fail_writes_after(budget);
         let mut scratch_model = Model {
@@ -568,7 +568,7 @@ fn non_skinny_metadata_is_refused() {
             args: &["-O", "^skinny-metadata"],
         },
     );
-    let mut fs = open_rw(&scratch.image());
+    let fs = open_rw(&scratch.image());
     let generation = fs.superblock().generation;
     match fs.start_transaction() {
         Err(oleo::Error::Unsupported(why)) => assert!(why.contains("skinny"), "{why}"),
@@ -668,11 +668,12 @@ fn quotas_are_refused() {
             args: &["-R", "quota"],
         },
     );
-    let mut fs = open_rw(&scratch.image());
-    match fs.start_transaction() {
+    let fs = open_rw(&scratch.image());
+    let started = fs.start_transaction().map(drop);
+    match started {
         Err(oleo::Error::Unsupported(why)) => assert!(why.contains("quota"), "{why}"),
         Err(e) => panic!("unexpected error {e}"),
-        Ok(_) => panic!("a transaction started with quotas enabled"),
+        Ok(()) => panic!("a transaction started with quotas enabled"),
     }
 }
 
@@ -685,7 +686,7 @@ fn chunk_tree_blocks_go_to_system_block_groups() {
     }
     let scratch = Scratch::new("chunk-tree");
     make_image(&scratch.image(), &Maker::Progs { args: &[] });
-    let mut fs = open_rw(&scratch.image());
+    let fs = open_rw(&scratch.image());
     let old_chunk_root = fs.superblock().chunk_root;
     let dev_item = Key::new(objectid::DEV_ITEMS, item::DEV_ITEM, 1);
     let (generation, _) = fs

@@ -15,7 +15,6 @@ pub mod transport;
 
 use nodeid::NodeIds;
 use oleo::{Attr, Error, FileKind, Filesystem, InodeId};
-use parking_lot::RwLock;
 use space_guard::{OpenMode, SpaceGuard};
 use std::collections::HashMap;
 use std::path::Path;
@@ -57,7 +56,7 @@ impl Default for MountSettings {
 
 pub struct OleoFuse {
     /// Reads share the lock; an operation that writes holds it alone.
-    fs: Arc<RwLock<Filesystem>>,
+    fs: Arc<Filesystem>,
     ids: NodeIds,
     settings: MountSettings,
     ttl: Duration,
@@ -73,7 +72,7 @@ impl OleoFuse {
     pub fn new(fs: Filesystem, settings: MountSettings) -> OleoFuse {
         let ids = NodeIds::new(fs.root());
         let ttl = if settings.writable { RW_TTL } else { TTL };
-        let fs = Arc::new(RwLock::new(fs));
+        let fs = Arc::new(fs);
         OleoFuse {
             fs,
             ids,
@@ -106,7 +105,7 @@ impl OleoFuse {
         let writing = self.settings.writable && flags & libc::O_ACCMODE != libc::O_RDONLY;
         if writing && self.space.is_low() {
             // Leaving low space is noticed here, when it matters.
-            self.space.update(Self::available(&self.fs.read()));
+            self.space.update(Self::available(&self.fs));
         }
         let mode = self.space.open_mode(writing);
         let fh = self.space.opened(ino, mode);
@@ -116,20 +115,19 @@ impl OleoFuse {
         }
     }
 
-    /// Runs a write operation with the filesystem to itself.
-    fn mutate<R>(&self, f: impl FnOnce(&mut Filesystem) -> oleo::Result<R>) -> Result<R, Errno> {
+    /// Runs operations that change the filesystem (refused on a read-only mount).
+    fn mutate<R>(&self, f: impl FnOnce(&Filesystem) -> oleo::Result<R>) -> Result<R, Errno> {
         if !self.settings.writable {
             return Err(Errno::EROFS);
         }
-        let mut fs = self.fs.write();
-        f(&mut fs).map_err(errno)
+        f(&self.fs).map_err(errno)
     }
 
     /// The entry the kernel gets for a new or found inode, counted as one more lookup.
     fn new_entry(&self, r: Result<Attr, Errno>) -> Result<abi::EntryOut, Errno> {
         let a = r?;
         let e = self.entry_out(&a)?;
-        self.remember(&self.fs.read(), e.nodeid, a.id);
+        self.remember(e.nodeid, a.id);
         Ok(e)
     }
 
@@ -157,12 +155,12 @@ impl OleoFuse {
     }
 
     /// Counts one more kernel reference to `node` (each entry the kernel is given), before
-    /// the reply goes out: its FORGET cannot come earlier. `fs` is locked by the caller.
-    fn remember(&self, fs: &Filesystem, node: u64, id: InodeId) {
+    /// the reply goes out: its FORGET cannot come earlier.
+    fn remember(&self, node: u64, id: InodeId) {
         let mut lookups = self.lookups.lock();
         let n = lookups.entry(node).or_insert(0);
         if *n == 0 {
-            fs.pin_open(id);
+            self.fs.pin_open(id);
         }
         *n += 1;
     }
@@ -195,12 +193,9 @@ impl OleoFuse {
 
     /// Drops one pin of `id`; deletes it if it was the last and the inode has no names left.
     fn unpin(&self, id: InodeId) -> Result<(), Errno> {
-        let orphan = {
-            let fs = self.fs.read();
-            fs.drop_pin(id) && fs.getattr(id).is_ok_and(|a| a.nlink == 0)
-        };
+        let orphan = self.fs.drop_pin(id) && self.fs.getattr(id).is_ok_and(|a| a.nlink == 0);
         if orphan && self.settings.writable {
-            self.fs.write().delete_if_unlinked(id).map_err(errno)?;
+            self.fs.delete_if_unlinked(id).map_err(errno)?;
         }
         Ok(())
     }
@@ -231,46 +226,45 @@ impl OleoFuse {
         })
     }
 
-    /// An inode's entry under a read lock the caller already holds (taking it again could
-    /// wait forever behind a queued writer).
-    fn entry_in(&self, fs: &Filesystem, id: InodeId) -> Result<abi::EntryOut, Errno> {
-        let attr = fs.getattr(id).map_err(errno)?;
+    /// An inode's entry as the kernel gets it.
+    fn entry_of(&self, id: InodeId) -> Result<abi::EntryOut, Errno> {
+        let attr = self.fs.getattr(id).map_err(errno)?;
         self.entry_out(&attr)
     }
 
-    /// Lists a directory under one read lock, which `add` gets to use (it must not lock).
+    /// Lists a directory from `offset`; `add` returns true once the answer is full.
     fn list(
         &self,
         node: u64,
         fh: u64,
         offset: u64,
-        mut add: impl FnMut(&Filesystem, u64, InodeId, FileKind, &[u8], u64) -> bool,
+        mut add: impl FnMut(u64, InodeId, FileKind, &[u8], u64) -> bool,
     ) -> Result<(), Errno> {
         let dir = self.id(node)?;
         let end = self.dir_handles.lock().1.get(&fh).copied();
-        let fs = self.fs.read();
         // Offsets 1 and 2 follow "." and ".."; a real entry with DIR_INDEX i resumes at i + 1.
-        if offset < 1 && add(&fs, node, dir, FileKind::Dir, b".", 1) {
+        if offset < 1 && add(node, dir, FileKind::Dir, b".", 1) {
             return Ok(());
         }
-        if offset < 2 && add(&fs, node, dir, FileKind::Dir, b"..", 2) {
+        if offset < 2 && add(node, dir, FileKind::Dir, b"..", 2) {
             return Ok(());
         }
         let mut err = None;
-        fs.readdir(dir, offset.max(2), &mut |e| {
-            // Entries created or renamed since opendir sit past its end.
-            if end.is_some_and(|end| e.next_offset > end) {
-                return false;
-            }
-            match self.ids.encode(e.id) {
-                Some(node) => !add(&fs, node, e.id, e.kind, &e.name, e.next_offset),
-                None => {
-                    err = Some(Errno::EOVERFLOW);
-                    false
+        self.fs
+            .readdir(dir, offset.max(2), &mut |e| {
+                // Entries created or renamed since opendir sit past its end.
+                if end.is_some_and(|end| e.next_offset > end) {
+                    return false;
                 }
-            }
-        })
-        .map_err(errno)?;
+                match self.ids.encode(e.id) {
+                    Some(node) => !add(node, e.id, e.kind, &e.name, e.next_offset),
+                    None => {
+                        err = Some(Errno::EOVERFLOW);
+                        false
+                    }
+                }
+            })
+            .map_err(errno)?;
         err.map_or(Ok(()), Err)
     }
 }
@@ -286,7 +280,7 @@ pub fn request_commit() {
     COMMIT_REQUESTED.store(true, Ordering::SeqCst);
 }
 
-fn spawn_committer(fs: Weak<RwLock<Filesystem>>, interval: Duration) {
+fn spawn_committer(fs: Weak<Filesystem>, interval: Duration) {
     const NAP: Duration = Duration::from_millis(100);
     let spawned = std::thread::Builder::new()
         .name("oleo-commit".into())
@@ -296,7 +290,6 @@ fn spawn_committer(fs: Weak<RwLock<Filesystem>>, interval: Duration) {
                 std::thread::sleep(NAP);
             }
             let Some(fs) = fs.upgrade() else { return };
-            let mut fs = fs.write();
             if fs.has_uncommitted_changes() {
                 if let Err(e) = fs.sync() {
                     log::error!("periodic commit failed: {e}");
@@ -313,7 +306,7 @@ fn spawn_committer(fs: Weak<RwLock<Filesystem>>, interval: Duration) {
 /// A write through a direct handle: as much as fits, leaving `keep` bytes free (short
 /// writes are how write(2) says the device is full), ENOSPC if nothing fits.
 fn write_direct(
-    fs: &mut Filesystem,
+    fs: &Filesystem,
     id: InodeId,
     offset: u64,
     data: &[u8],

@@ -54,8 +54,7 @@ impl Handler for OleoFuse {
         if !self.settings.writable {
             return;
         }
-        let mut fs = self.fs.write();
-        if let Err(e) = fs.close_all_and_sync() {
+        if let Err(e) = self.fs.close_all_and_sync() {
             log::error!("final commit at unmount failed: {e}");
         }
     }
@@ -120,13 +119,13 @@ impl Handler for OleoFuse {
             Op::Getxattr { size, name } => {
                 let r = self
                     .id(node)
-                    .and_then(|id| self.fs.read().getxattr(id, name).map_err(errno));
+                    .and_then(|id| self.fs.getxattr(id, name).map_err(errno));
                 xattr_answer(r, size, reply)
             }
             Op::Listxattr { size } => {
                 let r = self
                     .id(node)
-                    .and_then(|id| self.fs.read().listxattr(id).map_err(errno))
+                    .and_then(|id| self.fs.listxattr(id).map_err(errno))
                     .map(|names| {
                         let mut buf = Vec::new();
                         for n in names {
@@ -182,10 +181,9 @@ fn xattr_answer(r: Result<Vec<u8>, Errno>, size: u32, reply: Reply<'_>) {
 impl OleoFuse {
     fn lookup(&self, parent: u64, name: &[u8]) -> Result<abi::EntryOut, Errno> {
         let dir = self.id(parent)?;
-        let fs = self.fs.read();
-        let id = fs.lookup(dir, name).map_err(errno)?;
-        let e = self.entry_in(&fs, id)?;
-        self.remember(&fs, e.nodeid, id);
+        let id = self.fs.lookup(dir, name).map_err(errno)?;
+        let e = self.entry_of(id)?;
+        self.remember(e.nodeid, id);
         Ok(e)
     }
 
@@ -196,7 +194,7 @@ impl OleoFuse {
             return Err(Errno::ENOSPC);
         }
         let id = self.id(node)?;
-        let a = self.fs.read().getattr(id).map_err(errno)?;
+        let a = self.fs.getattr(id).map_err(errno)?;
         self.attr_out(&a)
     }
 
@@ -239,7 +237,7 @@ impl OleoFuse {
 
     fn readlink(&self, node: u64) -> Result<Vec<u8>, Errno> {
         let id = self.id(node)?;
-        self.fs.read().readlink(id).map_err(errno)
+        self.fs.readlink(id).map_err(errno)
     }
 
     fn symlink(
@@ -308,7 +306,7 @@ impl OleoFuse {
         }
         let id = self.id(node)?;
         // An open file outlives its last name (it becomes an orphan until release).
-        self.fs.read().pin_open(id);
+        self.fs.pin_open(id);
         Ok(self.open_handle(node, flags))
     }
 
@@ -339,7 +337,7 @@ impl OleoFuse {
         });
         match r.and_then(|a| Ok((self.entry_out(&a)?, a.id))) {
             Ok((e, id)) => {
-                self.remember(&self.fs.read(), e.nodeid, id);
+                self.remember(e.nodeid, id);
                 let (fh, open_flags) = self.open_handle(e.nodeid, arg.flags as i32);
                 reply.created(&e, fh, open_flags)
             }
@@ -349,7 +347,7 @@ impl OleoFuse {
 
     fn read(&self, node: u64, arg: &abi::ReadIn) -> Result<Vec<u8>, Errno> {
         let id = self.id(node)?;
-        self.fs.read().read(id, arg.offset, arg.size).map_err(errno)
+        self.fs.read(id, arg.offset, arg.size).map_err(errno)
     }
 
     fn write(&self, node: u64, arg: &abi::WriteIn, data: &[u8], reply: Reply<'_>) {
@@ -381,7 +379,7 @@ impl OleoFuse {
     }
 
     fn statfs(&self) -> Result<abi::StatfsOut, Errno> {
-        let s = self.fs.read().statfs().map_err(errno)?;
+        let s = self.fs.statfs().map_err(errno)?;
         Ok(abi::StatfsOut {
             blocks: s.blocks,
             bfree: s.blocks_free,
@@ -408,7 +406,7 @@ impl OleoFuse {
 
     fn opendir(&self, node: u64) -> Result<u64, Errno> {
         let dir = self.id(node)?;
-        let end = self.fs.read().readdir_end(dir).map_err(errno)?;
+        let end = self.fs.readdir_end(dir).map_err(errno)?;
         let mut h = self.dir_handles.lock();
         let fh = h.0;
         h.0 += 1;
@@ -418,12 +416,9 @@ impl OleoFuse {
 
     fn readdir(&self, node: u64, arg: &abi::ReadIn, reply: Reply<'_>) {
         let mut buf = DirBuf::new(arg.size);
-        let r = self.list(
-            node,
-            arg.fh,
-            arg.offset,
-            |_fs, ino, _id, kind, name, next| !buf.add(ino, next, crate::type_bits(kind), name),
-        );
+        let r = self.list(node, arg.fh, arg.offset, |ino, _id, kind, name, next| {
+            !buf.add(ino, next, crate::type_bits(kind), name)
+        });
         match r {
             Ok(()) => buf.send(reply),
             Err(e) => reply.error(e),
@@ -433,14 +428,14 @@ impl OleoFuse {
     fn readdirplus(&self, node: u64, arg: &abi::ReadIn, reply: Reply<'_>) {
         let mut buf = DirBuf::new(arg.size);
         let mut err = None;
-        let r = self.list(node, arg.fh, arg.offset, |fs, ino, id, kind, name, next| {
-            match self.entry_in(fs, id) {
+        let r = self.list(node, arg.fh, arg.offset, |ino, id, kind, name, next| {
+            match self.entry_of(id) {
                 Ok(mut e) => {
                     e.nodeid = ino;
                     let full = !buf.add_plus(&e, next, crate::type_bits(kind), name);
                     // The kernel takes a reference to every entry but "." and "..".
                     if !full && name != b"." && name != b".." {
-                        self.remember(fs, ino, id);
+                        self.remember(ino, id);
                     }
                     full
                 }
@@ -501,7 +496,7 @@ impl OleoFuse {
             return Err(Errno::ENOSYS);
         }
         let id = self.id(node)?;
-        self.fs.read().seek_data_hole(id, from, data).map_err(errno)
+        self.fs.seek_data_hole(id, from, data).map_err(errno)
     }
 
     fn copy_file_range(&self, node: u64, arg: &abi::CopyFileRangeIn) -> Result<u64, Errno> {

@@ -6,7 +6,7 @@
 //! empty directories), as with mkfs.btrfs.
 
 use crate::error::{Error, Result};
-use crate::fs::{Filesystem, InodeId, Timespec};
+use crate::fs::{FsCore, InodeId, Timespec};
 use crate::inode_ops::{NewInode, SetAttr, XattrSet};
 use std::collections::HashMap;
 use std::ffi::CString;
@@ -48,10 +48,13 @@ pub fn measure(src: &Path) -> Result<Progress> {
 /// Copies the tree under `src` into `fs`'s root directory, which takes `src`'s owner, mode
 /// and times. `progress` is called after each inode with the totals so far and its path.
 pub fn fill(
-    fs: &mut Filesystem,
+    fs: &crate::Filesystem,
     src: &Path,
     progress: &mut dyn FnMut(&Progress, &Path),
 ) -> Result<()> {
+    // One writer, many small operations: the filesystem stays ours for the whole copy.
+    let mut core = fs.core_mut();
+    let fs = &mut *core;
     let root_meta = std::fs::symlink_metadata(src).map_err(|e| at(src, e))?;
     if !root_meta.is_dir() {
         return Err(Error::InvalidArgument(format!(
@@ -73,7 +76,7 @@ pub fn fill(
 }
 
 struct Copy<'a> {
-    fs: &'a mut Filesystem,
+    fs: &'a mut FsCore,
     device: u64,
     /// Source (st_dev, st_ino) of inodes with more than one link, to link them again.
     links: HashMap<(u64, u64), InodeId>,

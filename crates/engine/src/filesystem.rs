@@ -1,0 +1,230 @@
+//! The public handle on an open filesystem: `Send + Sync`, every operation through
+//! `&self`, so an embedding program (or the FUSE server) reads and writes from many
+//! threads with no lock of its own.
+//!
+//! Inside, the state (`FsCore`) sits behind one reader-writer lock: reads share it, an
+//! operation that changes the filesystem holds it alone while it joins the running
+//! transaction. A commit holds it only to close the transaction (bookkeeping to a
+//! fixpoint, blocks checksummed); writing the blocks, the flushes and the superblocks run
+//! without it, while new operations join the next transaction (see `transaction`).
+
+use crate::ctree::TreeRoot;
+use crate::error::Result;
+use crate::file::ExtentInfo;
+use crate::fs::{Attr, DirEntry, FsCore, InodeId, OpenOptions, StatFs, SubvolumeInfo};
+use crate::inode_ops::{FallocMode, NewInode, RenameFlags, SetAttr, XattrSet};
+use crate::transaction::Transaction;
+use oleo_format::superblock::Superblock;
+use oleo_format::TreeBlock;
+use parking_lot::{RwLock, RwLockWriteGuard};
+use std::path::Path;
+
+pub struct Filesystem {
+    core: RwLock<FsCore>,
+}
+
+/// Operations that read: they share the lock.
+macro_rules! reads {
+    ($($(#[$m:meta])* fn $name:ident(&self $(, $arg:ident: $ty:ty)*) -> $ret:ty;)*) => {$(
+        $(#[$m])*
+        pub fn $name(&self $(, $arg: $ty)*) -> $ret {
+            self.core.read().$name($($arg),*)
+        }
+    )*};
+}
+
+/// Operations that change the filesystem: they hold the lock alone.
+macro_rules! writes {
+    ($($(#[$m:meta])* fn $name:ident(&self $(, $arg:ident: $ty:ty)*) -> $ret:ty;)*) => {$(
+        $(#[$m])*
+        pub fn $name(&self $(, $arg: $ty)*) -> $ret {
+            self.core.write().$name($($arg),*)
+        }
+    )*};
+}
+
+#[allow(clippy::unused_unit)]
+impl Filesystem {
+    /// Opens an image file or block device (read-only unless `options.read_only` is false).
+    pub fn open(path: impl AsRef<Path>, options: OpenOptions) -> Result<Filesystem> {
+        Ok(Filesystem {
+            core: RwLock::new(FsCore::open(path, options)?),
+        })
+    }
+
+    /// Opens an image file or block device writable.
+    pub fn open_rw(path: impl AsRef<Path>, options: OpenOptions) -> Result<Filesystem> {
+        Ok(Filesystem {
+            core: RwLock::new(FsCore::open_rw(path, options)?),
+        })
+    }
+
+    /// Commits and closes; returns the final commit's result (a drop commits too, but can
+    /// only log a failure).
+    pub fn close(self) -> Result<()> {
+        self.core.into_inner().close()
+    }
+
+    /// The superblock as last committed.
+    pub fn superblock(&self) -> Superblock {
+        self.core.read().superblock().clone()
+    }
+
+    /// Lists directory `dir` from offset `from` (an entry's `next_offset` resumes after
+    /// it); `f` returns false to stop. `f` runs without the lock held, so it may call back
+    /// into the filesystem (the entries come in batches read under the lock).
+    pub fn readdir(
+        &self,
+        dir: InodeId,
+        from: u64,
+        f: &mut dyn FnMut(DirEntry) -> bool,
+    ) -> Result<()> {
+        const BATCH: usize = 128;
+        let mut from = from;
+        loop {
+            let mut batch = Vec::with_capacity(BATCH);
+            self.core.read().readdir(dir, from, &mut |e| {
+                batch.push(e);
+                batch.len() < BATCH
+            })?;
+            let last = batch.len() < BATCH;
+            for e in batch {
+                from = e.next_offset;
+                if !f(e) {
+                    return Ok(());
+                }
+            }
+            if last {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Visits every block of a tree (inspection tools). `f` runs under the shared lock:
+    /// it must not call back into the filesystem.
+    pub fn walk_tree(
+        &self,
+        root: &TreeRoot,
+        f: &mut dyn FnMut(TreeBlock<'_>),
+        on_error: &mut dyn FnMut(&crate::Error),
+    ) -> Result<()> {
+        self.core.read().walk_tree(root, f, on_error)
+    }
+
+    /// Starts (or joins) the running transaction, with the filesystem to itself until the
+    /// transaction handle is dropped or committed.
+    pub fn start_transaction(&self) -> Result<Transaction<'_>> {
+        Transaction::start_locked(self.core.write())
+    }
+
+    /// Runs `f` in the running transaction and commits it if `f` succeeds; returns the
+    /// committed generation and what `f` returned.
+    pub fn with_transaction<R>(
+        &self,
+        f: impl FnOnce(&mut Transaction<'_>) -> Result<R>,
+    ) -> Result<(u64, R)> {
+        let mut txn = self.start_transaction()?;
+        let r = f(&mut txn)?;
+        let generation = txn.commit()?;
+        Ok((generation, r))
+    }
+
+    /// The state, alone (crate-internal work made of many writes, such as mkfs --rootdir).
+    pub(crate) fn core_mut(&self) -> RwLockWriteGuard<'_, FsCore> {
+        self.core.write()
+    }
+
+    reads! {
+        /// The root directory of the opened subvolume.
+        fn root(&self) -> InodeId;
+        /// True when the image has a log tree that was not replayed.
+        fn has_pending_log(&self) -> bool;
+        /// Memory held by the running transaction's dirty tree blocks.
+        fn dirty_bytes(&self) -> u64;
+        /// True while changes are waiting for a commit.
+        fn has_uncommitted_changes(&self) -> bool;
+        /// (writes, flushes) issued to the device since it was opened.
+        fn io_counts(&self) -> (u64, u64);
+        /// Records every device write and flush from now on (crash simulation).
+        fn start_io_recording(&self) -> ();
+        /// The writes and flushes recorded so far.
+        fn take_io_recording(&self) -> Vec<crate::device::IoEvent>;
+        /// Makes every later write to the device fail after `writes` more (crash tests).
+        fn fail_writes_after(&self, writes: u64) -> ();
+        /// Why this filesystem cannot be written by oleo, if it cannot.
+        fn can_write(&self) -> Result<()>;
+        /// Reads up to `size` bytes at `offset` (fewer at the end of the file).
+        fn read(&self, id: InodeId, offset: u64, size: u32) -> Result<Vec<u8>>;
+        /// SEEK_DATA (`data`) or SEEK_HOLE from `offset`.
+        fn seek_data_hole(&self, id: InodeId, offset: u64, data: bool) -> Result<u64>;
+        /// A file's extents, as FIEMAP reports them.
+        fn file_extents(&self, id: InodeId) -> Result<Vec<ExtentInfo>>;
+        fn lookup(&self, dir: InodeId, name: &[u8]) -> Result<InodeId>;
+        /// The offset past the last entry `dir` has now (a listing opened now ends there).
+        fn readdir_end(&self, dir: InodeId) -> Result<u64>;
+        fn getattr(&self, id: InodeId) -> Result<Attr>;
+        fn readlink(&self, id: InodeId) -> Result<Vec<u8>>;
+        /// A path from the top-level subvolume to `id`.
+        fn inode_path(&self, id: InodeId) -> Result<Vec<u8>>;
+        fn getxattr(&self, id: InodeId, name: &[u8]) -> Result<Vec<u8>>;
+        fn listxattr(&self, id: InodeId) -> Result<Vec<Vec<u8>>>;
+        /// Follows `path` (components separated by '/') from `start`.
+        fn resolve_path(&self, start: InodeId, path: &[u8]) -> Result<InodeId>;
+        fn default_subvolume(&self) -> Result<u64>;
+        fn list_subvolumes(&self) -> Result<Vec<SubvolumeInfo>>;
+        /// The current root of tree `id` (None: no such tree).
+        fn tree_root(&self, id: u64) -> Result<Option<TreeRoot>>;
+        /// Every tree the root tree records.
+        fn tree_ids(&self) -> Result<Vec<u64>>;
+        /// Marks `id` as open: if its last name goes, it lives on until unpinned.
+        fn pin_open(&self, id: InodeId) -> ();
+        /// Undoes one `pin_open` without deleting anything; true if it was the last.
+        fn drop_pin(&self, id: InodeId) -> bool;
+        /// Bytes new file data can still get (statfs's available space).
+        fn data_available(&self) -> Result<u64>;
+        fn statfs(&self) -> Result<StatFs>;
+    }
+
+    /// Commits the running transaction, if any: everything before is durable after.
+    /// Returns the generation on disk. Operations of other threads go on meanwhile, in the
+    /// next transaction: only closing this one holds the lock.
+    pub fn sync(&self) -> Result<u64> {
+        let (io, generation, pipe) = {
+            let mut core = self.core.write();
+            let io = core.close_running()?;
+            (io, core.superblock().generation, core.pipe.clone())
+        };
+        match io {
+            Some(io) => io.write(),
+            // Nothing new, but a commit of another thread may still be writing.
+            None => pipe.wait_durable(generation),
+        }
+    }
+
+    writes! {
+        /// Undoes one `pin_open`; the last one deletes the inode if it has no names left.
+        fn unpin_open(&self, id: InodeId) -> Result<()>;
+        /// Deletes `id` if it has no names left and nothing pins it.
+        fn delete_if_unlinked(&self, id: InodeId) -> Result<()>;
+        /// Creates a file of any type but directory and symlink, as `new` describes.
+        fn mknod(&self, parent: InodeId, name: &[u8], new: &NewInode) -> Result<Attr>;
+        fn mkdir(&self, parent: InodeId, name: &[u8], new: &NewInode) -> Result<Attr>;
+        /// An unnamed regular file (O_TMPFILE), pinned as if open, that `link` can name.
+        fn tmpfile(&self, parent: InodeId, new: &NewInode) -> Result<Attr>;
+        fn symlink(&self, parent: InodeId, name: &[u8], target: &[u8], uid: u32, gid: u32) -> Result<Attr>;
+        fn link(&self, id: InodeId, parent: InodeId, name: &[u8]) -> Result<Attr>;
+        fn unlink(&self, parent: InodeId, name: &[u8]) -> Result<()>;
+        fn rmdir(&self, parent: InodeId, name: &[u8]) -> Result<()>;
+        fn rename(&self, parent: InodeId, name: &[u8], new_parent: InodeId, new_name: &[u8], flags: RenameFlags) -> Result<()>;
+        fn setattr(&self, id: InodeId, set: &SetAttr) -> Result<Attr>;
+        /// Writes `data` at `offset`; returns the bytes written (all of them).
+        fn write(&self, id: InodeId, offset: u64, data: &[u8]) -> Result<usize>;
+        fn fallocate(&self, id: InodeId, offset: u64, len: u64, mode: FallocMode) -> Result<()>;
+        fn setxattr(&self, id: InodeId, name: &[u8], value: &[u8], how: XattrSet) -> Result<()>;
+        fn removexattr(&self, id: InodeId, name: &[u8]) -> Result<()>;
+        /// Copies `len` bytes, sharing whole extents; returns the bytes copied.
+        fn copy_file_range(&self, src: InodeId, src_off: u64, dst: InodeId, dst_off: u64, len: u64) -> Result<u64>;
+        /// Deletes every unlinked inode still pinned, then commits (an unmount).
+        fn close_all_and_sync(&self) -> Result<u64>;
+    }
+}
