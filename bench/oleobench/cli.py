@@ -40,7 +40,7 @@ def parse_args(argv):
     ap.add_argument("--targets", default=",".join(T.NAMES),
                     help=f"comma list, default all: {','.join(T.NAMES)}")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                    help="override a size parameter (see bench/oleobench/params.py), e.g. fsync_total_mib=512")
+                    help="override a size parameter (see bench/oleobench/params.py), e.g. fsync_runtime_s=60")
     ap.add_argument("--results", help="results folder (default bench/results/<time>-<scale>)")
     ap.add_argument("--work-dir", default=os.path.join(BENCH_DIR, "work"),
                     help="where images and mounts live (default bench/work)")

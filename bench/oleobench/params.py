@@ -20,10 +20,11 @@ class Params:
     # drop_caches) and fsmark-create counts its files: no number for lost data
     verify_writes: bool = True
 
-    # seed 000: fio 64 KiB sequential buffered writes, fsync after each write
+    # seed 000: fio 64 KiB sequential buffered writes, fsync after each write; time based
+    # (steady state, as the seed), each job on a file too big to finish in that time
     fsync_jobs: list = field(default_factory=lambda: [1, 4, 16])
-    fsync_total_mib: int = 256       # data written per job-count point, split over jobs
-    fsync_max_runtime_s: int = 120   # cap, so a very slow target still finishes
+    fsync_runtime_s: int = 20
+    fsync_job_mib: int = 8192        # per job: more than the fastest target writes in runtime
 
     # sequential buffered write of one file with a final fsync (dd bs=1M conv=fsync)
     seqw_file_mib: int = 4096
@@ -32,19 +33,19 @@ class Params:
     # seed 001: fs_mark -S 0 -s 0 -k, one thread per directory
     fsmark_threads: int = 2
     # fuse2fs slows down with directory size (20000 x 5 per thread took it over 30 minutes)
-    fsmark_files: int = 4000         # files per thread per loop (fs_mark -n)
-    fsmark_loops: int = 3            # fs_mark -L
+    fsmark_files: int = 20000        # files per thread per loop (fs_mark -n)
+    fsmark_loops: int = 2            # fs_mark -L
 
     # seed 002: fio randrw, O_DIRECT, io_uring, one preallocated shared file
     uring_jobs: int = 2
     uring_file_mib: int = 1024
-    uring_runtime_s: int = 10
+    uring_runtime_s: int = 20
     uring_iodepth: int = 64
     uring_bssplit: str = SEED_BSSPLIT
 
     # seed 003: dbench
     dbench_clients: list = field(default_factory=lambda: [1, 8, 32])
-    dbench_runtime_s: int = 8
+    dbench_runtime_s: int = 20
 
     # seed 004: buffered sequential fio writer in a subvolume, snapshot after a delay
     snap_delay_s: float = 5.0
@@ -62,7 +63,7 @@ PRESETS = {
     "full": {},
     "quick": dict(
         reps=1, timeout_s=300,
-        fsync_jobs=[1, 4, 16], fsync_total_mib=32, fsync_max_runtime_s=5,
+        fsync_jobs=[1, 4, 16], fsync_runtime_s=2, fsync_job_mib=64,
         seqw_file_mib=256, seqw_max_runtime_s=60,
         fsmark_files=500, fsmark_loops=2,
         uring_file_mib=128, uring_runtime_s=2,
@@ -75,7 +76,7 @@ PRESETS = {
     # dbench -t 30; seed 004: 64 GiB file, 120 s). Needs a big disk and many cores.
     "original": dict(
         timeout_s=7200,
-        fsync_jobs=[1, 2, 4, 8, 16, 32, 64], fsync_total_mib=32768, fsync_max_runtime_s=3600,
+        fsync_jobs=[1, 2, 4, 8, 16, 32, 64], fsync_runtime_s=300, fsync_job_mib=32768,
         fsmark_threads=12, fsmark_files=100000, fsmark_loops=10,
         uring_jobs=4, uring_file_mib=8192, uring_runtime_s=300,
         dbench_clients=[1, 8, 16, 32, 128, 512], dbench_runtime_s=30,

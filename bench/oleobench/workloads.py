@@ -103,26 +103,28 @@ class FsyncWrite(Workload):
         return list(self.p.fsync_jobs)
 
     def image_bytes(self):
-        return max(2 * GiB, 3 * self.p.fsync_total_mib * MiB)
+        # Sparse: only what is written takes room.
+        return max(2 * GiB, (max(self.p.fsync_jobs) * self.p.fsync_job_mib + 1024) * MiB)
 
     def spec(self):
         # seed 000: mkfs -d single -m single, mount -o ssd
         return FsSpec(self.image_bytes(), ["-d", "single", "-m", "single"], "ssd")
 
     def describe(self):
-        return {"total_MiB": self.p.fsync_total_mib, "bs": "64k", "fsync": 1}
+        return {"runtime_s": self.p.fsync_runtime_s, "job_MiB": self.p.fsync_job_mib,
+                "bs": "64k", "fsync": 1}
 
     def run(self, ctx, m, jobs):
-        per_job = max(1, self.p.fsync_total_mib // jobs)
+        # Time based: the runtime ends the run, the files never run out.
         opts = {
             "rw": "write", "fsync": 1, "fallocate": "none", "group_reporting": 1,
-            "direct": 0, "bs": "64k", "ioengine": "sync", "size": f"{per_job}M",
+            "direct": 0, "bs": "64k", "ioengine": "sync", "size": f"{self.p.fsync_job_mib}M",
             "directory": m.path, "numjobs": jobs, "thread": True,
-            "runtime": self.p.fsync_max_runtime_s,
+            "runtime": self.p.fsync_runtime_s,
         }
         if self.p.verify_writes:
             opts.update(verify="crc32c", do_verify=0, verify_state_save=0)  # see fio_verify
-        t = self.fio(ctx, m, opts, timeout=min(ctx.remaining(), self.p.fsync_max_runtime_s + 300),
+        t = self.fio(ctx, m, opts, timeout=min(ctx.remaining(), self.p.fsync_runtime_s + 300),
                      variant=f"jobs{jobs}")
         self.fio_verify(ctx, m, opts, t, ctx.remaining(), variant=f"jobs{jobs}")
         return {"write_MiB_s": t["write"]["MiB_s"], "written_MiB": t["write"]["io_MiB"],

@@ -135,7 +135,9 @@ fn plan(options: &[String], rw_is_explicit: bool) -> Result<Plan, String> {
         .unwrap_or(2);
     let mut p = Plan {
         open: OpenOptions::default(),
-        threads: (cores * 2).max(4),
+        // Requests that wait (an fsync's commit) hold a worker: enough of them that many
+        // fsyncs can wait together and share one commit.
+        threads: (cores * 2).max(16),
         readahead_kib: 4096,
         writable: None,
         commit_secs: 30,

@@ -189,6 +189,14 @@ impl Filesystem {
     /// Returns the generation on disk. Operations of other threads go on meanwhile, in the
     /// next transaction: only closing this one holds the lock.
     pub fn sync(&self) -> Result<u64> {
+        // Group commit: while an earlier commit is still writing, operations of other
+        // threads keep joining the running transaction; waiting for that commit first
+        // lets one commit (two flushes) cover every sync that arrived meanwhile.
+        let (closed, pipe) = {
+            let core = self.core.read();
+            (core.superblock().generation, core.pipe.clone())
+        };
+        pipe.wait_durable(closed)?;
         let (io, generation, pipe) = {
             let mut core = self.core.write();
             let io = core.close_running()?;
