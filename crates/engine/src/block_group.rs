@@ -45,6 +45,9 @@ pub(crate) struct BlockGroups {
     pinned: BTreeMap<u64, u64>,
     /// Freed by earlier transactions whose commit is still being written.
     committing: CommitPins,
+    /// Data extents reserved for writes whose data is on its way to the device (ordered
+    /// extents): neither free for others nor counted used until their items go in.
+    reserved: BTreeMap<u64, u64>,
     /// Per block group type, where the last allocation ended.
     cursor: BTreeMap<u64, u64>,
     /// Net change of all `used` counters (for the superblock's bytes_used).
@@ -86,6 +89,7 @@ impl BlockGroups {
             groups,
             pinned: BTreeMap::new(),
             committing,
+            reserved: BTreeMap::new(),
             cursor: BTreeMap::new(),
             used_delta: 0,
         })
@@ -164,6 +168,37 @@ impl BlockGroups {
         self.alloc_aligned(kind, len, len)
     }
 
+    /// Reserves `len` bytes of data space aligned to `align` for a write whose data goes
+    /// to the device before its items go in; `use_reserved` or `cancel_reserved` ends it.
+    pub(crate) fn reserve_data(&mut self, len: u64, align: u64) -> Result<u64> {
+        let kind = bg::DATA;
+        let from = self.cursor.get(&kind).copied().unwrap_or(0);
+        let (_, bytenr) = self
+            .find(kind, len, align, from)
+            .or_else(|| self.find(kind, len, align, 0))
+            .ok_or(Error::NoSpace)?;
+        self.reserved.insert(bytenr, len);
+        self.cursor.insert(kind, bytenr + len);
+        Ok(bytenr)
+    }
+
+    /// The reserved extent's items are going in: it becomes used like any allocation.
+    pub(crate) fn use_reserved(&mut self, bytenr: u64, len: u64) -> Result<()> {
+        if self.reserved.remove(&bytenr) != Some(len) {
+            return Err(Error::corrupt(bytenr, "data extent was not reserved"));
+        }
+        let (_, g) = self.group_of(bytenr, len)?;
+        g.free.remove(bytenr, len)?;
+        g.used += len;
+        self.used_delta += len as i128;
+        Ok(())
+    }
+
+    /// The write gave up: the space is free again.
+    pub(crate) fn cancel_reserved(&mut self, bytenr: u64) {
+        self.reserved.remove(&bytenr);
+    }
+
     /// Like `alloc`, for `len` bytes aligned to `align` (data extents: the sector size).
     pub(crate) fn alloc_aligned(&mut self, kind: u64, len: u64, align: u64) -> Result<u64> {
         // Next fit: continue after the last allocation, so a transaction's blocks end up
@@ -203,6 +238,7 @@ impl BlockGroups {
                 let mut cand = s.max(from).next_multiple_of(align);
                 while cand + len <= end {
                     let skip = blocked(&g.avoid, &self.pinned, cand, len)
+                        .or_else(|| blocked(&[], &self.reserved, cand, len))
                         .or_else(|| blocked_by_commits(&committing, cand, len));
                     match skip {
                         Some(skip) => cand = skip.next_multiple_of(align),
@@ -248,6 +284,11 @@ impl BlockGroups {
                     committing
                         .range(start..end)
                         .map(|(&s, &(l, _))| g.free.free_within(s, l)),
+                )
+                .chain(
+                    self.reserved
+                        .range(start..end)
+                        .map(|(&s, &l)| g.free.free_within(s, l)),
                 )
                 .sum();
             let avoided: u64 = g.avoid.iter().map(|&(s, l)| g.free.free_within(s, l)).sum();

@@ -10,6 +10,17 @@ fn csum_key(logical: u64) -> Key {
     Key::new(objectid::EXTENT_CSUM, item::EXTENT_CSUM, logical)
 }
 
+/// The checksums of `data`, one per sector, as the csum tree stores them. Needs no
+/// filesystem state: writes compute them outside any lock.
+pub(crate) fn data_csums(csum: oleo_format::csum::CsumType, sector: usize, data: &[u8]) -> Vec<u8> {
+    let csize = csum.size();
+    let mut out = Vec::with_capacity(data.len() / sector * csize);
+    for s in data.chunks(sector) {
+        out.extend_from_slice(&csum.compute(s)[..csize]);
+    }
+    out
+}
+
 impl Transaction<'_> {
     /// Sectors one csum item may cover: small enough that items fit leaves comfortably.
     fn csums_per_item(&self) -> usize {
@@ -20,17 +31,19 @@ impl Transaction<'_> {
     /// Inserts the checksums of `data`, which was written at logical `logical`.
     pub(crate) fn insert_csums(&mut self, logical: u64, data: &[u8]) -> Result<()> {
         let sb = &self.filesystem().sb;
+        let sums = data_csums(sb.csum_type(), sb.sectorsize as usize, data);
+        self.insert_csum_bytes(logical, &sums)
+    }
+
+    /// Inserts checksums computed already (`data_csums`) for data at logical `logical`.
+    pub(crate) fn insert_csum_bytes(&mut self, logical: u64, sums: &[u8]) -> Result<()> {
+        let sb = &self.filesystem().sb;
         let sector = sb.sectorsize as usize;
-        let csum = sb.csum_type();
-        let csize = csum.size();
+        let csize = sb.csum_type().size();
         let per_item = self.csums_per_item();
-        for (i, piece) in data.chunks(per_item * sector).enumerate() {
-            let mut body = Vec::with_capacity(piece.len() / sector * csize);
-            for s in piece.chunks(sector) {
-                body.extend_from_slice(&csum.compute(s)[..csize]);
-            }
+        for (i, body) in sums.chunks(per_item * csize).enumerate() {
             let at = logical + (i * per_item * sector) as u64;
-            self.insert_item(objectid::CSUM_TREE, csum_key(at), &body)?;
+            self.insert_item(objectid::CSUM_TREE, csum_key(at), body)?;
         }
         Ok(())
     }

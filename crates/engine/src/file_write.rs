@@ -20,6 +20,17 @@ pub(crate) const MAX_EXTENT: u64 = 128 << 20;
 /// Largest file size: the kernel's MAX_LFS_FILESIZE on 64-bit.
 const MAX_FILE_SIZE: u64 = i64::MAX as u64;
 
+/// A write whose data went to the device outside the filesystem's lock: file offset
+/// `start` (sector-aligned) on, the reserved `pieces` (address, length) in file order and
+/// their checksums (empty for NODATASUM files); the file's size becomes at least `end`.
+pub(crate) struct OrderedWrite<'a> {
+    pub id: InodeId,
+    pub start: u64,
+    pub end: u64,
+    pub pieces: &'a [(u64, u64)],
+    pub sums: &'a [Vec<u8>],
+}
+
 /// A file extent item as found by `drop_extents`.
 struct Found {
     key: Key,
@@ -298,6 +309,89 @@ impl Transaction<'_> {
             done += len as usize;
         }
         Ok(data.len() as u64)
+    }
+
+    /// Reserves data space for `len` bytes (sector-aligned) in extents of at most
+    /// MAX_EXTENT, smaller where free space is fragmented: (address, length) in order.
+    pub(crate) fn reserve_data_extents(&mut self, len: u64) -> Result<Vec<(u64, u64)>> {
+        let sector = self.sector();
+        let mut out: Vec<(u64, u64)> = Vec::new();
+        let mut done = 0;
+        while done < len {
+            let mut want = (len - done).min(MAX_EXTENT);
+            loop {
+                match self.block_groups.reserve_data(want, sector) {
+                    Ok(b) => {
+                        out.push((b, want));
+                        break;
+                    }
+                    Err(Error::NoSpace) if want > sector => {
+                        want = (want / 2).next_multiple_of(sector);
+                    }
+                    Err(e) => {
+                        for &(b, _) in &out {
+                            self.block_groups.cancel_reserved(b);
+                        }
+                        return Err(e);
+                    }
+                }
+            }
+            done += want;
+        }
+        Ok(out)
+    }
+
+    /// Puts in the items of a write whose data is on the device already (see
+    /// `ordered_extent`): the range's old extents go, the reserved pieces become extents
+    /// with their checksums, the inode grows to `end` if it was smaller.
+    pub(crate) fn finish_ordered_write(&mut self, w: &OrderedWrite<'_>) -> Result<()> {
+        let id = w.id;
+        let mut inode = self.read_inode(id)?;
+        let sector = self.sector();
+        let len: u64 = w.pieces.iter().map(|p| p.1).sum();
+        let (a, b) = (w.start, w.start + len);
+        let old_size = inode.size;
+        inode.nbytes = inode.nbytes.saturating_sub(self.drop_extents(id, a, b)?);
+        let hole_from = old_size.next_multiple_of(sector);
+        if hole_from < a {
+            inode.nbytes = inode
+                .nbytes
+                .saturating_sub(self.insert_hole(id, hole_from, a)?);
+        }
+        let mut at = a;
+        for (i, &(bytenr, plen)) in w.pieces.iter().enumerate() {
+            self.block_groups.use_reserved(bytenr, plen)?;
+            if let Some(sums) = w.sums.get(i).filter(|s| !s.is_empty()) {
+                self.insert_csum_bytes(bytenr, sums)?;
+            }
+            let body = extent_item(
+                self.transid,
+                plen,
+                Compression::None,
+                false,
+                bytenr,
+                plen,
+                0,
+                plen,
+            );
+            self.insert_item(id.subvol, Key::new(id.ino, item::EXTENT_DATA, at), &body)?;
+            self.add_data_ref(
+                bytenr,
+                plen,
+                DataRef {
+                    root: id.subvol,
+                    objectid: id.ino,
+                    offset: at,
+                },
+            )?;
+            at += plen;
+        }
+        inode.nbytes = inode.nbytes.saturating_add(len);
+        let t = now();
+        inode.size = old_size.max(w.end);
+        inode.mtime = t;
+        inode.ctime = t;
+        self.write_inode(id, &mut inode)
     }
 
     /// A data extent of up to `want` bytes (less when free space is fragmented).

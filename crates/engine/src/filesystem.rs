@@ -12,15 +12,18 @@ use crate::ctree::TreeRoot;
 use crate::error::Result;
 use crate::file::ExtentInfo;
 use crate::fs::{Attr, DirEntry, FsCore, InodeId, OpenOptions, StatFs, SubvolumeInfo};
+use crate::inode_lock::InodeLocks;
 use crate::inode_ops::{FallocMode, NewInode, RenameFlags, SetAttr, XattrSet};
 use crate::transaction::Transaction;
 use oleo_format::superblock::Superblock;
 use oleo_format::TreeBlock;
-use parking_lot::{RwLock, RwLockWriteGuard};
+use parking_lot::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::path::Path;
 
 pub struct Filesystem {
     core: RwLock<FsCore>,
+    /// Per-file locks, taken before `core` (see `inode_lock`).
+    inode_locks: InodeLocks,
 }
 
 /// Operations that read: they share the lock.
@@ -49,6 +52,7 @@ impl Filesystem {
     pub fn open(path: impl AsRef<Path>, options: OpenOptions) -> Result<Filesystem> {
         Ok(Filesystem {
             core: RwLock::new(FsCore::open(path, options)?),
+            inode_locks: InodeLocks::default(),
         })
     }
 
@@ -56,6 +60,7 @@ impl Filesystem {
     pub fn open_rw(path: impl AsRef<Path>, options: OpenOptions) -> Result<Filesystem> {
         Ok(Filesystem {
             core: RwLock::new(FsCore::open_rw(path, options)?),
+            inode_locks: InodeLocks::default(),
         })
     }
 
@@ -132,6 +137,42 @@ impl Filesystem {
     /// The state, alone (crate-internal work made of many writes, such as mkfs --rootdir).
     pub(crate) fn core_mut(&self) -> RwLockWriteGuard<'_, FsCore> {
         self.core.write()
+    }
+
+    /// The state, shared.
+    pub(crate) fn core_read(&self) -> RwLockReadGuard<'_, FsCore> {
+        self.core.read()
+    }
+
+    pub(crate) fn inode_locks(&self) -> &InodeLocks {
+        &self.inode_locks
+    }
+
+    /// Changes a file's size, owner, mode or times (its data changes with its size).
+    pub fn setattr(&self, id: InodeId, set: &SetAttr) -> Result<Attr> {
+        let _file = self.inode_locks.lock(id);
+        self.core.write().setattr(id, set)
+    }
+
+    /// Allocates, punches or zeroes a range of `id`.
+    pub fn fallocate(&self, id: InodeId, offset: u64, len: u64, mode: FallocMode) -> Result<()> {
+        let _file = self.inode_locks.lock(id);
+        self.core.write().fallocate(id, offset, len, mode)
+    }
+
+    /// Copies `len` bytes, sharing whole extents; returns the bytes copied.
+    pub fn copy_file_range(
+        &self,
+        src: InodeId,
+        src_off: u64,
+        dst: InodeId,
+        dst_off: u64,
+        len: u64,
+    ) -> Result<u64> {
+        let _file = self.inode_locks.lock(dst);
+        self.core
+            .write()
+            .copy_file_range(src, src_off, dst, dst_off, len)
     }
 
     reads! {
@@ -224,14 +265,8 @@ impl Filesystem {
         fn unlink(&self, parent: InodeId, name: &[u8]) -> Result<()>;
         fn rmdir(&self, parent: InodeId, name: &[u8]) -> Result<()>;
         fn rename(&self, parent: InodeId, name: &[u8], new_parent: InodeId, new_name: &[u8], flags: RenameFlags) -> Result<()>;
-        fn setattr(&self, id: InodeId, set: &SetAttr) -> Result<Attr>;
-        /// Writes `data` at `offset`; returns the bytes written (all of them).
-        fn write(&self, id: InodeId, offset: u64, data: &[u8]) -> Result<usize>;
-        fn fallocate(&self, id: InodeId, offset: u64, len: u64, mode: FallocMode) -> Result<()>;
         fn setxattr(&self, id: InodeId, name: &[u8], value: &[u8], how: XattrSet) -> Result<()>;
         fn removexattr(&self, id: InodeId, name: &[u8]) -> Result<()>;
-        /// Copies `len` bytes, sharing whole extents; returns the bytes copied.
-        fn copy_file_range(&self, src: InodeId, src_off: u64, dst: InodeId, dst_off: u64, len: u64) -> Result<u64>;
         /// Deletes every unlinked inode still pinned, then commits (an unmount).
         fn close_all_and_sync(&self) -> Result<u64>;
     }

@@ -951,7 +951,7 @@ impl FsCore {
 
 impl FsCore {
     /// A read-only subvolume (a read-only snapshot) refuses every change, as in the kernel.
-    fn check_subvol_writable(&self, subvol: u64) -> Result<()> {
+    pub(crate) fn check_subvol_writable(&self, subvol: u64) -> Result<()> {
         if let Some(&ro) = self.readonly_subvols.lock().get(&subvol) {
             return if ro { Err(Error::ReadOnly) } else { Ok(()) };
         }

@@ -1,0 +1,185 @@
+//! Writes whose data goes to the device with no filesystem lock held (the kernel's
+//! ordered extents). A write of a regular file takes the file's own lock, then:
+//! 1. under the shared lock, reads what a partial first or last sector keeps;
+//! 2. under the exclusive lock, briefly, reserves data space (ENOSPC here, before anything
+//!    changed);
+//! 3. with no filesystem lock, writes the data and computes its checksums;
+//! 4. under the exclusive lock, puts in the extent and csum items and the inode, in the
+//!    running transaction (which may be a later one than in step 2: the reservation
+//!    outlives commits).
+//!
+//! Until step 4 the file's items point at its old data, so a read sees the whole old or
+//! the whole new data of a write. Small writes, and writes that reshape the file (inline
+//! data, an old last sector to zero), take the one-step path under the exclusive lock.
+
+use crate::error::{Error, Result};
+use crate::file_item::data_csums;
+use crate::file_write::OrderedWrite;
+use crate::filesystem::Filesystem;
+use crate::fs::{FileKind, FsCore, InodeId};
+use crate::space::Reserve;
+use oleo_format::items::{FileExtent, FileExtentBody, INODE_FLAG_NODATASUM};
+use oleo_format::key::{item, Key};
+
+/// Writes shorter than this take the one-step path: the extra lock round trips would cost
+/// more than the data IO they take out of the lock.
+const MIN_ORDERED: usize = 32 << 10;
+
+/// What step 1 found: the sector-aligned buffer to write at `start`.
+struct Plan {
+    start: u64,
+    buf: crate::device::IoBuf,
+    len: usize,
+    sums: bool,
+}
+
+impl FsCore {
+    /// Step 1, or None when the write must take the one-step path.
+    fn plan_write(&self, id: InodeId, offset: u64, data: &[u8]) -> Result<Option<Plan>> {
+        if data.len() < MIN_ORDERED {
+            return Ok(None);
+        }
+        let attr = self.getattr(id)?;
+        let Some(end) = offset.checked_add(data.len() as u64) else {
+            return Ok(None);
+        };
+        let sector = u64::from(self.sb.sectorsize);
+        let old_size = attr.size;
+        let inline_limit = self.max_inline.min(sector - 1);
+        if attr.kind != FileKind::File
+            || end > i64::MAX as u64
+            || old_size.max(end) <= inline_limit
+            || self.has_inline_extent(id)?
+        {
+            return Ok(None);
+        }
+        let a = offset - offset % sector;
+        let b = end.next_multiple_of(sector);
+        // The old last sector must read as zeros past the old size once the file grows:
+        // only when this write rewrites that sector is there nothing more to do.
+        let last = old_size - old_size % sector;
+        if end > old_size && !old_size.is_multiple_of(sector) && last < a {
+            return Ok(None);
+        }
+        let len = (b - a) as usize;
+        let mut buf = self.take_staging(len);
+        let read_sector = |at: u64, dst: &mut [u8]| -> Result<()> {
+            let got = self.read(id, at, sector as u32)?;
+            dst[..got.len()].copy_from_slice(&got);
+            dst[got.len()..].fill(0);
+            Ok(())
+        };
+        if a < offset {
+            read_sector(a, &mut buf[..sector as usize])?;
+        }
+        if end < b {
+            let tail_at = b - sector;
+            if end < old_size {
+                read_sector(tail_at, &mut buf[(tail_at - a) as usize..len])?;
+            } else {
+                buf[(end - a) as usize..len].fill(0);
+            }
+        }
+        buf[(offset - a) as usize..(end - a) as usize].copy_from_slice(data);
+        Ok(Some(Plan {
+            start: a,
+            buf,
+            len,
+            sums: attr.flags & INODE_FLAG_NODATASUM == 0,
+        }))
+    }
+
+    /// True if the file's data is an inline extent (always its only one).
+    fn has_inline_extent(&self, id: InodeId) -> Result<bool> {
+        let tree = self.tree_of(id)?;
+        let key = Key::new(id.ino, item::EXTENT_DATA, 0);
+        let Some(body) = crate::ctree::lookup(self, &tree, &key)? else {
+            return Ok(false);
+        };
+        let fe = FileExtent::parse(&body)
+            .map_err(|e| Error::corrupt(0, format!("extent of {}: {e}", id.ino)))?;
+        Ok(matches!(fe.body, FileExtentBody::Inline { .. }))
+    }
+
+    /// Gives reserved data space back (a write that could not finish).
+    fn cancel_reservations(&mut self, pieces: &[(u64, u64)]) {
+        let groups = match self.running.as_deref_mut() {
+            Some(t) => Some(&mut t.block_groups),
+            None => self.block_groups.as_mut(),
+        };
+        if let Some(g) = groups {
+            for &(b, _) in pieces {
+                g.cancel_reserved(b);
+            }
+        }
+    }
+}
+
+impl Filesystem {
+    /// Writes `data` at `offset` of `id`; returns the bytes written (all of them).
+    pub fn write(&self, id: InodeId, offset: u64, data: &[u8]) -> Result<usize> {
+        let _file = self.inode_locks().lock(id);
+        let plan = self.core_read().plan_write(id, offset, data)?;
+        let Some(plan) = plan else {
+            return self.core_mut().write(id, offset, data);
+        };
+        let r = self.write_ordered(id, offset + data.len() as u64, &plan);
+        self.core_read().give_back_staging(plan.buf);
+        r.map(|()| data.len())
+    }
+
+    /// Steps 2 to 4.
+    fn write_ordered(&self, id: InodeId, end: u64, plan: &Plan) -> Result<()> {
+        let len = plan.len as u64;
+        let (pieces, io, csum, sector) = {
+            let mut core = self.core_mut();
+            core.check_subvol_writable(id.subvol)?;
+            let pieces =
+                core.write_op(Reserve::items(1).data(len), |t| t.reserve_data_extents(len))?;
+            let sb = core.superblock();
+            (
+                pieces,
+                std::sync::Arc::clone(&core.io),
+                sb.csum_type(),
+                sb.sectorsize as usize,
+            )
+        };
+        let mut sums = Vec::with_capacity(pieces.len());
+        let mut at = 0usize;
+        let mut io_result = Ok(());
+        for &(bytenr, plen) in &pieces {
+            let piece = &plan.buf[at..at + plen as usize];
+            if let Err(e) = io.write_logical(bytenr, piece) {
+                io_result = Err(e);
+                break;
+            }
+            sums.push(if plan.sums {
+                data_csums(csum, sector, piece)
+            } else {
+                Vec::new()
+            });
+            at += plen as usize;
+        }
+        let mut core = self.core_mut();
+        if let Err(e) = io_result {
+            core.cancel_reservations(&pieces);
+            return Err(e);
+        }
+        let csize = csum.size() as u64;
+        let extents = len / crate::file_write::MAX_EXTENT + 2;
+        let need = Reserve::items(10).bulk(len / sector as u64 * csize + extents * 200);
+        let w = OrderedWrite {
+            id,
+            start: plan.start,
+            end,
+            pieces: &pieces,
+            sums: &sums,
+        };
+        let r = core.write_op(need, |t| t.finish_ordered_write(&w));
+        if r.is_err() && core.aborted.is_none() {
+            // Nothing changed (the reservation of metadata failed): the space is free again.
+            core.cancel_reservations(&pieces);
+        }
+        r
+    }
+}
