@@ -13,8 +13,8 @@
 //! Then the tree drops its own reference to the old block, which is freed only when that was
 //! the last one.
 
+use crate::delayed_ref::DataRef;
 use crate::error::{Error, Result};
-use crate::extent_tree::DataRef;
 use crate::transaction::Transaction;
 use oleo_format::items::{
     ExtentItem, FileExtent, FileExtentBody, InlineRef, EXTENT_FLAG_FULL_BACKREF,
@@ -127,6 +127,9 @@ impl Transaction<'_> {
         parent: u64,
         add: bool,
     ) -> Result<()> {
+        // Queued changes of this extent go first: they may create its item or hold the
+        // references that keep it alive.
+        self.run_data_head(bytenr)?;
         let key = Key::new(bytenr, item::EXTENT_ITEM, len);
         let body = self
             .lookup(objectid::EXTENT_TREE, &key)?

@@ -97,6 +97,10 @@ impl CommitOrder {
 pub(crate) struct CommitPipe {
     pub(crate) order: CommitOrder,
     pins: CommitPins,
+    /// Commits closed under the filesystem's lock whose writing waits for the thread that
+    /// closed them to let go of it (`defer`). Whoever is about to wait on the order writes
+    /// these first, so a commit never waits for one that nobody is writing.
+    deferred: Mutex<Vec<CommitIo>>,
 }
 
 impl CommitPipe {
@@ -104,6 +108,7 @@ impl CommitPipe {
         CommitPipe {
             order: CommitOrder::new(durable),
             pins: Default::default(),
+            deferred: Mutex::new(Vec::new()),
         }
     }
 
@@ -116,7 +121,31 @@ impl CommitPipe {
     }
 
     pub(crate) fn wait_durable(&self, generation: u64) -> Result<u64> {
+        self.write_deferred()?;
         self.order.wait_durable(generation)
+    }
+
+    /// Leaves a closed commit to be written once the lock is let go (see `deferred`).
+    pub(crate) fn defer(&self, io: CommitIo) {
+        self.deferred
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(io);
+    }
+
+    /// Writes the deferred commits, oldest first; the first failure (the pipe is then
+    /// failed and every later commit refused).
+    pub(crate) fn write_deferred(&self) -> Result<()> {
+        let mut batch =
+            std::mem::take(&mut *self.deferred.lock().unwrap_or_else(|e| e.into_inner()));
+        batch.sort_by_key(|io| io.transid);
+        let mut r = Ok(());
+        for io in batch {
+            if let Err(e) = io.write_now() {
+                r = r.and(Err(e));
+            }
+        }
+        r
     }
 }
 
@@ -149,6 +178,12 @@ impl CommitIo {
 
     /// Writes it all; returns the generation now durable.
     pub(crate) fn write(self) -> Result<u64> {
+        // Earlier commits left to others go first: ours waits for their superblocks.
+        self.pipe.write_deferred()?;
+        self.write_now()
+    }
+
+    fn write_now(self) -> Result<u64> {
         let r = self.try_write();
         if let Err(e) = &r {
             let why = format!("commit {} failed: {e}", self.transid);

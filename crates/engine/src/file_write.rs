@@ -3,8 +3,8 @@
 //! Every change replaces the file extent items over a sector-aligned range
 //! (`drop_extents`, the kernel's btrfs_drop_extents), then inserts the new ones.
 
+use crate::delayed_ref::DataRef;
 use crate::error::{Error, Result};
-use crate::extent_tree::DataRef;
 use crate::fs::InodeId;
 use crate::inode_item::now;
 use crate::transaction::Transaction;

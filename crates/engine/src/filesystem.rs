@@ -20,6 +20,34 @@ use oleo_format::TreeBlock;
 use parking_lot::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::path::Path;
 
+/// The state held alone; see `Filesystem::core_mut`.
+pub(crate) struct CoreMut<'a>(Option<RwLockWriteGuard<'a, FsCore>>);
+
+impl std::ops::Deref for CoreMut<'_> {
+    type Target = FsCore;
+    fn deref(&self) -> &FsCore {
+        self.0.as_ref().expect("held until dropped")
+    }
+}
+
+impl std::ops::DerefMut for CoreMut<'_> {
+    fn deref_mut(&mut self) -> &mut FsCore {
+        self.0.as_mut().expect("held until dropped")
+    }
+}
+
+impl Drop for CoreMut<'_> {
+    fn drop(&mut self) {
+        let Some(core) = self.0.take() else {
+            return;
+        };
+        let pipe = std::sync::Arc::clone(&core.pipe);
+        drop(core);
+        // A failure is logged and fails the pipe: the next operation reports it.
+        let _ = pipe.write_deferred();
+    }
+}
+
 pub struct Filesystem {
     core: RwLock<FsCore>,
     /// Per-file locks, taken before `core` (see `inode_lock`).
@@ -41,7 +69,7 @@ macro_rules! writes {
     ($($(#[$m:meta])* fn $name:ident(&self $(, $arg:ident: $ty:ty)*) -> $ret:ty;)*) => {$(
         $(#[$m])*
         pub fn $name(&self $(, $arg: $ty)*) -> $ret {
-            self.core.write().$name($($arg),*)
+            self.core_mut().$name($($arg),*)
         }
     )*};
 }
@@ -134,9 +162,10 @@ impl Filesystem {
         Ok((generation, r))
     }
 
-    /// The state, alone (crate-internal work made of many writes, such as mkfs --rootdir).
-    pub(crate) fn core_mut(&self) -> RwLockWriteGuard<'_, FsCore> {
-        self.core.write()
+    /// The state, alone. Letting go of it writes the commits closed meanwhile (a
+    /// transaction over its dirty limit), outside the lock.
+    pub(crate) fn core_mut(&self) -> CoreMut<'_> {
+        CoreMut(Some(self.core.write()))
     }
 
     /// The state, shared.
@@ -151,13 +180,13 @@ impl Filesystem {
     /// Changes a file's size, owner, mode or times (its data changes with its size).
     pub fn setattr(&self, id: InodeId, set: &SetAttr) -> Result<Attr> {
         let _file = self.inode_locks.lock(id);
-        self.core.write().setattr(id, set)
+        self.core_mut().setattr(id, set)
     }
 
     /// Allocates, punches or zeroes a range of `id`.
     pub fn fallocate(&self, id: InodeId, offset: u64, len: u64, mode: FallocMode) -> Result<()> {
         let _file = self.inode_locks.lock(id);
-        self.core.write().fallocate(id, offset, len, mode)
+        self.core_mut().fallocate(id, offset, len, mode)
     }
 
     /// Copies `len` bytes, sharing whole extents; returns the bytes copied.
@@ -170,8 +199,7 @@ impl Filesystem {
         len: u64,
     ) -> Result<u64> {
         let _file = self.inode_locks.lock(dst);
-        self.core
-            .write()
+        self.core_mut()
             .copy_file_range(src, src_off, dst, dst_off, len)
     }
 

@@ -8,7 +8,7 @@ use crate::dir_item::{xattr_entry, EntryTarget};
 use crate::error::{Error, Result};
 use crate::fs::{Attr, FileKind, FsCore, InodeId, Timespec};
 use crate::inode_item::now;
-use crate::space::Reserve;
+use crate::reservation::Reserve;
 use crate::transaction::Transaction;
 use oleo_format::csum::name_hash;
 use oleo_format::items::{
@@ -932,6 +932,7 @@ impl FsCore {
 
     /// What `close` and drop do; nothing for a read-only or aborted filesystem.
     pub(crate) fn finish(&mut self) -> Result<()> {
+        self.pipe.write_deferred()?;
         let idle = self.running.is_none() && self.open_inodes.lock().is_empty();
         if idle || self.aborted.is_some() || !self.io.device().is_writable() {
             return Ok(());

@@ -17,7 +17,7 @@ use crate::file_item::data_csums;
 use crate::file_write::OrderedWrite;
 use crate::filesystem::Filesystem;
 use crate::fs::{FileKind, FsCore, InodeId};
-use crate::space::Reserve;
+use crate::reservation::Reserve;
 use oleo_format::items::{FileExtent, FileExtentBody, INODE_FLAG_NODATASUM};
 use oleo_format::key::{item, Key};
 

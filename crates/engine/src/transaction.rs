@@ -33,9 +33,10 @@
 use crate::block_group::{self, BlockGroups};
 pub(crate) use crate::commit_pipe::{CommitIo, CommitPipe};
 use crate::ctree::{self, finalize_block, BlockSource, BlockStore, TreeRoot};
+use crate::delayed_ref::DelayedRefs;
 use crate::disk_io::Block;
 use crate::error::{Error, Result};
-use crate::extent_tree::{self, DelayedRefs};
+use crate::extent_tree;
 use crate::free_space;
 use crate::fs::FsCore;
 use oleo_format::items::{block_group as bg, RootItem, Timespec, ROOT_ITEM_SIZE};
@@ -844,7 +845,7 @@ impl BlockStore for Transaction<'_> {
         let st = &mut **self;
         let size = u64::from(st.nodesize);
         let bytenr = st.block_groups.alloc(kind, size)?;
-        st.refs.add(bytenr, owner, level)?;
+        st.refs.add_tree_block(bytenr, owner, level)?;
         *st.used_delta.entry(owner).or_default() += size as i64;
         Ok(bytenr)
     }
@@ -861,7 +862,7 @@ impl BlockStore for Transaction<'_> {
         st.dirty.remove(&bytenr);
         *st.used_delta.entry(tree).or_default() -= size as i64;
         st.block_groups.free(bytenr, size)?;
-        st.refs.drop_ref(bytenr, level)
+        st.refs.drop_tree_block(bytenr, level)
     }
 
     fn on_cow(&mut self, tree: u64, old: &[u8], _new_bytenr: u64) -> Result<()> {
@@ -894,5 +895,25 @@ impl BlockStore for Transaction<'_> {
         }
         self.dirty.insert(bytenr, block);
         Ok(())
+    }
+}
+
+impl FsCore {
+    /// Commits the running transaction, if any: everything before is durable after.
+    /// Returns the generation on disk.
+    pub fn sync(&mut self) -> Result<u64> {
+        match self.close_running()? {
+            Some(io) => io.write(),
+            None => self.pipe.wait_durable(self.sb.generation),
+        }
+    }
+
+    /// Closes the running transaction, if any, leaving its writing to the caller (which
+    /// need not hold the filesystem: see `Filesystem::sync`).
+    pub(crate) fn close_running(&mut self) -> Result<Option<crate::transaction::CommitIo>> {
+        if self.running.is_none() {
+            return Ok(None);
+        }
+        self.start_transaction()?.close().map(Some)
     }
 }

@@ -224,8 +224,13 @@ fn kernel_files(root: &std::path::Path) -> Files {
     out
 }
 
-fn run(threads: usize, ops: usize) {
-    let name = format!("concurrent-{threads}");
+/// `small_cache`: no forced commits, and a cache so small that the dirty limit commits
+/// (those commits are written by the thread that went over the limit, outside the lock).
+fn run(threads: usize, ops: usize, small_cache: bool) {
+    let name = format!(
+        "concurrent-{threads}{}",
+        if small_cache { "-small" } else { "" }
+    );
     if !require_root(&name) {
         return;
     }
@@ -234,9 +239,14 @@ fn run(threads: usize, ops: usize) {
     let dir = TempDir::new(&name).unwrap();
     let image = dir.join("image");
     empty_image(&image, 3072, &[]).unwrap();
-    let fs = Arc::new(Filesystem::open_rw(&image, OpenOptions::default()).unwrap());
+    let options = OpenOptions {
+        cache_bytes: if small_cache { 1 << 20 } else { 256 << 20 },
+        ..OpenOptions::default()
+    };
+    let fs = Arc::new(Filesystem::open_rw(&image, options).unwrap());
     fs.mkdir(fs.root(), b"shared", &NewInode::dir(0o777))
         .unwrap();
+    let first_generation = fs.superblock().generation;
     // Commits at random moments, while the workers run.
     let stop = Arc::new(AtomicBool::new(false));
     let committer = {
@@ -244,7 +254,7 @@ fn run(threads: usize, ops: usize) {
         std::thread::spawn(move || {
             let mut rng = Rng::new(seed);
             let mut commits = 0;
-            while !stop.load(Ordering::Relaxed) {
+            while !small_cache && !stop.load(Ordering::Relaxed) {
                 std::thread::sleep(std::time::Duration::from_micros(rng.below(20_000)));
                 fs.sync().expect("a forced commit");
                 commits += 1;
@@ -265,6 +275,11 @@ fn run(threads: usize, ops: usize) {
     stop.store(true, Ordering::Relaxed);
     let commits = committer.join().unwrap();
     eprintln!("{name}: {commits} forced commits");
+    if small_cache {
+        let commits = fs.superblock().generation - first_generation;
+        eprintln!("{name}: {commits} commits at the dirty limit");
+        assert!(commits > 0, "the dirty limit never committed");
+    }
     compare_oleo(&fs, &models, threads);
     let fs = Arc::into_inner(fs).expect("no other handle");
     fs.close().unwrap();
@@ -296,15 +311,20 @@ fn run(threads: usize, ops: usize) {
 
 #[test]
 fn two_threads() {
-    run(2, 600);
+    run(2, 600, false);
 }
 
 #[test]
 fn eight_threads() {
-    run(8, 250);
+    run(8, 250, false);
 }
 
 #[test]
 fn thirty_two_threads() {
-    run(32, 80);
+    run(32, 80, false);
+}
+
+#[test]
+fn eight_threads_at_the_dirty_limit() {
+    run(8, 250, true);
 }

@@ -707,3 +707,101 @@ fn chunk_tree_blocks_go_to_system_block_groups() {
     btrfs_check(&scratch.image(), "after moving the chunk root");
     check_with_kernel(&scratch, &Model::new());
 }
+
+fn pattern(seed: u8, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
+}
+
+/// Data references are queued and netted per transaction (delayed refs): a file written,
+/// overwritten, partly cloned and deleted before one commit leaves exactly the clone's
+/// extents behind, and deleting the clone gives every byte back.
+#[test]
+fn data_refs_added_and_dropped_in_one_transaction() {
+    if missing_env() {
+        return;
+    }
+    let scratch = Scratch::new("delayed-data-refs");
+    make_image(&scratch.image(), &Maker::Progs { args: &[] });
+    let fs = open_rw(&scratch.image());
+    assert_eq!(
+        data_extents(&fs),
+        Vec::new(),
+        "a new filesystem has no data"
+    );
+    let root = fs.root();
+    let new = oleo::NewInode::file(0o644);
+    let a = fs.mknod(root, b"a", &new).expect("create a").id;
+    let b = fs.mknod(root, b"b", &new).expect("create b").id;
+    let generation = fs.superblock().generation;
+    fs.write(a, 0, &pattern(1, 1 << 20)).expect("write a");
+    fs.write(a, 256 << 10, &pattern(2, 512 << 10))
+        .expect("overwrite a");
+    fs.write(a, 0, &pattern(3, 64 << 10))
+        .expect("overwrite a again");
+    let copied = fs
+        .copy_file_range(a, 256 << 10, b, 0, 512 << 10)
+        .expect("clone into b");
+    assert_eq!(copied, 512 << 10);
+    let truncate = oleo::SetAttr {
+        size: Some(0),
+        ..Default::default()
+    };
+    fs.setattr(a, &truncate).expect("truncate a");
+    fs.unlink(root, b"a").expect("unlink a");
+    assert_eq!(
+        fs.superblock().generation,
+        generation,
+        "the test wants everything in one transaction"
+    );
+    fs.sync().expect("commit");
+    assert_eq!(
+        fs.read(b, 0, 512 << 10).expect("read b"),
+        pattern(2, 512 << 10)
+    );
+    let mut extents = data_extents(&fs);
+    assert_eq!(
+        extents.iter().map(|&(_, len)| len).sum::<u64>(),
+        512 << 10,
+        "only the second write's extents stay (b shares them): {extents:?}"
+    );
+    for e in fs.file_extents(b).expect("b's extents") {
+        let at = e.logical.expect("b's data is in extents");
+        extents.retain(|&(start, len)| !(start <= at && at < start + len));
+    }
+    assert!(extents.is_empty(), "extents b does not use: {extents:?}");
+    drop(fs);
+    btrfs_check(&scratch.image(), "after netted data refs");
+    let fs = open_rw(&scratch.image());
+    fs.unlink(fs.root(), b"b").expect("unlink b");
+    fs.sync().expect("commit");
+    assert_eq!(data_extents(&fs), Vec::new(), "no data extent outlives b");
+    drop(fs);
+    btrfs_check(&scratch.image(), "after the clone went");
+}
+
+/// Every data extent item (bytenr, length) of the committed extent tree.
+fn data_extents(fs: &Filesystem) -> Vec<(u64, u64)> {
+    let root = fs
+        .tree_root(objectid::EXTENT_TREE)
+        .expect("extent tree")
+        .expect("extent tree root");
+    let mut out = Vec::new();
+    fs.walk_tree(
+        &root,
+        &mut |tb| {
+            if tb.is_leaf() {
+                for slot in 0..tb.nritems() {
+                    let key = tb.key_at(slot).expect("key");
+                    if key.item_type == item::EXTENT_ITEM {
+                        out.push((key.objectid, key.offset));
+                    }
+                }
+            }
+        },
+        &mut |e| panic!("walking the extent tree: {e}"),
+    )
+    .expect("walk");
+    out
+}

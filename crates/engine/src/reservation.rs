@@ -1,0 +1,155 @@
+//! Space reservation and the life of a write operation: before an operation changes
+//! anything it reserves the metadata (and data) space it may need, allocating new chunks
+//! or committing (freed space becomes reusable only after a commit) to make room; if that
+//! is not enough it fails with ENOSPC with nothing changed. An operation that fails after it
+//! changed trees leaves them inconsistent: the transaction is aborted.
+
+use crate::error::{Error, Result};
+use crate::fs::FsCore;
+use crate::transaction::Transaction;
+use oleo_format::items::block_group as bg;
+
+/// Blocks one item change may need: a copied path plus a split at every level (the
+/// kernel reserves the same, 2 * BTRFS_MAX_LEVEL per item).
+const BLOCKS_PER_ITEM: u64 = 16;
+
+/// What an operation may consume.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Reserve {
+    items: u64,
+    /// Bytes of items that go in side by side (a file's extent and csum items): they
+    /// share leaves, so they cost about their size, not a path each.
+    bulk: u64,
+    data: u64,
+}
+
+impl Reserve {
+    pub(crate) fn items(items: u64) -> Reserve {
+        Reserve {
+            items,
+            bulk: 0,
+            data: 0,
+        }
+    }
+
+    pub(crate) fn bulk(self, bytes: u64) -> Reserve {
+        Reserve {
+            bulk: bytes,
+            ..self
+        }
+    }
+
+    pub(crate) fn data(self, bytes: u64) -> Reserve {
+        Reserve {
+            data: bytes,
+            ..self
+        }
+    }
+}
+
+impl Transaction<'_> {
+    /// Metadata the commit itself needs for this transaction's bookkeeping (extent items of
+    /// new blocks, free space tree, block group and root items).
+    fn commit_reserve(&self) -> u64 {
+        let ns = u64::from(self.filesystem().sb.nodesize);
+        self.dirty.len() as u64 * ns / 8 + 32 * ns
+    }
+
+    fn metadata_needed(&self, r: &Reserve) -> u64 {
+        let ns = u64::from(self.filesystem().sb.nodesize);
+        // Leaves of side-by-side items fill about half (splits), each copied once more.
+        r.items * BLOCKS_PER_ITEM * ns + r.bulk * 4 + self.commit_reserve()
+    }
+
+    /// Makes sure `r` fits, allocating chunks if the device has room. NoSpace otherwise.
+    fn reserve(&mut self, r: &Reserve) -> Result<()> {
+        let meta = self.metadata_needed(r);
+        self.ensure_available(bg::METADATA, meta)?;
+        if r.data > 0 {
+            self.ensure_available(bg::DATA, r.data)?;
+        }
+        Ok(())
+    }
+
+    fn ensure_available(&mut self, kind: u64, bytes: u64) -> Result<()> {
+        while self.block_groups.available(kind) < bytes {
+            if !self.try_alloc_chunk(kind)? {
+                log::debug!(
+                    "no space: {} bytes of type {kind:#x} wanted, {} available",
+                    bytes,
+                    self.block_groups.available(kind)
+                );
+                return Err(Error::NoSpace);
+            }
+        }
+        Ok(())
+    }
+
+    /// Adds a chunk of type `kind` if the device has unallocated space. False if not.
+    fn try_alloc_chunk(&mut self, kind: u64) -> Result<bool> {
+        match self.alloc_chunk(kind) {
+            Ok(_) => Ok(true),
+            Err(Error::NoSpace) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// True if a commit would give back space of type `kind` freed in this transaction.
+    fn commit_frees(&self, kind: u64) -> bool {
+        self.block_groups.has_pinned(kind) || (kind == bg::DATA && self.refs.drops_data())
+    }
+}
+
+impl FsCore {
+    /// Runs one operation in the running transaction after reserving `need`.
+    pub(crate) fn write_op<R>(
+        &mut self,
+        need: Reserve,
+        f: impl FnOnce(&mut Transaction<'_>) -> Result<R>,
+    ) -> Result<R> {
+        let mut committed = false;
+        loop {
+            let mut txn = self.start_transaction()?;
+            let before_reserve = txn.changes();
+            match txn.reserve(&need) {
+                Ok(()) => {}
+                Err(Error::NoSpace)
+                    if !committed
+                        && (txn.commit_frees(bg::METADATA) || txn.commit_frees(bg::DATA)) =>
+                {
+                    txn.commit()?;
+                    committed = true;
+                    continue;
+                }
+                Err(e) => {
+                    // A chunk allocation that failed half-way leaves the trees inconsistent.
+                    if !matches!(e, Error::NoSpace) && txn.changes() != before_reserve {
+                        txn.abort(&format!("allocating a chunk failed: {e}"));
+                    }
+                    return Err(e);
+                }
+            }
+            let before = txn.changes();
+            let r = f(&mut txn);
+            if let Err(e) = &r {
+                if txn.changes() != before || txn.poisoned().is_some() {
+                    let why = format!("an operation failed half-way: {e}");
+                    txn.abort(&why);
+                }
+                return r;
+            }
+            let over = txn.dirty_bytes() > txn.filesystem().dirty_limit;
+            drop(txn);
+            if over {
+                // Bounded memory: dirty tree blocks go to disk before they outgrow the limit,
+                // written by this thread once it lets go of the lock (`CoreMut`).
+                // One such commit at most waits at a time: a long run of operations under
+                // one hold of the lock (mkfs --rootdir) writes the one before inline.
+                self.pipe.write_deferred()?;
+                let io = self.start_transaction()?.close()?;
+                self.pipe.defer(io);
+            }
+            return r;
+        }
+    }
+}
