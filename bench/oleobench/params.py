@@ -52,6 +52,11 @@ class Params:
     snap_file_mib: int = 8192
     snap_max_runtime_s: int = 120    # fio is killed as soon as the snapshot returns
 
+    # readers never wait: O_DIRECT reads of one file alone, then beside fsyncing writers
+    rww_file_mib: int = 1024
+    rww_writers: int = 4
+    rww_runtime_s: int = 20
+
     # read workloads, all on one prepared data set per filesystem family
     seq_file_mib: int = 1024
     rand_runtime_s: int = 8
@@ -69,6 +74,7 @@ PRESETS = {
         uring_file_mib=128, uring_runtime_s=2,
         dbench_clients=[1, 8, 32], dbench_runtime_s=2,
         snap_delay_s=2.0, snap_file_mib=512, snap_max_runtime_s=30,
+        rww_file_mib=64, rww_runtime_s=2,
         seq_file_mib=64, rand_runtime_s=2, walk_files=2000, walk_dirs=20,
     ),
     # What the seed patches ran (seed 000: 32 GiB per point on a 16 GiB box; seed 001:

@@ -128,15 +128,21 @@ def goal_lines(wcls, groups):
     goal = getattr(wcls, "goal", None)
     if not goal:
         return []
-    target, key, ratio = goal
+    target, key, ratio = goal[:3]
+    absolute = goal[3:] == ("absolute",)   # the median itself, not a ratio to the baseline
     label = next((m.label for m in wcls.metrics if m.key == key), key)
     out = []
     for (w, v, t), g in groups.items():
         if w != wcls.name or t != target:
             continue
         s = stats(r["metrics"].get(key) for r in g["ok"])
-        b = stats(r["metrics"].get(key) for r in groups.get((w, v, BASELINE), {"ok": []})["ok"])
         where = f" ({v})" if v else ""
+        if absolute:
+            verdict = ("not measured" if s is None else
+                       f"{s[0]:.2f} — {'met' if s[0] >= ratio else 'NOT met'}")
+            out.append(f"Goal{where}: {target} {label} ≥ {ratio:.2f}: {verdict}.")
+            continue
+        b = stats(r["metrics"].get(key) for r in groups.get((w, v, BASELINE), {"ok": []})["ok"])
         if s is None or not b or not b[0]:
             verdict = "not measured"
         else:

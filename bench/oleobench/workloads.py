@@ -331,6 +331,58 @@ class SnapshotUnderWrite(Workload):
         return {"snapshot_s": took, "dirty_MiB_at_snapshot": dirty}
 
 
+class ReadWhileWrite(Workload):
+    """Reads of one file, alone and then while other threads write with an fsync after
+    every 64 KiB (so the filesystem commits, or logs, all the time): readers must not
+    wait for writers or commits. O_DIRECT reads, so every read reaches the filesystem
+    rather than the page cache; the file is written and synced first, caches dropped."""
+    name, needs_fs = "read-while-write", True
+    metrics = [Metric("busy_read_MiB_s", "read MiB/s while writing"),
+               Metric("quiet_read_MiB_s", "read MiB/s alone"),
+               Metric("read_kept", "busy / alone")]
+    goal = ("oleo", "read_kept", 0.8, "absolute")   # the issue's target, not a ratio to btrfs
+
+    def image_bytes(self):
+        p = self.p
+        return max(4 * GiB, (p.rww_file_mib + p.rww_writers * p.fsync_job_mib + 2048) * MiB)
+
+    def describe(self):
+        p = self.p
+        return {"file_MiB": p.rww_file_mib, "read_bs": "1M", "direct": 1,
+                "writers": p.rww_writers, "write_bs": "64k", "fsync": 1,
+                "runtime_s": p.rww_runtime_s}
+
+    def _reader(self, path):
+        return {"rw": "read", "bs": "1M", "ioengine": "psync", "direct": 1,
+                "filename": path, "size": f"{self.p.rww_file_mib}M", "time_based": True,
+                "runtime": self.p.rww_runtime_s}
+
+    def run(self, ctx, m, _):
+        p = self.p
+        path = os.path.join(m.path, "read-me.bin")
+        self.fio(ctx, m, {"rw": "write", "bs": "1M", "ioengine": "psync", "direct": 0,
+                          "end_fsync": 1, "fallocate": "none", "filename": path,
+                          "size": f"{p.rww_file_mib}M"}, timeout=ctx.remaining(), variant="layout")
+        drop_caches()
+        quiet = self.fio(ctx, m, self._reader(path), timeout=ctx.remaining(), variant="quiet")
+        drop_caches()
+        writers = {"new_group": True, "rw": "write", "fsync": 1, "fallocate": "none",
+                   "bs": "64k", "ioengine": "sync", "direct": 0,
+                   "size": f"{p.fsync_job_mib}M", "directory": m.path,
+                   "numjobs": p.rww_writers, "thread": True, "group_reporting": 1,
+                   "time_based": True, "runtime": p.rww_runtime_s}
+        text = (tools.fio_jobfile("reader", self._reader(path))
+                + tools.fio_jobfile("writers", writers))
+        ctx.save_job(self, m.target, "busy", text)
+        report = tools.run_fio(text, m.scratch, timeout=ctx.remaining())
+        busy = tools.fio_totals({"jobs": [j for j in report["jobs"] if j["jobname"] == "reader"]})
+        wrote = tools.fio_totals({"jobs": [j for j in report["jobs"] if j["jobname"] == "writers"]})
+        q, b = quiet["read"]["MiB_s"], busy["read"]["MiB_s"]
+        return {"busy_read_MiB_s": b, "quiet_read_MiB_s": q,
+                "read_kept": b / q if q > 0 else 0.0,
+                "write_MiB_s_meanwhile": wrote["write"]["MiB_s"]}
+
+
 def _dirty_mib():
     with open("/proc/meminfo") as f:
         for line in f:
@@ -395,8 +447,8 @@ class MetaWalk(Workload):
         return {"files_per_s": n / took, "elapsed_s": took}
 
 
-ALL = [FsyncWrite, SeqWrite, FsmarkCreate, UringRandrw, Dbench, SnapshotUnderWrite, SeqRead, RandRead,
-       MetaWalk]
+ALL = [FsyncWrite, SeqWrite, FsmarkCreate, UringRandrw, Dbench, SnapshotUnderWrite, ReadWhileWrite,
+       SeqRead, RandRead, MetaWalk]
 NAMES = [w.name for w in ALL]
 
 

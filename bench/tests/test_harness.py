@@ -472,3 +472,50 @@ def test_measure_discards_numbers_of_a_daemon_that_died(tmp_path, monkeypatch):
     assert rec["status"] == "na" and rec["metrics"] == {}
     assert "exited with status 7 during the workload" in rec["reason"]
     assert len(torn_down) == 1
+
+
+def test_read_while_write_jobs_and_ratio(tmp_path, monkeypatch):
+    p = P.make_params("full")
+    jobs, dropped = [], []
+
+    def job(name, rbw, wbw):
+        return {"jobname": name, "error": 0,
+                "read": {"bw_bytes": rbw, "iops": 0, "io_bytes": rbw * 20, "runtime": 20000},
+                "write": {"bw_bytes": wbw, "iops": 0, "io_bytes": wbw * 20, "runtime": 20000}}
+
+    def fake_run_fio(text, scratch, timeout, readonly=False):
+        jobs.append(text)
+        if "[writers]" in text:
+            return {"jobs": [job("reader", 300 << 20, 0), job("writers", 0, 50 << 20)]}
+        if "rw=read" in text:
+            return {"jobs": [job("read-while-write", 400 << 20, 0)]}
+        return {"jobs": [job("read-while-write", 0, 100 << 20)]}
+    monkeypatch.setattr(tools, "run_fio", fake_run_fio)
+    monkeypatch.setattr(W, "drop_caches", lambda: dropped.append(len(jobs)))
+
+    class Ctx:
+        def save_job(self, *a):
+            pass
+
+        def remaining(self):
+            return 100
+
+    w = W.ReadWhileWrite(p)
+    assert w.check(_FakeTarget("raw", raw=True, family="raw")) is not None
+    m = T.Mounted(_FakeTarget("btrfs"), str(tmp_path / "mnt"), scratch=str(tmp_path))
+    res = w.run(Ctx(), m, None)
+    layout, quiet, busy = jobs
+    assert "end_fsync=1" in layout and "size=1024M" in layout
+    # cold: caches dropped after the layout and before the busy run
+    assert dropped == [1, 2]
+    for text in (quiet, busy):
+        assert "direct=1" in text and "time_based" in text and "runtime=20" in text
+    assert "new_group" in busy and "fsync=1" in busy and "numjobs=4" in busy
+    assert res["quiet_read_MiB_s"] == pytest.approx(400.0)
+    assert res["busy_read_MiB_s"] == pytest.approx(300.0)
+    assert res["read_kept"] == pytest.approx(0.75)
+    assert res["write_MiB_s_meanwhile"] == pytest.approx(50.0)
+    recs = [_rec("read-while-write", None, "oleo", "ok", {"read_kept": k}) for k in (0.7, 0.85, 0.9)]
+    md = report.render(recs, {"targets": T.NAMES})
+    assert "Goal: oleo read MiB/s" not in md
+    assert "Goal: oleo busy / alone ≥ 0.80: 0.85 — met." in md
