@@ -318,25 +318,18 @@ impl Transaction<'_> {
         let mut out: Vec<(u64, u64)> = Vec::new();
         let mut done = 0;
         while done < len {
-            let mut want = (len - done).min(MAX_EXTENT);
-            loop {
-                match self.block_groups.reserve_data(want, sector) {
-                    Ok(b) => {
-                        out.push((b, want));
-                        break;
+            match self.find_data((len - done).min(MAX_EXTENT), sector, true) {
+                Ok((b, got)) => {
+                    out.push((b, got));
+                    done += got;
+                }
+                Err(e) => {
+                    for &(b, _) in &out {
+                        self.block_groups.cancel_reserved(b);
                     }
-                    Err(Error::NoSpace) if want > sector => {
-                        want = (want / 2).next_multiple_of(sector);
-                    }
-                    Err(e) => {
-                        for &(b, _) in &out {
-                            self.block_groups.cancel_reserved(b);
-                        }
-                        return Err(e);
-                    }
+                    return Err(e);
                 }
             }
-            done += want;
         }
         Ok(out)
     }
@@ -396,9 +389,19 @@ impl Transaction<'_> {
 
     /// A data extent of up to `want` bytes (less when free space is fragmented).
     pub(crate) fn alloc_data(&mut self, want: u64, sector: u64) -> Result<(u64, u64)> {
+        self.find_data(want, sector, false)
+    }
+
+    /// `alloc_data`, or with `reserve` set aside for an ordered write (`reserve_data`).
+    fn find_data(&mut self, want: u64, sector: u64, reserve: bool) -> Result<(u64, u64)> {
         let mut len = want;
         loop {
-            match self.block_groups.alloc_aligned(bg::DATA, len, sector) {
+            let found = if reserve {
+                self.block_groups.reserve_data(len, sector)
+            } else {
+                self.block_groups.alloc_aligned(bg::DATA, len, sector)
+            };
+            match found {
                 Ok(b) => return Ok((b, len)),
                 Err(Error::NoSpace) if len > sector => {
                     len = (len / 2).next_multiple_of(sector);
