@@ -15,6 +15,7 @@ use crate::disk_io::{Block, DiskIo};
 use crate::error::{Error, Result};
 use crate::sync::{Condvar, Mutex};
 use oleo_format::superblock::Superblock;
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 /// Superblocks in generation order, and who waits for which generation.
@@ -93,10 +94,55 @@ impl CommitOrder {
     }
 }
 
+/// Reads in flight that looked up their extents under the lock and read the data after
+/// letting go of it (`file_read`): the transaction each looked in, with a count. Space
+/// freed in that transaction or later stays pinned while such a read is in flight, so the
+/// blocks it reads are not handed out to new data first.
+#[derive(Default)]
+pub(crate) struct ReadPins {
+    active: Mutex<BTreeMap<u64, usize>>,
+}
+
+/// One read in flight (see `ReadPins`); dropping it ends the read.
+pub(crate) struct ReadPin {
+    pins: Arc<CommitPipe>,
+    transid: u64,
+}
+
+impl ReadPins {
+    /// The oldest transaction a read in flight looked in.
+    fn oldest(&self) -> Option<u64> {
+        self.active
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .keys()
+            .next()
+            .copied()
+    }
+}
+
+impl Drop for ReadPin {
+    fn drop(&mut self) {
+        let mut active = self
+            .pins
+            .reads
+            .active
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = active.get_mut(&self.transid) {
+            *n -= 1;
+            if *n == 0 {
+                active.remove(&self.transid);
+            }
+        }
+    }
+}
+
 /// The commits of one filesystem.
 pub(crate) struct CommitPipe {
     pub(crate) order: CommitOrder,
     pins: CommitPins,
+    reads: ReadPins,
     /// Commits closed under the filesystem's lock whose writing waits for the thread that
     /// closed them to let go of it (`defer`). Whoever is about to wait on the order writes
     /// these first, so a commit never waits for one that nobody is writing.
@@ -108,12 +154,29 @@ impl CommitPipe {
         CommitPipe {
             order: CommitOrder::new(durable),
             pins: Default::default(),
+            reads: ReadPins::default(),
             deferred: Mutex::new(Vec::new()),
         }
     }
 
     pub(crate) fn pins(&self) -> CommitPins {
         Arc::clone(&self.pins)
+    }
+
+    /// Starts a read that looks in running transaction `transid` (see `ReadPins`); call
+    /// it under the filesystem's lock, before the lookups.
+    pub(crate) fn pin_read(self: &Arc<Self>, transid: u64) -> ReadPin {
+        *self
+            .reads
+            .active
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(transid)
+            .or_default() += 1;
+        ReadPin {
+            pins: Arc::clone(self),
+            transid,
+        }
     }
 
     pub(crate) fn failure(&self) -> Option<String> {
@@ -208,8 +271,13 @@ impl CommitIo {
                 self.io.flush()
             },
             || {
-                let transid = self.transid;
-                self.pipe.pins.lock().retain(|_, &mut (_, g)| g > transid);
+                // Durable up to `transid`; what a read in flight may still read stays.
+                let free_below =
+                    (self.transid + 1).min(self.pipe.reads.oldest().unwrap_or(u64::MAX));
+                self.pipe
+                    .pins
+                    .lock()
+                    .retain(|_, &mut (_, g)| g >= free_below);
                 self.io.written(self.blocks.iter().map(|(b, _)| *b));
             },
         )

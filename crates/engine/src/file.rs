@@ -4,9 +4,8 @@
 use crate::ctree::Cursor;
 use crate::error::{Error, Result};
 use crate::fs::{FileKind, FsCore, InodeId};
-use oleo_format::compression::decompress;
-use oleo_format::items::{Compression, FileExtent, FileExtentBody, INODE_FLAG_NODATASUM};
-use oleo_format::key::{item, objectid, Key};
+use oleo_format::items::{Compression, FileExtent, FileExtentBody};
+use oleo_format::key::{item, Key};
 use quick_cache::Weighter;
 use std::ops::ControlFlow;
 use std::sync::Arc;
@@ -15,6 +14,9 @@ use std::sync::Arc;
 #[derive(Clone)]
 pub struct ExtentWeight;
 
+/// Decompressed extents by disk address (see `file_read`).
+pub(crate) type ExtentCache = quick_cache::sync::Cache<u64, Arc<Vec<u8>>, ExtentWeight>;
+
 impl Weighter<u64, Arc<Vec<u8>>> for ExtentWeight {
     fn weight(&self, _k: &u64, v: &Arc<Vec<u8>>) -> u64 {
         v.len() as u64 + 64
@@ -22,15 +24,15 @@ impl Weighter<u64, Arc<Vec<u8>>> for ExtentWeight {
 }
 
 /// What one EXTENT_DATA item says, owned so the tree cursor can move on.
-struct Mapping {
-    file_start: u64,
-    file_len: u64,
-    compression: Compression,
-    ram_bytes: u64,
-    kind: MappingKind,
+pub(crate) struct Mapping {
+    pub(crate) file_start: u64,
+    pub(crate) file_len: u64,
+    pub(crate) compression: Compression,
+    pub(crate) ram_bytes: u64,
+    pub(crate) kind: MappingKind,
 }
 
-enum MappingKind {
+pub(crate) enum MappingKind {
     Inline(Vec<u8>),
     Zero,
     Disk {
@@ -41,35 +43,8 @@ enum MappingKind {
 }
 
 impl FsCore {
-    /// Reads up to `size` bytes at `offset`; short only at end of file.
-    pub fn read(&self, id: InodeId, offset: u64, size: u32) -> Result<Vec<u8>> {
-        let attr = self.getattr(id)?;
-        if attr.kind == FileKind::Dir {
-            return Err(Error::IsDir);
-        }
-        let end = offset.saturating_add(size as u64).min(attr.size);
-        if offset >= end {
-            return Ok(Vec::new());
-        }
-        let mut out = vec![0u8; (end - offset) as usize];
-        let verify = attr.flags & INODE_FLAG_NODATASUM == 0;
-        for m in self.mappings(id, offset, end)? {
-            let (s, e) = (
-                m.file_start.max(offset),
-                // Saturating: an inline extent's length is its (unchecked) ram_bytes.
-                m.file_start.saturating_add(m.file_len).min(end),
-            );
-            if s >= e {
-                continue;
-            }
-            let dst = &mut out[(s - offset) as usize..(e - offset) as usize];
-            self.fill(id, &m, s, dst, verify)?;
-        }
-        Ok(out)
-    }
-
     /// The EXTENT_DATA items that overlap `[start, end)`, in file order.
-    fn mappings(&self, id: InodeId, start: u64, end: u64) -> Result<Vec<Mapping>> {
+    pub(crate) fn mappings(&self, id: InodeId, start: u64, end: u64) -> Result<Vec<Mapping>> {
         let mut out = Vec::new();
         self.for_each_mapping(id, start, end, &mut |m| {
             out.push(m);
@@ -179,204 +154,6 @@ impl FsCore {
             (false, _) => Ok(pos.min(size)),
         }
     }
-
-    /// Fills `dst` with file bytes starting at file offset `pos`, all within mapping `m`.
-    fn fill(&self, id: InodeId, m: &Mapping, pos: u64, dst: &mut [u8], verify: bool) -> Result<()> {
-        let rel = pos - m.file_start;
-        match &m.kind {
-            MappingKind::Zero => dst.fill(0),
-            MappingKind::Inline(data) => {
-                let decoded;
-                let plain: &[u8] = if m.compression == Compression::None {
-                    data
-                } else {
-                    decoded = decompress(
-                        m.compression,
-                        data,
-                        m.ram_bytes.min(1 << 20) as usize,
-                        self.sb.sectorsize as usize,
-                    )
-                    .map_err(|e| {
-                        Error::corrupt(0, format!("inline extent of inode {}: {e}", id.ino))
-                    })?;
-                    &decoded
-                };
-                copy_or_zero(plain, rel as usize, dst);
-            }
-            MappingKind::Disk {
-                bytenr,
-                disk_len,
-                offset,
-            } if m.compression == Compression::None => {
-                // Checked: disk_bytenr and offset are image fields (sector aligned, any size).
-                let logical = bytenr
-                    .checked_add(*offset)
-                    .and_then(|l| l.checked_add(rel))
-                    .ok_or_else(|| {
-                        Error::corrupt(
-                            *bytenr,
-                            format!("extent of inode {} overflows the address space", id.ino),
-                        )
-                    })?;
-                self.read_data(id, pos, logical, dst, verify)?;
-                let _ = disk_len;
-            }
-            MappingKind::Disk {
-                bytenr,
-                disk_len,
-                offset,
-            } => {
-                let plain = self.decompressed_extent(id, pos, *bytenr, *disk_len, m, verify)?;
-                // Saturating: a hostile offset past the decoded extent reads as zeros.
-                copy_or_zero(&plain, offset.saturating_add(rel) as usize, dst);
-            }
-        }
-        Ok(())
-    }
-
-    fn decompressed_extent(
-        &self,
-        id: InodeId,
-        pos: u64,
-        bytenr: u64,
-        disk_len: u64,
-        m: &Mapping,
-        verify: bool,
-    ) -> Result<Arc<Vec<u8>>> {
-        if let Some(d) = self.extents.get(&bytenr) {
-            return Ok(d);
-        }
-        // Compressed extents are at most 128 KiB decoded; anything larger is hostile.
-        if disk_len > (1 << 20) || m.ram_bytes > (1 << 20) {
-            return Err(Error::corrupt(
-                bytenr,
-                format!(
-                    "compressed extent of {disk_len} bytes ({} decoded) is too large",
-                    m.ram_bytes
-                ),
-            ));
-        }
-        let mut raw = vec![0u8; disk_len as usize];
-        self.read_data(id, pos, bytenr, &mut raw, verify)?;
-        let plain = decompress(
-            m.compression,
-            &raw,
-            m.ram_bytes as usize,
-            self.sb.sectorsize as usize,
-        )
-        .map_err(|e| {
-            Error::corrupt(
-                bytenr,
-                format!("{} extent of inode {}: {e}", m.compression.name(), id.ino),
-            )
-        })?;
-        let plain = Arc::new(plain);
-        self.extents.insert(bytenr, plain.clone());
-        Ok(plain)
-    }
-
-    /// Reads data at `logical` into `dst`, verifying whole sectors against the csum tree and
-    /// falling back to other copies on a mismatch.
-    fn read_data(
-        &self,
-        id: InodeId,
-        file_pos: u64,
-        logical: u64,
-        dst: &mut [u8],
-        verify: bool,
-    ) -> Result<()> {
-        let sector = self.sb.sectorsize as u64;
-        let start = logical - logical % sector;
-        // Checked: `logical` comes from image fields; near the top of the address space the
-        // rounded-up end would overflow.
-        let end = logical
-            .checked_add(dst.len() as u64)
-            .and_then(|e| e.checked_next_multiple_of(sector))
-            .ok_or_else(|| Error::corrupt(logical, "data range overflows the address space"))?;
-        let csums = if verify {
-            self.data_csums(start, end)?
-        } else {
-            Vec::new()
-        };
-        let mut buf = vec![0u8; (end - start) as usize];
-        let csum_type = self.sb.csum_type();
-        let mirrors = self.io().num_mirrors(start).max(1);
-        let mut bad_at = None;
-        for mirror in 0..mirrors {
-            self.io().read_logical(start, &mut buf, mirror)?;
-            bad_at = csums.iter().enumerate().find_map(|(i, c)| {
-                let c = c.as_ref()?;
-                let s = &buf[i * sector as usize..(i + 1) * sector as usize];
-                (!csum_type.verify(s, c)).then_some(start + i as u64 * sector)
-            });
-            if bad_at.is_none() {
-                break;
-            }
-        }
-        if let Some(bad) = bad_at {
-            let err = Error::DataChecksum {
-                subvol: id.subvol,
-                ino: id.ino,
-                offset: file_pos - file_pos % sector + (bad.max(logical) - logical),
-                logical: bad,
-            };
-            log::error!("{err}");
-            return Err(err);
-        }
-        let skip = (logical - start) as usize;
-        dst.copy_from_slice(&buf[skip..skip + dst.len()]);
-        Ok(())
-    }
-
-    /// Per-sector checksums for `[start, end)`; None where the csum tree has none.
-    fn data_csums(&self, start: u64, end: u64) -> Result<Vec<Option<Vec<u8>>>> {
-        let sector = self.sb.sectorsize as u64;
-        let size = self.sb.csum_type().size();
-        let mut out = vec![None; ((end - start) / sector) as usize];
-        let Some(tree) = self.csum_root() else {
-            return Ok(out);
-        };
-        let mut cur = Cursor::search(
-            self,
-            &tree,
-            &Key::new(objectid::EXTENT_CSUM, item::EXTENT_CSUM, start),
-        )?;
-        let exact = matches!(cur.item()?, Some((k, _)) if k.objectid == objectid::EXTENT_CSUM && k.item_type == item::EXTENT_CSUM && k.offset == start);
-        if !exact
-            && cur.prev()?
-            && !matches!(cur.item()?, Some((k, _)) if k.objectid == objectid::EXTENT_CSUM && k.item_type == item::EXTENT_CSUM)
-        {
-            cur.next()?;
-        }
-        while let Some((key, body)) = cur.item()? {
-            if key.objectid != objectid::EXTENT_CSUM
-                || key.item_type != item::EXTENT_CSUM
-                || key.offset >= end
-            {
-                break;
-            }
-            for (i, c) in body.chunks_exact(size).enumerate() {
-                // Saturating: a csum item keyed near u64::MAX must not overflow.
-                let at = key.offset.saturating_add(i as u64 * sector);
-                if at >= end {
-                    break;
-                }
-                if at >= start {
-                    out[((at - start) / sector) as usize] = Some(c.to_vec());
-                }
-            }
-            cur.next()?;
-        }
-        Ok(out)
-    }
-}
-
-/// Copies `src[from..]` into `dst`, zero-filling what `src` does not have (a decoded extent
-/// shorter than its item claims reads as zeros, as in the kernel).
-fn copy_or_zero(src: &[u8], from: usize, dst: &mut [u8]) {
-    let avail = src.len().saturating_sub(from).min(dst.len());
-    dst[..avail].copy_from_slice(&src[from.min(src.len())..from.min(src.len()) + avail]);
-    dst[avail..].fill(0);
 }
 
 /// One file extent item as `oleo extents` (and FIEMAP) describes it.

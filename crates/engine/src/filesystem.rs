@@ -133,6 +133,17 @@ impl Filesystem {
         }
     }
 
+    /// Reads up to `size` bytes at `offset` (fewer at the end of the file). Only finding
+    /// the extents shares the lock; the data is read after letting go (see `file_read`).
+    pub fn read(&self, id: InodeId, offset: u64, size: u32) -> Result<Vec<u8>> {
+        let plan = {
+            let core = self.core.read();
+            let pin = core.pipe.pin_read(core.running_transid());
+            core.plan_read(id, offset, size, Some(pin))?
+        };
+        plan.execute()
+    }
+
     /// Visits every block of a tree (inspection tools). `f` runs under the shared lock:
     /// it must not call back into the filesystem.
     pub fn walk_tree(
@@ -222,8 +233,6 @@ impl Filesystem {
         fn fail_writes_after(&self, writes: u64) -> ();
         /// Why this filesystem cannot be written by oleo, if it cannot.
         fn can_write(&self) -> Result<()>;
-        /// Reads up to `size` bytes at `offset` (fewer at the end of the file).
-        fn read(&self, id: InodeId, offset: u64, size: u32) -> Result<Vec<u8>>;
         /// SEEK_DATA (`data`) or SEEK_HOLE from `offset`.
         fn seek_data_hole(&self, id: InodeId, offset: u64, data: bool) -> Result<u64>;
         /// A file's extents, as FIEMAP reports them.

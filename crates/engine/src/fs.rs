@@ -154,7 +154,7 @@ pub struct FsCore {
     /// Subvolume trees by id (None: no such live subvolume). Read-only, so never stale.
     pub(crate) subvol_roots: RwLock<HashMap<u64, Option<TreeRoot>>>,
     pub(crate) inodes: Cache<InodeId, Arc<InodeItem>>,
-    pub(crate) extents: Cache<u64, Arc<Vec<u8>>, crate::file::ExtentWeight>,
+    pub(crate) extents: Arc<crate::file::ExtentCache>,
     top: InodeId,
     pending_log: bool,
     /// The running transaction between operations (see `transaction`).
@@ -290,7 +290,11 @@ impl FsCore {
             csum_tree: None,
             subvol_roots: RwLock::new(HashMap::new()),
             inodes: Cache::new(entries),
-            extents: Cache::with_weighter(entries, extent_bytes, crate::file::ExtentWeight),
+            extents: Arc::new(Cache::with_weighter(
+                entries,
+                extent_bytes,
+                crate::file::ExtentWeight,
+            )),
             top: InodeId {
                 subvol: objectid::FS_TREE,
                 ino: objectid::FIRST_FREE,
@@ -372,10 +376,6 @@ impl FsCore {
             },
         )?;
         Ok(found)
-    }
-
-    pub(crate) fn io(&self) -> &DiskIo {
-        &self.io
     }
 
     /// The root of tree `id` as the running transaction left it, if it changed it.
@@ -560,7 +560,7 @@ impl crate::ctree::BlockSource for FsCore {
     ) -> Result<crate::disk_io::Block> {
         if let Some(block) = self.running.as_ref().and_then(|t| t.dirty.get(&bytenr)) {
             crate::transaction::check_promises(block, bytenr, level, generation, first_key)?;
-            return Ok(block.as_slice().into());
+            return Ok(block.clone());
         }
         self.io
             .read_tree_block(bytenr, level, generation, first_key)

@@ -20,6 +20,7 @@ pub mod error;
 pub mod extent_tree;
 mod file;
 mod file_item;
+mod file_read;
 mod file_write;
 pub mod filesystem;
 pub mod free_space;

@@ -63,7 +63,9 @@ pub struct TxnState {
     pub(crate) transid: u64,
     nodesize: u32,
     pub(crate) chunk_tree_uuid: [u8; 16],
-    pub(crate) dirty: BTreeMap<u64, Vec<u8>>,
+    /// Blocks changed in T, shared with readers: an edit copies a block only while a
+    /// reader still holds it (`Arc::make_mut`), so reading a dirty block never copies.
+    pub(crate) dirty: BTreeMap<u64, Block>,
     /// Current root of every tree touched in T.
     pub(crate) roots: BTreeMap<u64, TreeRoot>,
     /// The root as its ROOT_ITEM (or the superblock) records it, and that item's key.
@@ -583,8 +585,8 @@ impl<'a> Transaction<'a> {
         let st = self.fs.running.as_deref_mut().ok_or(Error::NotFound)?;
         let mut out = Vec::with_capacity(st.dirty.len());
         for (bytenr, mut block) in std::mem::take(&mut st.dirty) {
-            finalize_block(&mut block, csum)?;
-            out.push((bytenr, Block::from(block)));
+            finalize_block(std::sync::Arc::make_mut(&mut block), csum)?;
+            out.push((bytenr, block));
         }
         Ok(out)
     }
@@ -811,7 +813,7 @@ impl BlockSource for Transaction<'_> {
     ) -> Result<Block> {
         if let Some(block) = self.dirty.get(&bytenr) {
             check_promises(block, bytenr, level, generation, first_key)?;
-            return Ok(block.as_slice().into());
+            return Ok(block.clone());
         }
         self.fs
             .io
@@ -883,7 +885,7 @@ impl BlockStore for Transaction<'_> {
     }
 
     fn dirty_mut(&mut self, bytenr: u64) -> Option<&mut [u8]> {
-        self.dirty.get_mut(&bytenr).map(|b| b.as_mut_slice())
+        self.dirty.get_mut(&bytenr).map(std::sync::Arc::make_mut)
     }
 
     fn insert_dirty(&mut self, bytenr: u64, block: Vec<u8>) -> Result<()> {
@@ -893,7 +895,7 @@ impl BlockStore for Transaction<'_> {
                 "dirty block size differs from nodesize",
             ));
         }
-        self.dirty.insert(bytenr, block);
+        self.dirty.insert(bytenr, block.into());
         Ok(())
     }
 }

@@ -111,6 +111,7 @@ impl Handler for OleoFuse {
             }
             // Durable means committed: the whole transaction goes (a log tree comes later).
             Op::Fsync { .. } | Op::Fsyncdir { .. } | Op::Syncfs => {
+                crate::transport::will_block();
                 empty(self.mutate(|fs| fs.sync().map(drop)), reply)
             }
             Op::Setxattr { flags, name, value } => {

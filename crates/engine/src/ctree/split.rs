@@ -195,7 +195,6 @@ fn balanced_cut(prefix: &[usize], cuts: impl Iterator<Item = usize>, cap: usize)
 /// Leaf facts the planners need.
 struct LeafShape {
     sizes: Vec<usize>,
-    free: usize,
 }
 
 fn leaf_shape<S: BlockStore + ?Sized>(store: &mut S, bytenr: u64) -> Result<LeafShape> {
@@ -204,10 +203,12 @@ fn leaf_shape<S: BlockStore + ?Sized>(store: &mut S, bytenr: u64) -> Result<Leaf
         .map(|s| leaf.item(s).map(|it| ITEM_SIZE + it.size as usize))
         .collect::<std::result::Result<Vec<_>, _>>()
         .map_err(corrupt_at(bytenr))?;
-    Ok(LeafShape {
-        sizes,
-        free: leaf.free_space(),
-    })
+    Ok(LeafShape { sizes })
+}
+
+/// Free bytes in a leaf (the common case needs no more than this).
+fn leaf_free<S: BlockStore + ?Sized>(store: &mut S, bytenr: u64) -> Result<usize> {
+    Ok(leaf_mut(store, bytenr)?.free_space())
 }
 
 /// Makes the room `need` asks for in the path's leaf. Returns, for a batch, how many items
@@ -301,10 +302,10 @@ fn room_for_insert<S: BlockStore + ?Sized>(
     bytes: usize,
 ) -> Result<()> {
     let PathLevel { bytenr, slot } = path.leaf();
-    let shape = leaf_shape(store, bytenr)?;
-    if shape.free >= bytes {
+    if leaf_free(store, bytenr)? >= bytes {
         return Ok(());
     }
+    let shape = leaf_shape(store, bytenr)?;
     ensure_parent(store, root, path)?;
     if slot == shape.sizes.len() && into_right_neighbour(store, root, path, bytes)? {
         return Ok(());
@@ -344,10 +345,10 @@ fn room_for_growth<S: BlockStore + ?Sized>(
     grow: usize,
 ) -> Result<()> {
     let PathLevel { bytenr, slot } = path.leaf();
-    let shape = leaf_shape(store, bytenr)?;
-    if shape.free >= grow {
+    if leaf_free(store, bytenr)? >= grow {
         return Ok(());
     }
+    let shape = leaf_shape(store, bytenr)?;
     ensure_parent(store, root, path)?;
     let cap = leaf_data_size(store.nodesize());
     match plan_growth(&shape.sizes, slot, grow, cap) {

@@ -10,4 +10,4 @@ mod session;
 
 pub use reply::{DirBuf, Errno, Notifier, Reply};
 pub use request::{Op, Request};
-pub use session::{Access, Handler, InitConfig, Session};
+pub use session::{will_block, Access, Handler, InitConfig, Session};
