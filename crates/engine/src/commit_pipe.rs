@@ -47,12 +47,16 @@ impl CommitOrder {
     /// will be.
     pub(crate) fn wait_durable(&self, generation: u64) -> Result<u64> {
         let mut durable = self.durable.lock().unwrap_or_else(|e| e.into_inner());
+        let mut told = false;
         loop {
             if *durable >= generation {
                 return Ok(*durable);
             }
             if let Some(why) = self.failure() {
                 return Err(Error::Aborted(why));
+            }
+            if !std::mem::replace(&mut told, true) {
+                crate::blocking::will_wait();
             }
             durable = self.done.wait(durable).unwrap_or_else(|e| e.into_inner());
         }
@@ -247,6 +251,7 @@ impl CommitIo {
     }
 
     fn write_now(self) -> Result<u64> {
+        crate::blocking::will_wait();
         let r = self.try_write();
         if let Err(e) = &r {
             let why = format!("commit {} failed: {e}", self.transid);

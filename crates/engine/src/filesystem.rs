@@ -59,7 +59,7 @@ macro_rules! reads {
     ($($(#[$m:meta])* fn $name:ident(&self $(, $arg:ident: $ty:ty)*) -> $ret:ty;)*) => {$(
         $(#[$m])*
         pub fn $name(&self $(, $arg: $ty)*) -> $ret {
-            self.core.read().$name($($arg),*)
+            self.core_read().$name($($arg),*)
         }
     )*};
 }
@@ -137,7 +137,7 @@ impl Filesystem {
     /// the extents shares the lock; the data is read after letting go (see `file_read`).
     pub fn read(&self, id: InodeId, offset: u64, size: u32) -> Result<Vec<u8>> {
         let plan = {
-            let core = self.core.read();
+            let core = self.core_read();
             let pin = core.pipe.pin_read(core.running_transid());
             core.plan_read(id, offset, size, Some(pin))?
         };

@@ -23,10 +23,14 @@ pub(crate) struct InodeGuard<'a> {
 impl InodeLocks {
     pub(crate) fn lock(&self, id: InodeId) -> InodeGuard<'_> {
         let lock = Arc::clone(self.locks.lock().entry(id).or_default());
+        let guard = lock.try_lock_arc().unwrap_or_else(|| {
+            crate::blocking::will_wait();
+            lock.lock_arc()
+        });
         InodeGuard {
             locks: self,
             id,
-            guard: Some(lock.lock_arc()),
+            guard: Some(guard),
         }
     }
 }

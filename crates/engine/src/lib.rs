@@ -7,6 +7,7 @@
 mod acl;
 mod backref;
 pub mod block_group;
+pub mod blocking;
 mod chunk_alloc;
 pub mod claim;
 mod commit_pipe;

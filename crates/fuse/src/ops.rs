@@ -29,6 +29,8 @@ impl Handler for OleoFuse {
         if self.settings.writable {
             spawn_committer(Arc::downgrade(&self.fs), self.settings.commit_interval);
         }
+        // A worker about to wait for a commit or another writer wakes a spare one.
+        oleo::blocking::set_hook(crate::transport::will_block);
         let mut flags = abi::init::ASYNC_READ
             | abi::init::BIG_WRITES
             | abi::init::ATOMIC_O_TRUNC
@@ -111,7 +113,6 @@ impl Handler for OleoFuse {
             }
             // Durable means committed: the whole transaction goes (a log tree comes later).
             Op::Fsync { .. } | Op::Fsyncdir { .. } | Op::Syncfs => {
-                crate::transport::will_block();
                 empty(self.mutate(|fs| fs.sync().map(drop)), reply)
             }
             Op::Setxattr { flags, name, value } => {

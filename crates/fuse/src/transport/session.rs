@@ -7,7 +7,9 @@
 //! often finds the next one queued and takes it without sleeping (measured with fs_mark,
 //! 2 threads: 21k creates/s where 16 gave 16k). The other workers wait in userspace for a
 //! handler that is about to wait for long (an fsync waiting for its commit: `will_block`)
-//! and would leave no worker reading; those are what the extra workers are for.
+//! and would leave no worker reading; those are what the extra workers are for. The
+//! engine says when it is about to wait (`oleo::blocking`): for a commit's IO, for a commit
+//! to become durable, for another writer of the same file.
 
 use super::abi::{self, init};
 use super::reply::{Channel, Errno, Notifier, Reply};
