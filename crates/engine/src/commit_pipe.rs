@@ -167,6 +167,14 @@ impl CommitPipe {
         Arc::clone(&self.pins)
     }
 
+    /// Commits up to `durable` are on disk: the space they freed may be handed out again,
+    /// except what a read in flight may still read (freed in the transaction it looked in,
+    /// or later).
+    pub(crate) fn release_pins(&self, durable: u64) {
+        let free_below = (durable + 1).min(self.reads.oldest().unwrap_or(u64::MAX));
+        self.pins.lock().retain(|_, &mut (_, g)| g >= free_below);
+    }
+
     /// Starts a read that looks in running transaction `transid` (see `ReadPins`); call
     /// it under the filesystem's lock, before the lookups.
     pub(crate) fn pin_read(self: &Arc<Self>, transid: u64) -> ReadPin {
@@ -276,13 +284,7 @@ impl CommitIo {
                 self.io.flush()
             },
             || {
-                // Durable up to `transid`; what a read in flight may still read stays.
-                let free_below =
-                    (self.transid + 1).min(self.pipe.reads.oldest().unwrap_or(u64::MAX));
-                self.pipe
-                    .pins
-                    .lock()
-                    .retain(|_, &mut (_, g)| g >= free_below);
+                self.pipe.release_pins(self.transid);
                 self.io.written(self.blocks.iter().map(|(b, _)| *b));
             },
         )
@@ -345,6 +347,89 @@ mod model {
         if fail_at.is_none() {
             assert!(ok.iter().all(|&o| o));
         }
+    }
+
+    /// A file's extent X, read by a reader in two steps (look up under the filesystem's
+    /// lock, read after) while a writer frees X in the running transaction and commits,
+    /// and an allocator hands out any free, unpinned space. Whenever the reader found X,
+    /// X is not handed out before the reader's pin goes.
+    fn read_pin_against_reuse() {
+        const X: u64 = 1 << 20;
+        struct Fs {
+            running: u64,
+            referenced: bool,
+            free: bool,
+            reused: bool,
+        }
+        let pipe = Arc::new(CommitPipe::new(0));
+        let fs = Arc::new(SMutex::new(Fs {
+            running: 1,
+            referenced: true,
+            free: false,
+            reused: false,
+        }));
+        let reader = {
+            let (pipe, fs) = (Arc::clone(&pipe), Arc::clone(&fs));
+            thread::spawn(move || {
+                let (pin, found) = {
+                    let fs = fs.lock().unwrap();
+                    (pipe.pin_read(fs.running), fs.referenced)
+                };
+                thread::yield_now();
+                if found {
+                    assert!(!fs.lock().unwrap().reused, "X was handed out under a read");
+                }
+                drop(pin);
+            })
+        };
+        let writer = {
+            let (pipe, fs) = (Arc::clone(&pipe), Arc::clone(&fs));
+            thread::spawn(move || {
+                let closed = {
+                    let mut fs = fs.lock().unwrap();
+                    fs.referenced = false;
+                    fs.free = true;
+                    pipe.pins().lock().insert(X, (4096, fs.running));
+                    // The commit closes: T+1 runs from here.
+                    fs.running += 1;
+                    fs.running - 1
+                };
+                thread::yield_now();
+                pipe.release_pins(closed);
+            })
+        };
+        let allocator = {
+            let (pipe, fs) = (Arc::clone(&pipe), Arc::clone(&fs));
+            thread::spawn(move || {
+                for _ in 0..3 {
+                    {
+                        let mut fs = fs.lock().unwrap();
+                        if fs.free && !pipe.pins().lock().contains_key(&X) {
+                            fs.free = false;
+                            fs.reused = true;
+                        }
+                    }
+                    thread::yield_now();
+                }
+            })
+        };
+        for h in [reader, writer, allocator] {
+            h.join().unwrap();
+        }
+        // Whatever the order, nothing stays pinned once the read is over and a commit
+        // after it is durable.
+        let running = fs.lock().unwrap().running;
+        pipe.release_pins(running);
+        assert!(
+            pipe.pins().lock().is_empty(),
+            "space stayed pinned for good"
+        );
+    }
+
+    #[test]
+    fn freed_space_waits_for_reads_that_may_still_read_it() {
+        shuttle::check_random(read_pin_against_reuse, 3000);
+        shuttle::check_pct(read_pin_against_reuse, 3000, 3);
     }
 
     #[test]
