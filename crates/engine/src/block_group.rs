@@ -323,10 +323,6 @@ impl BlockGroups {
             .collect()
     }
 
-    pub(crate) fn free_space(&self, start: u64) -> Option<&FreeSpace> {
-        self.groups.get(&start).map(|g| &g.free)
-    }
-
     pub(crate) fn free_space_mut(&mut self, start: u64) -> Option<&mut FreeSpace> {
         self.groups.get_mut(&start).map(|g| &mut g.free)
     }

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Writes at least this large go around the page cache (O_DIRECT, when aligned) or get
 /// their writeback started at once (see `write_all_at`).
-const WRITEBACK_KICK: usize = 256 << 10;
+const WRITEBACK_KICK: usize = 64 << 10;
 /// Offset, length and memory alignment O_DIRECT needs (the largest logical block size).
 pub const DIRECT_ALIGN: usize = 4096;
 

@@ -8,8 +8,8 @@ use crate::error::{Error, Result};
 use crate::transaction::Transaction;
 use oleo_format::items::{FreeSpaceInfo, FREE_SPACE_USING_BITMAPS};
 use oleo_format::key::{item, objectid, Key};
-use std::collections::BTreeMap;
-use std::ops::ControlFlow;
+use std::collections::{BTreeMap, BTreeSet};
+use std::ops::{Bound, ControlFlow};
 
 /// Free ranges of one block group: start -> length, merged maximally.
 #[derive(Clone, Debug, Default)]
@@ -23,6 +23,9 @@ pub(crate) struct FreeSpace {
     sectorsize: u64,
     /// Sum of `ranges`' lengths.
     total: u64,
+    /// Starts of ranges added or removed since the last sync: the only places `ranges`
+    /// can differ from `on_disk`, so a commit compares those, not every range.
+    touched: BTreeSet<u64>,
 }
 
 impl FreeSpace {
@@ -125,6 +128,7 @@ impl FreeSpace {
             ranges,
             bitmaps: using_bitmaps.then_some(bitmaps),
             sectorsize,
+            touched: BTreeSet::new(),
         })
     }
 
@@ -138,6 +142,7 @@ impl FreeSpace {
         let ranges: BTreeMap<u64, u64> = free.into_iter().filter(|&(_, l)| l > 0).collect();
         FreeSpace {
             total: ranges.values().sum(),
+            touched: ranges.keys().copied().collect(),
             ranges,
             on_disk: BTreeMap::new(),
             bitmaps: None,
@@ -176,11 +181,13 @@ impl FreeSpace {
                 Error::corrupt(start, "allocating space the free space tree says is used")
             })?;
         self.ranges.remove(&s);
+        self.touched.insert(s);
         if start > s {
             self.ranges.insert(s, start - s);
         }
         if s + l > start + len {
             self.ranges.insert(start + len, s + l - start - len);
+            self.touched.insert(start + len);
         }
         self.total -= len;
         Ok(())
@@ -203,15 +210,117 @@ impl FreeSpace {
         if let Some(&l) = self.ranges.get(&end) {
             new_end = end + l;
             self.ranges.remove(&end);
+            self.touched.insert(end);
         }
         self.ranges.insert(new_start, new_end - new_start);
+        self.touched.insert(new_start);
         self.total += len;
         Ok(())
     }
 
-    fn is_synced(&self) -> bool {
-        self.ranges == self.on_disk
+    /// The item changes that bring the tree in line with `ranges`, judged at the touched
+    /// starts only; None if there are none. The touched set is taken: what changes while
+    /// the plan is applied is the next round's work.
+    fn sync_plan(&mut self) -> Option<SyncPlan> {
+        let touched = std::mem::take(&mut self.touched);
+        let target: Vec<(u64, Option<u64>)> = touched
+            .iter()
+            .map(|&s| (s, self.ranges.get(&s).copied()))
+            .filter(|&(s, want)| self.on_disk.get(&s).copied() != want)
+            .collect();
+        let bitmaps: Vec<(Key, Vec<u8>)> = match &self.bitmaps {
+            Some(bitmaps) if !target.is_empty() => bitmaps
+                .iter()
+                .filter_map(|&(s, l)| {
+                    let want = bitmap_of(&self.ranges, s, l, self.sectorsize);
+                    (want != bitmap_of(&self.on_disk, s, l, self.sectorsize))
+                        .then(|| (Key::new(s, item::FREE_SPACE_BITMAP, l), want))
+                })
+                .collect(),
+            _ => Vec::new(),
+        };
+        if target.is_empty() {
+            return None;
+        }
+        let extent = |s: u64, l: u64| Key::new(s, item::FREE_SPACE_EXTENT, l);
+        let (mut deletes, mut inserts) = (Vec::new(), Vec::new());
+        if self.bitmaps.is_none() {
+            for &(s, want) in &target {
+                if let Some(&l) = self.on_disk.get(&s) {
+                    deletes.push(extent(s, l));
+                }
+                if let Some(l) = want {
+                    inserts.push(extent(s, l));
+                }
+            }
+        }
+        // A range that only moved or shrank (the usual effect of an allocation) keeps its
+        // item under a new key: a delete and an insert could merge and split a leaf, which
+        // frees and allocates blocks, which changes the ranges again, round after round.
+        // A move must keep the key between its neighbours among this group's items.
+        let (mut gone, mut added) = (BTreeSet::new(), BTreeSet::new());
+        let mut moves = Vec::new();
+        let (mut left_deletes, mut left_inserts) = (Vec::new(), Vec::new());
+        for (i, old) in deletes.iter().enumerate() {
+            let Some(new) = inserts.get(i) else {
+                left_deletes.push(*old);
+                continue;
+            };
+            let prev = self
+                .on_disk
+                .range(..old.objectid)
+                .rev()
+                .map(|(&s, &l)| extent(s, l))
+                .find(|k| !gone.contains(k))
+                .max(added.range(..*old).next_back().copied());
+            let next = [
+                self.on_disk
+                    .range((Bound::Excluded(old.objectid), Bound::Unbounded))
+                    .map(|(&s, &l)| extent(s, l))
+                    .find(|k| !gone.contains(k)),
+                added
+                    .range((Bound::Excluded(*old), Bound::Unbounded))
+                    .next()
+                    .copied(),
+            ]
+            .into_iter()
+            .flatten()
+            .min();
+            if prev.is_none_or(|p| p < *new) && next.is_none_or(|n| n > *new) {
+                moves.push((*old, *new));
+                gone.insert(*old);
+                added.insert(*new);
+            } else {
+                left_deletes.push(*old);
+                left_inserts.push(*new);
+            }
+        }
+        left_inserts.extend(inserts.iter().skip(deletes.len()));
+        let count = self.ranges.len();
+        for (s, want) in target {
+            match want {
+                Some(l) => self.on_disk.insert(s, l),
+                None => self.on_disk.remove(&s),
+            };
+        }
+        Some(SyncPlan {
+            bitmaps,
+            moves,
+            deletes: left_deletes,
+            inserts: left_inserts,
+            count,
+        })
     }
+}
+
+/// What one block group's sync changes in the free space tree.
+struct SyncPlan {
+    bitmaps: Vec<(Key, Vec<u8>)>,
+    moves: Vec<(Key, Key)>,
+    deletes: Vec<Key>,
+    inserts: Vec<Key>,
+    /// FREE_SPACE_INFO.extent_count.
+    count: usize,
 }
 
 /// Brings the free space tree in line with every block group's in-memory ranges. Returns
@@ -219,75 +328,30 @@ impl FreeSpace {
 pub(crate) fn sync(txn: &mut Transaction<'_>) -> Result<bool> {
     let mut changed = false;
     for (start, length) in txn.block_groups.unsynced_free_space() {
-        let Some(target) = txn.block_groups.free_space(start).cloned() else {
+        let Some(plan) = txn
+            .block_groups
+            .free_space_mut(start)
+            .and_then(FreeSpace::sync_plan)
+        else {
             continue;
         };
-        if let Some(bitmaps) = &target.bitmaps {
-            for &(s, l) in bitmaps {
-                let want = bitmap_of(&target.ranges, s, l, target.sectorsize);
-                if want != bitmap_of(&target.on_disk, s, l, target.sectorsize) {
-                    let key = Key::new(s, item::FREE_SPACE_BITMAP, l);
-                    txn.update_item(objectid::FREE_SPACE_TREE, &key, |body| {
-                        if body.len() == want.len() {
-                            body.copy_from_slice(&want);
-                        }
-                    })?;
+        for (key, want) in &plan.bitmaps {
+            txn.update_item(objectid::FREE_SPACE_TREE, key, |body| {
+                if body.len() == want.len() {
+                    body.copy_from_slice(want);
                 }
-            }
+            })?;
         }
-        let mut deletes = Vec::new();
-        let mut inserts = Vec::new();
-        let extents = target.bitmaps.is_none();
-        for (&s, &l) in &target.on_disk {
-            if target.ranges.get(&s) != Some(&l) {
-                deletes.push(Key::new(s, item::FREE_SPACE_EXTENT, l));
-            }
+        for (old, new) in &plan.moves {
+            txn.set_item_key(objectid::FREE_SPACE_TREE, old, *new)?;
         }
-        for (&s, &l) in &target.ranges {
-            if target.on_disk.get(&s) != Some(&l) {
-                inserts.push(Key::new(s, item::FREE_SPACE_EXTENT, l));
-            }
-        }
-        if !extents {
-            deletes.clear();
-            inserts.clear();
-        }
-        // A range that only moved or shrank (the usual effect of an allocation) keeps its
-        // item under a new key: a delete and an insert could merge and split a leaf, which
-        // frees and allocates blocks, which changes the ranges again, round after round.
-        let mut current: std::collections::BTreeSet<Key> = target
-            .on_disk
-            .iter()
-            .map(|(&s, &l)| Key::new(s, item::FREE_SPACE_EXTENT, l))
-            .collect();
-        let (mut left_deletes, mut left_inserts) = (Vec::new(), Vec::new());
-        for (i, old) in deletes.iter().enumerate() {
-            let Some(new) = inserts.get(i) else {
-                left_deletes.push(*old);
-                continue;
-            };
-            let prev_ok = current.range(..*old).next_back().is_none_or(|p| p < new);
-            let next_ok = current
-                .range((std::ops::Bound::Excluded(*old), std::ops::Bound::Unbounded))
-                .next()
-                .is_none_or(|n| n > new);
-            if prev_ok && next_ok {
-                txn.set_item_key(objectid::FREE_SPACE_TREE, old, *new)?;
-                current.remove(old);
-                current.insert(*new);
-            } else {
-                left_deletes.push(*old);
-                left_inserts.push(*new);
-            }
-        }
-        left_inserts.extend(inserts.iter().skip(deletes.len()));
-        for key in &left_deletes {
+        for key in &plan.deletes {
             txn.delete_item(objectid::FREE_SPACE_TREE, key)?;
         }
-        for key in &left_inserts {
+        for key in &plan.inserts {
             txn.insert_item(objectid::FREE_SPACE_TREE, *key, &[])?;
         }
-        let count = u32::try_from(target.ranges.len())
+        let count = u32::try_from(plan.count)
             .map_err(|_| Error::Unsupported("too many free space extents".into()))?;
         let info_key = Key::new(start, item::FREE_SPACE_INFO, length);
         txn.update_item(objectid::FREE_SPACE_TREE, &info_key, |body| {
@@ -295,17 +359,16 @@ pub(crate) fn sync(txn: &mut Transaction<'_>) -> Result<bool> {
                 body[..4].copy_from_slice(&count.to_le_bytes());
             }
         })?;
-        if let Some(fs) = txn.block_groups.free_space_mut(start) {
-            fs.on_disk = target.ranges;
-        }
         changed = true;
     }
     Ok(changed)
 }
 
 impl FreeSpace {
+    /// Something changed since the last sync (it may have changed back: `sync_plan`
+    /// tells).
     pub(crate) fn needs_sync(&self) -> bool {
-        !self.is_synced()
+        !self.touched.is_empty()
     }
 }
 
@@ -343,6 +406,7 @@ mod tests {
             ranges,
             bitmaps: None,
             sectorsize: 4096,
+            touched: BTreeSet::new(),
         }
     }
 
@@ -372,10 +436,49 @@ mod tests {
         assert!(fs.add(8192, 4096).is_err(), "space already free");
         fs.add(16384, 16384).unwrap();
         assert_eq!(fs.ranges().collect::<Vec<_>>(), [(0, 65536)]);
+        assert!(fs.sync_plan().is_none(), "back as the tree has it");
         assert!(!fs.needs_sync());
         fs.remove(0, 4096).unwrap();
         fs.remove(61440, 4096).unwrap();
         assert_eq!(fs.ranges().collect::<Vec<_>>(), [(4096, 57344)]);
+    }
+
+    /// A sync judges only the touched ranges, and what it plans is exactly the difference:
+    /// items change key where the order of keys allows (no leaf splits and merges),
+    /// else they are deleted and inserted.
+    #[test]
+    fn sync_plans_the_difference_at_touched_ranges() {
+        let mut fs = space(&[(0, 65536), (131072, 65536), (262144, 8192)]);
+        fs.remove(0, 4096).unwrap();
+        fs.remove(131072 + 16384, 16384).unwrap();
+        fs.remove(262144, 8192).unwrap();
+        let plan = fs.sync_plan().expect("changes");
+        let ext = |s, l| Key::new(s, item::FREE_SPACE_EXTENT, l);
+        assert_eq!(
+            plan.moves,
+            [
+                (ext(0, 65536), ext(4096, 61440)),
+                (ext(131072, 65536), ext(131072, 16384)),
+                (ext(262144, 8192), ext(163840, 32768))
+            ]
+        );
+        assert!(plan.deletes.is_empty() && plan.inserts.is_empty());
+        assert_eq!(plan.count, 3);
+        assert_eq!(fs.on_disk, fs.ranges, "the plan is what the tree will hold");
+        // A range that appears between two others cannot take a key from past them.
+        fs.add(0, 4096).unwrap();
+        fs.remove(8192, 4096).unwrap();
+        let plan = fs.sync_plan().expect("changes");
+        assert_eq!(
+            (plan.moves.len(), plan.deletes.len(), plan.inserts.len()),
+            (1, 0, 1),
+            "{:?}",
+            (plan.moves, plan.deletes, plan.inserts)
+        );
+        assert_eq!(plan.count, 4);
+        assert_eq!(fs.on_disk, fs.ranges, "the plan is what the tree will hold");
+        assert!(!fs.needs_sync());
+        assert!(fs.sync_plan().is_none());
     }
 
     #[test]

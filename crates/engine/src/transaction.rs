@@ -21,14 +21,25 @@
 //! - *Durable*: T's pins and in-flight blocks are released. A failure instead marks the
 //!   pipe failed: every later commit and operation gets `Error::Aborted` (EROFS).
 //!
+//! ## Reads
+//! A file read shares `Filesystem::core` only to find its extents and checksums
+//! (`file_read`); the data is read after letting go, under a `ReadPin` that keeps space
+//! freed from the transaction it looked in from being handed out until it is done.
+//!
 //! ## Lock order
+//! 0. `InodeLocks` (one file's writers: write, truncate, fallocate, copy into it), taken
+//!    before `core`, held across that file's data IO.
 //! 1. `Filesystem::core` (RwLock over `FsCore`): reads share it, changes hold it alone.
 //! 2. `CommitOrder::durable`, then `CommitOrder::failed`. A thread holding `core` may wait
 //!    on `durable` (an inline commit, `sync` with nothing new); the writing half of a
 //!    commit never takes `core`, so it always finishes.
 //! 3. Leaf locks, never held while taking another: the caches, `open_inodes`, `next_ino`,
-//!    `next_index`, `subvol_roots`, `DiskIo`'s chunk map, context and in-flight map, and
-//!    `CommitPins`.
+//!    `next_index`, `subvol_roots`, `DiskIo`'s chunk map, context and in-flight map,
+//!    `CommitPins` and `ReadPins`.
+//!
+//! Before a thread waits for long (a commit's IO, a commit to become durable, another
+//! writer's inode lock) it says so through `blocking`, so a server with few threads ready
+//! can wake another.
 
 use crate::block_group::{self, BlockGroups};
 pub(crate) use crate::commit_pipe::{CommitIo, CommitPipe};
