@@ -17,6 +17,52 @@ use std::sync::Arc;
 /// A verified tree block, shared between readers.
 pub type Block = Arc<[u8]>;
 
+std::thread_local! {
+    static CACHED_ONLY: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// While alive, a tree-block read on this thread that misses the cache fails with
+/// `Error::NotCached` instead of going to the device: its caller holds the filesystem's
+/// lock and reads the block after letting go of it (`Filesystem::lookup_op`).
+pub(crate) struct CachedOnly(bool);
+
+impl CachedOnly {
+    pub(crate) fn new() -> CachedOnly {
+        CachedOnly(CACHED_ONLY.replace(true))
+    }
+}
+
+impl Drop for CachedOnly {
+    fn drop(&mut self) {
+        CACHED_ONLY.set(self.0);
+    }
+}
+
+/// A tree block a lookup wanted and the cache did not have, with what its parent promised.
+#[derive(Debug)]
+pub struct TreeMiss {
+    pub bytenr: u64,
+    level: Option<u8>,
+    generation: Option<u64>,
+    first_key: Option<Key>,
+}
+
+impl TreeMiss {
+    /// Reads the block into the cache (verified as a read under the lock would be).
+    pub(crate) fn fetch(&self, io: &DiskIo) -> Result<()> {
+        let _device = CachedOnly::allow();
+        io.read_tree_block(self.bytenr, self.level, self.generation, self.first_key)
+            .map(drop)
+    }
+}
+
+impl CachedOnly {
+    /// Lets this thread read from the device again for a moment.
+    fn allow() -> CachedOnly {
+        CachedOnly(CACHED_ONLY.replace(false))
+    }
+}
+
 #[derive(Clone)]
 struct BlockWeight;
 
@@ -200,6 +246,14 @@ impl DiskIo {
             // Cached blocks passed the full check; only the parent's expectations remain.
             check_expectations(&block, &expect)?;
             return Ok(block);
+        }
+        if CACHED_ONLY.get() {
+            return Err(Error::NotCached(Box::new(TreeMiss {
+                bytenr,
+                level,
+                generation,
+                first_key,
+            })));
         }
         let mirrors = self.num_mirrors(bytenr).max(1);
         let mut last_err = String::new();

@@ -68,6 +68,12 @@ pub enum Error {
     /// The image cannot be used at all (bad superblock, missing trees, ...).
     #[error("unusable filesystem: {0}")]
     Unusable(String),
+    /// Internal: a lookup under the filesystem's lock needed a tree block that is not in
+    /// memory (`disk_io::CachedOnly`); the caller reads it after letting go and retries.
+    /// Never returned by the public API.
+    #[doc(hidden)]
+    #[error("tree block {} is not cached", .0.bytenr)]
+    NotCached(Box<crate::disk_io::TreeMiss>),
 }
 
 impl Error {
@@ -105,6 +111,7 @@ impl Error {
             Error::FileTooBig => libc::EFBIG,
             Error::CrossDevice => libc::EXDEV,
             Error::NoDevice => libc::ENODEV,
+            Error::NotCached(_) => libc::EIO,
         }
     }
 }

@@ -9,7 +9,7 @@
 //! without it, while new operations join the next transaction (see `transaction`).
 
 use crate::ctree::TreeRoot;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::file::ExtentInfo;
 use crate::fs::{Attr, DirEntry, FsCore, InodeId, OpenOptions, StatFs, SubvolumeInfo};
 use crate::inode_lock::InodeLocks;
@@ -50,6 +50,8 @@ impl Drop for CoreMut<'_> {
 
 pub struct Filesystem {
     core: RwLock<FsCore>,
+    /// The device, reached without the lock (tree blocks a lookup missed).
+    io: std::sync::Arc<crate::disk_io::DiskIo>,
     /// Per-file locks, taken before `core` (see `inode_lock`).
     inode_locks: InodeLocks,
 }
@@ -60,6 +62,17 @@ macro_rules! reads {
         $(#[$m])*
         pub fn $name(&self $(, $arg: $ty)*) -> $ret {
             self.core_read().$name($($arg),*)
+        }
+    )*};
+}
+
+/// Reads that look up items: they share the lock, and read tree blocks missing from the
+/// cache after letting go of it (`lookup_op`).
+macro_rules! lookups {
+    ($($(#[$m:meta])* fn $name:ident(&self $(, $arg:ident: $ty:ty)*) -> $ret:ty;)*) => {$(
+        $(#[$m])*
+        pub fn $name(&self $(, $arg: $ty)*) -> $ret {
+            self.lookup_op(|core| core.$name($($arg),*))
         }
     )*};
 }
@@ -78,18 +91,46 @@ macro_rules! writes {
 impl Filesystem {
     /// Opens an image file or block device (read-only unless `options.read_only` is false).
     pub fn open(path: impl AsRef<Path>, options: OpenOptions) -> Result<Filesystem> {
-        Ok(Filesystem {
-            core: RwLock::new(FsCore::open(path, options)?),
-            inode_locks: InodeLocks::default(),
-        })
+        Ok(Filesystem::new(FsCore::open(path, options)?))
     }
 
     /// Opens an image file or block device writable.
     pub fn open_rw(path: impl AsRef<Path>, options: OpenOptions) -> Result<Filesystem> {
-        Ok(Filesystem {
-            core: RwLock::new(FsCore::open_rw(path, options)?),
+        Ok(Filesystem::new(FsCore::open_rw(path, options)?))
+    }
+
+    fn new(core: FsCore) -> Filesystem {
+        Filesystem {
+            io: std::sync::Arc::clone(&core.io),
+            core: RwLock::new(core),
             inode_locks: InodeLocks::default(),
-        })
+        }
+    }
+
+    /// Runs a read `f` under the shared lock with tree-block reads limited to the cache.
+    /// A block it misses is read with the lock let go, under a read pin (so its space is
+    /// not reused meanwhile), and `f` runs again: a cold read never holds the lock while
+    /// the device works, and writers never wait for it.
+    fn lookup_op<R>(&self, f: impl Fn(&FsCore) -> Result<R>) -> Result<R> {
+        // A path longer than this many misses (a cache too small to hold it) is read with
+        // the lock held, as before.
+        const MAX_MISSES: usize = 16;
+        for _ in 0..MAX_MISSES {
+            let (miss, _pin) = {
+                let core = self.core_read();
+                let only = crate::disk_io::CachedOnly::new();
+                match f(&core) {
+                    Err(Error::NotCached(miss)) => {
+                        drop(only);
+                        (miss, core.pipe.pin_read(core.running_transid()))
+                    }
+                    r => return r,
+                }
+            };
+            crate::blocking::will_wait();
+            miss.fetch(&self.io)?;
+        }
+        f(&self.core_read())
     }
 
     /// Commits and closes; returns the final commit's result (a drop commits too, but can
@@ -115,10 +156,13 @@ impl Filesystem {
         const BATCH: usize = 128;
         let mut from = from;
         loop {
-            let mut batch = Vec::with_capacity(BATCH);
-            self.core.read().readdir(dir, from, &mut |e| {
-                batch.push(e);
-                batch.len() < BATCH
+            let batch = self.lookup_op(|core| {
+                let mut batch = Vec::with_capacity(BATCH);
+                core.readdir(dir, from, &mut |e| {
+                    batch.push(e);
+                    batch.len() < BATCH
+                })?;
+                Ok(batch)
             })?;
             let last = batch.len() < BATCH;
             for e in batch {
@@ -136,12 +180,11 @@ impl Filesystem {
     /// Reads up to `size` bytes at `offset` (fewer at the end of the file). Only finding
     /// the extents shares the lock; the data is read after letting go (see `file_read`).
     pub fn read(&self, id: InodeId, offset: u64, size: u32) -> Result<Vec<u8>> {
-        let plan = {
-            let core = self.core_read();
+        self.lookup_op(|core| {
             let pin = core.pipe.pin_read(core.running_transid());
-            core.plan_read(id, offset, size, Some(pin))?
-        };
-        plan.execute()
+            core.plan_read(id, offset, size, Some(pin))
+        })?
+        .execute()
     }
 
     /// Visits every block of a tree (inspection tools). `f` runs under the shared lock:
@@ -233,21 +276,8 @@ impl Filesystem {
         fn fail_writes_after(&self, writes: u64) -> ();
         /// Why this filesystem cannot be written by oleo, if it cannot.
         fn can_write(&self) -> Result<()>;
-        /// SEEK_DATA (`data`) or SEEK_HOLE from `offset`.
-        fn seek_data_hole(&self, id: InodeId, offset: u64, data: bool) -> Result<u64>;
-        /// A file's extents, as FIEMAP reports them.
-        fn file_extents(&self, id: InodeId) -> Result<Vec<ExtentInfo>>;
-        fn lookup(&self, dir: InodeId, name: &[u8]) -> Result<InodeId>;
-        /// The offset past the last entry `dir` has now (a listing opened now ends there).
-        fn readdir_end(&self, dir: InodeId) -> Result<u64>;
-        fn getattr(&self, id: InodeId) -> Result<Attr>;
-        fn readlink(&self, id: InodeId) -> Result<Vec<u8>>;
         /// A path from the top-level subvolume to `id`.
         fn inode_path(&self, id: InodeId) -> Result<Vec<u8>>;
-        fn getxattr(&self, id: InodeId, name: &[u8]) -> Result<Vec<u8>>;
-        fn listxattr(&self, id: InodeId) -> Result<Vec<Vec<u8>>>;
-        /// Follows `path` (components separated by '/') from `start`.
-        fn resolve_path(&self, start: InodeId, path: &[u8]) -> Result<InodeId>;
         fn default_subvolume(&self) -> Result<u64>;
         fn list_subvolumes(&self) -> Result<Vec<SubvolumeInfo>>;
         /// The current root of tree `id` (None: no such tree).
@@ -261,6 +291,22 @@ impl Filesystem {
         /// Bytes new file data can still get (statfs's available space).
         fn data_available(&self) -> Result<u64>;
         fn statfs(&self) -> Result<StatFs>;
+    }
+
+    lookups! {
+        /// SEEK_DATA (`data`) or SEEK_HOLE from `offset`.
+        fn seek_data_hole(&self, id: InodeId, offset: u64, data: bool) -> Result<u64>;
+        /// A file's extents, as FIEMAP reports them.
+        fn file_extents(&self, id: InodeId) -> Result<Vec<ExtentInfo>>;
+        fn lookup(&self, dir: InodeId, name: &[u8]) -> Result<InodeId>;
+        /// The offset past the last entry `dir` has now (a listing opened now ends there).
+        fn readdir_end(&self, dir: InodeId) -> Result<u64>;
+        fn getattr(&self, id: InodeId) -> Result<Attr>;
+        fn readlink(&self, id: InodeId) -> Result<Vec<u8>>;
+        fn getxattr(&self, id: InodeId, name: &[u8]) -> Result<Vec<u8>>;
+        fn listxattr(&self, id: InodeId) -> Result<Vec<Vec<u8>>>;
+        /// Follows `path` (components separated by '/') from `start`.
+        fn resolve_path(&self, start: InodeId, path: &[u8]) -> Result<InodeId>;
     }
 
     /// Commits the running transaction, if any: everything before is durable after.
