@@ -85,6 +85,8 @@ def versions(oleo_bin, btrfs_fuse_bin):
         "btrfs-fuse": (_out([btrfs_fuse_bin, "--version"]) or "present") if btrfs_fuse_bin else None,
         "oleo": None,
         "python": platform.python_version(),
+        # Whether the kernel offers FUSE over io_uring (the oleo target turns it on).
+        "fuse_enable_uring": _read_param("/sys/module/fuse/parameters/enable_uring"),
     }
     if oleo_bin and os.path.isfile(oleo_bin):
         v["oleo"] = _out([oleo_bin, "--version"]).splitlines()[0:1] or ["unknown"]
@@ -95,6 +97,14 @@ def versions(oleo_bin, btrfs_fuse_bin):
             dirty = _out(["git", "-C", repo, "status", "--porcelain", "--untracked-files=no"])
             v["oleo_git"] = rev + ("-dirty" if dirty else "")
     return v
+
+
+def _read_param(path):
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return None
 
 
 def machine():

@@ -260,6 +260,9 @@ class Oleo(Target):
     (no CLI verb, and FUSE cannot pass btrfs's snapshot ioctl), so seed 004 is N/A
     unless --oleo-subvol-cmd and --oleo-snapshot-cmd say how."""
     name, family = "oleo", "btrfs"
+    # FUSE over io_uring (the kernel offers it once the fuse module's enable_uring is
+    # set, which _mount does); oleo-devfuse is the same server on /dev/fuse alone.
+    transport_opts = ["fuse_uring=on"]
     no_snapshots_reason = ("oleo cannot create snapshots: it has no snapshot command and FUSE "
                            "cannot pass btrfs's snapshot ioctl")
     unmount_grace_s = 120   # the daemon commits the running transaction at unmount
@@ -275,6 +278,9 @@ class Oleo(Target):
         return None
 
     def _mount(self, cl, scratch, image, opts):
+        if "fuse_uring=on" in self.transport_opts:
+            enable_fuse_uring()
+        opts = ",".join([opts] + self.transport_opts)
         mnt = os.path.join(scratch, "mnt")
         argv = [self.ctx.oleo_bin, "mount", "-f", "-o", opts, image, mnt]
         m = Mounted(self, mnt, image=image, scratch=scratch)
@@ -310,6 +316,29 @@ class Oleo(Target):
     def _cmd(self, template, **kw):
         return shlex.split(template.format(oleo=shlex.quote(self.ctx.oleo_bin),
                                            **{k: shlex.quote(v) for k, v in kw.items()}))
+
+
+class OleoDevFuse(Oleo):
+    """oleo serving /dev/fuse only (`fuse_uring=off`): the transport FUSE had before
+    io_uring, and what a kernel without it (before 6.14) gets."""
+    name = "oleo-devfuse"
+    transport_opts = ["fuse_uring=off"]
+
+
+ENABLE_URING = "/sys/module/fuse/parameters/enable_uring"
+
+
+def enable_fuse_uring():
+    """Lets the kernel offer FUSE over io_uring to new mounts (Linux 6.14+); a no-op
+    where the parameter is missing (oleo then serves /dev/fuse, which its log says)."""
+    try:
+        with open(ENABLE_URING) as f:
+            if f.read().strip() == "Y":
+                return
+        with open(ENABLE_URING, "w") as f:
+            f.write("Y")
+    except OSError:
+        pass
 
 
 class ZfsFuse(Target):
@@ -438,5 +467,5 @@ class Raw(Target):
         return Mounted(self, golden, scratch=scratch)
 
 
-ALL = [Oleo, Btrfs, Xfs, Ext4, Fuse2fs, ZfsFuse, BtrfsFuse, Raw]
+ALL = [Oleo, OleoDevFuse, Btrfs, Xfs, Ext4, Fuse2fs, ZfsFuse, BtrfsFuse, Raw]
 NAMES = [t.name for t in ALL]

@@ -14,6 +14,7 @@ pub struct MountArgs {
     /// Comma-separated mount options: ro, rw (the default), commit=SECONDS (default 30),
     /// max_inline=BYTES (default 2048), subvol=PATH, subvolid=ID, cache_size=SIZE
     /// (tree-block cache, e.g. 256M), threads=N, readahead=KIB (default 4096), log=PATH,
+    /// fuse_uring=on|off (FUSE over io_uring where the kernel offers it; default on),
     /// FUSE's allow_other, allow_root, default_permissions, auto_unmount, fsname=NAME, plus
     /// the generic ones mount(8) passes.
     #[arg(short = 'o', value_name = "OPTIONS")]
@@ -38,6 +39,7 @@ struct Plan {
     /// Only root besides the owner (libfuse's allow_root).
     allow_root: bool,
     auto_unmount: bool,
+    uring: bool,
     /// The source shown in /proc/mounts (default: the image's path).
     fsname: Option<String>,
     /// Where a background mount logs (default: syslog, else a file it names).
@@ -144,6 +146,7 @@ fn plan(options: &[String], rw_is_explicit: bool) -> Result<Plan, String> {
         allow_other: None,
         allow_root: false,
         auto_unmount: false,
+        uring: true,
         fsname: None,
         log: None,
         remount: false,
@@ -194,6 +197,9 @@ fn plan(options: &[String], rw_is_explicit: bool) -> Result<Plan, String> {
                     .filter(|&n: &usize| (1..=256).contains(&n))
                     .ok_or(format!("threads={v}: 1..256"))?
             }
+            ("fuse_uring", Some("on")) => p.uring = true,
+            ("fuse_uring", Some("off")) => p.uring = false,
+            ("fuse_uring", Some(v)) => return Err(format!("fuse_uring={v}: on or off")),
             ("remount", None) => p.remount = true,
             ("allow_other", None) => p.allow_other = Some(true),
             ("allow_root", None) => p.allow_root = true,
@@ -326,6 +332,7 @@ fn mount(
     let settings = oleo_fuse::MountSettings {
         writable,
         commit_interval: std::time::Duration::from_secs(plan.commit_secs),
+        uring: plan.uring,
     };
     // A sixteenth of the filesystem may sit dirty in the kernel (at least 8 MiB): small
     // images then keep their writes cached until nearly full (see oleo_fuse::DirtyCap).

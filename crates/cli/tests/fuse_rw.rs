@@ -24,8 +24,63 @@ enum Start {
     KernelFilled,
 }
 
+/// Which FUSE transport a case runs on: whatever the machine offers, or one of the two.
+#[derive(Clone, Copy, PartialEq)]
+enum Transport {
+    Default,
+    DevFuse,
+    IoUring,
+}
+
+impl Transport {
+    fn options(self) -> &'static [&'static str] {
+        match self {
+            Transport::Default => &[],
+            Transport::DevFuse => &["fuse_uring=off"],
+            Transport::IoUring => &["fuse_uring=on"],
+        }
+    }
+
+    /// Whether the server serves over io_uring, from its threads' names.
+    fn check(self, m: &OleoMount) {
+        let rings = m
+            .server_threads()
+            .iter()
+            .filter(|t| t.starts_with("oleo-uring"))
+            .count();
+        match self {
+            Transport::Default => {}
+            Transport::DevFuse => assert_eq!(rings, 0, "fuse_uring=off still serves over io_uring"),
+            Transport::IoUring => {
+                assert!(rings > 0, "no io_uring queue threads:\n{}", m.log_text())
+            }
+        }
+    }
+}
+
+/// Turns on the fuse module's io_uring transport (root only); false where the kernel
+/// has none. A skip under CI=true fails.
+fn enable_fuse_uring(name: &str) -> bool {
+    let param = Path::new("/sys/module/fuse/parameters/enable_uring");
+    let on = std::fs::read_to_string(param).is_ok_and(|v| v.trim() == "Y")
+        || std::fs::write(param, "Y").is_ok();
+    if !on {
+        let why = format!("{name}: skipped: this kernel has no FUSE over io_uring (6.14+)");
+        assert!(std::env::var("CI").as_deref() != Ok("true"), "{why}");
+        eprintln!("{why}");
+    }
+    on
+}
+
 fn run_case(name: &str, start: Start, ops: usize, big: bool) {
+    run_case_on(name, start, ops, big, Transport::Default)
+}
+
+fn run_case_on(name: &str, start: Start, ops: usize, big: bool, transport: Transport) {
     if !(require_root(name) && require_fuse(name)) {
+        return;
+    }
+    if transport == Transport::IoUring && !enable_fuse_uring(name) {
         return;
     }
     for seed in seeds(name, 1) {
@@ -87,9 +142,11 @@ fn run_case(name: &str, start: Start, ops: usize, big: bool) {
                 k.unmount().unwrap();
             }
         }
-        let m = OleoMount::mount_rw(Path::new(OLEO), &image, &mnt, &[]).expect("oleo mount rw");
+        let m = OleoMount::mount_rw(Path::new(OLEO), &image, &mnt, transport.options())
+            .expect("oleo mount rw");
         let _dog = m.watchdog(std::time::Duration::from_secs(600));
         compare_trees(&reference, &mnt, "oleo (before)");
+        transport.check(&m);
         let mut rng = Rng::new(seed);
         let (mut done, mut refused) = (0, 0);
         for i in 0..ops {
@@ -165,6 +222,18 @@ fn fuse_rw_4k_nodes_no_holes_off_xxhash() {
 #[test]
 fn fuse_rw_kernel_filled() {
     run_case("kernel-filled", Start::KernelFilled, 300, false);
+}
+
+/// The same random operations with requests taken through io_uring commands, and through
+/// /dev/fuse reads when io_uring is turned off.
+#[test]
+fn fuse_rw_over_io_uring() {
+    run_case_on("uring", Start::Empty(&[]), 400, true, Transport::IoUring);
+}
+
+#[test]
+fn fuse_rw_over_dev_fuse() {
+    run_case_on("dev-fuse", Start::Empty(&[]), 300, true, Transport::DevFuse);
 }
 
 /// An unlinked file stays readable and writable through open descriptors until the last

@@ -43,6 +43,8 @@ pub struct MountSettings {
     pub writable: bool,
     /// Seconds between commits of the running transaction (btrfs's commit=).
     pub commit_interval: Duration,
+    /// Take requests over io_uring where the kernel offers it (see `transport::uring`).
+    pub uring: bool,
 }
 
 impl Default for MountSettings {
@@ -50,6 +52,7 @@ impl Default for MountSettings {
         MountSettings {
             writable: false,
             commit_interval: Duration::from_secs(30),
+            uring: true,
         }
     }
 }

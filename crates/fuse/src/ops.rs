@@ -6,6 +6,7 @@ use crate::transport::{DirBuf, Errno, Handler, InitConfig, Op, Reply, Request};
 use crate::{errno, spawn_committer, write_direct, OleoFuse, MAX_IO};
 use oleo::{FallocMode, NewInode, SetAttr, XattrSet};
 use std::sync::Arc;
+use std::time::Duration;
 
 /// Answers with `ok` or the error.
 fn answer<T>(r: Result<T, Errno>, reply: Reply<'_>, ok: impl FnOnce(T, Reply<'_>)) {
@@ -40,6 +41,10 @@ impl Handler for OleoFuse {
             | abi::init::MAX_PAGES
             // The kernel then caches ACLs (found or absent) instead of asking per access.
             | abi::init::POSIX_ACL;
+        if self.settings.uring {
+            // Offered only where the fuse module's enable_uring is set.
+            flags |= abi::init::OVER_IO_URING;
+        }
         if self.settings.writable {
             // The kernel's page cache gathers writes into large requests (one extent each).
             // Direct-IO handles (near full, see space_guard) can still be mmapped.
@@ -490,7 +495,10 @@ impl OleoFuse {
             libc::SEEK_HOLE => false,
             _ => return Err(Errno::EINVAL),
         };
-        if self.space.has_cached_writer(node) {
+        if self
+            .space
+            .has_cached_writer_after(node, Duration::from_millis(20))
+        {
             // The kernel may hold data for this file that we have not seen (it does not
             // write back before asking), so our map of holes could be wrong. ENOSYS makes
             // the kernel answer from then on by itself, for every file of the mount: all

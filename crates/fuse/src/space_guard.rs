@@ -20,10 +20,11 @@
 //! it forgets the inode: the size on disk never does.
 
 use crate::transport::Notifier;
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
 
 /// Handles of files that are not open for writing share this value.
 pub(crate) const READ_HANDLE: u64 = 0;
@@ -45,6 +46,8 @@ pub(crate) struct SpaceGuard {
     dirty_limit: AtomicU64,
     low: AtomicBool,
     handles: Mutex<Handles>,
+    /// Signalled when a handle is released.
+    released: Condvar,
     notifier: NotifierSlot,
 }
 
@@ -71,6 +74,7 @@ impl SpaceGuard {
                 next: READ_HANDLE + 1,
                 open: HashMap::new(),
             }),
+            released: Condvar::new(),
             notifier: Arc::new(OnceLock::new()),
         }
     }
@@ -124,6 +128,7 @@ impl SpaceGuard {
     pub(crate) fn released(&self, fh: u64) {
         if fh != READ_HANDLE {
             self.handles.lock().open.remove(&fh);
+            self.released.notify_all();
         }
     }
 
@@ -131,13 +136,20 @@ impl SpaceGuard {
         self.handles.lock().open.get(&fh).is_some_and(|h| !h.cached)
     }
 
-    /// Whether `ino` is open for writing through the page cache (it may have dirty pages).
-    pub(crate) fn has_cached_writer(&self, ino: u64) -> bool {
-        self.handles
-            .lock()
-            .open
-            .values()
-            .any(|h| h.cached && h.ino == ino)
+    /// Whether `ino` is open for writing through the page cache (it may have dirty pages),
+    /// after waiting up to `wait` for such handles to be released: a RELEASE the kernel sent before the request asking may still be on its way, as
+    /// requests travel on several queues and are served in parallel.
+    pub(crate) fn has_cached_writer_after(&self, ino: u64, wait: Duration) -> bool {
+        let deadline = Instant::now() + wait;
+        let mut h = self.handles.lock();
+        loop {
+            if !h.open.values().any(|x| x.cached && x.ino == ino) {
+                return false;
+            }
+            if self.released.wait_until(&mut h, deadline).timed_out() {
+                return h.open.values().any(|x| x.cached && x.ino == ino);
+            }
+        }
     }
 
     /// Data space a direct write must leave free: cached writers' dirty pages need it.

@@ -467,6 +467,21 @@ impl OleoMount {
         &self.mountpoint
     }
 
+    /// The thread names of the serving process (a foreground mount's; empty otherwise).
+    pub fn server_threads(&self) -> Vec<String> {
+        let Some(pid) = self.child.as_ref().map(|c| c.id()) else {
+            return Vec::new();
+        };
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+            return Vec::new();
+        };
+        tasks
+            .flatten()
+            .filter_map(|t| std::fs::read_to_string(t.path().join("comm")).ok())
+            .map(|c| c.trim().to_string())
+            .collect()
+    }
+
     /// What oleo printed so far (stdout and stderr).
     pub fn log_text(&self) -> String {
         std::fs::read(&self.log)

@@ -69,6 +69,8 @@ pub mod init {
     pub const CACHE_SYMLINKS: u64 = 1 << 23;
     pub const INIT_EXT: u64 = 1 << 30;
     pub const DIRECT_IO_ALLOW_MMAP: u64 = 1 << 36;
+    /// Requests and replies travel through io_uring commands (Linux 6.14+).
+    pub const OVER_IO_URING: u64 = 1 << 41;
 }
 
 /// FOPEN_* flags of an open or create reply.
@@ -401,5 +403,40 @@ mod tests {
         assert_eq!(size_of::<CopyFileRangeIn>(), 56);
         assert_eq!(size_of::<DirentHead>(), 24);
         assert_eq!(DEV_IOC_CLONE, 0x8004_e500);
+    }
+}
+
+/// FUSE over io_uring (fuse.h, 7.42): each ring entry is a pair of buffers the server
+/// registers, a header block and a payload, and io_uring commands on the device.
+pub mod uring {
+    use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
+
+    pub const CMD_REGISTER: u32 = 1;
+    pub const CMD_COMMIT_AND_FETCH: u32 = 2;
+    /// The in/out header slot and the per-opcode header slot of `Headers`.
+    pub const IN_OUT_SZ: usize = 128;
+    pub const OP_IN_SZ: usize = 128;
+    /// Size of the header block: in_out, op_in, then `EntInOut`.
+    pub const HEADERS_SZ: usize = IN_OUT_SZ + OP_IN_SZ + size_of::<EntInOut>();
+
+    /// The last part of the header block: which request, and how much payload it carries.
+    #[repr(C)]
+    #[derive(Clone, Copy, Debug, Default, FromBytes, IntoBytes, Immutable, KnownLayout)]
+    pub struct EntInOut {
+        pub flags: u64,
+        pub commit_id: u64,
+        pub payload_sz: u32,
+        pub padding: u32,
+        pub reserved: u64,
+    }
+
+    /// The command block of an SQE128.
+    #[repr(C)]
+    #[derive(Clone, Copy, Debug, Default, FromBytes, IntoBytes, Immutable, KnownLayout)]
+    pub struct CmdReq {
+        pub flags: u64,
+        pub commit_id: u64,
+        pub qid: u16,
+        pub padding: [u8; 6],
     }
 }

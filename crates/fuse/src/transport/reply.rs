@@ -1,7 +1,10 @@
 //! Answers: one reply per request, written to the device as one message (header and body
-//! gathered with writev), and the notifications the server may send unasked.
+//! gathered with writev) or, for a request that came through io_uring, kept until the
+//! handler returns and then committed through its ring entry; and the notifications the
+//! server may send unasked.
 
 use super::abi::{self, OutHeader};
+use std::cell::RefCell;
 use std::io::IoSlice;
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
@@ -40,10 +43,23 @@ impl Channel {
     }
 }
 
+/// A reply to a request from a ring entry, held until the handler has returned (the
+/// request's own bytes live in the buffer the reply is committed from).
+#[derive(Debug, Default)]
+pub(crate) struct Staged {
+    pub error: i32,
+    pub body: Vec<u8>,
+}
+
+enum Sink<'a> {
+    Device(&'a Channel),
+    Ring(&'a RefCell<Staged>),
+}
+
 /// The answer to one request; sending consumes it. One dropped unsent answers EIO, so the
 /// kernel never waits forever on a forgotten request.
 pub struct Reply<'a> {
-    ch: &'a Channel,
+    sink: Sink<'a>,
     unique: u64,
     sent: bool,
 }
@@ -51,7 +67,21 @@ pub struct Reply<'a> {
 impl<'a> Reply<'a> {
     pub(crate) fn new(ch: &'a Channel, unique: u64) -> Reply<'a> {
         Reply {
-            ch,
+            sink: Sink::Device(ch),
+            unique,
+            sent: false,
+        }
+    }
+
+    /// A reply kept in `staged` (which starts as an EIO answer).
+    pub(crate) fn staged(staged: &'a RefCell<Staged>, unique: u64) -> Reply<'a> {
+        {
+            let mut s = staged.borrow_mut();
+            s.error = libc::EIO;
+            s.body.clear();
+        }
+        Reply {
+            sink: Sink::Ring(staged),
             unique,
             sent: false,
         }
@@ -59,6 +89,16 @@ impl<'a> Reply<'a> {
 
     fn send(mut self, error: i32, body: &[&[u8]]) {
         self.sent = true;
+        let ch = match self.sink {
+            Sink::Device(ch) => ch,
+            Sink::Ring(staged) => {
+                let mut s = staged.borrow_mut();
+                s.error = error;
+                s.body.clear();
+                body.iter().for_each(|b| s.body.extend_from_slice(b));
+                return;
+            }
+        };
         let len = size_of::<OutHeader>() + body.iter().map(|b| b.len()).sum::<usize>();
         let h = OutHeader {
             len: len as u32,
@@ -68,7 +108,7 @@ impl<'a> Reply<'a> {
         let mut parts = Vec::with_capacity(body.len() + 1);
         parts.push(IoSlice::new(h.as_bytes()));
         parts.extend(body.iter().map(|b| IoSlice::new(b)));
-        if let Err(e) = self.ch.send(&parts) {
+        if let Err(e) = ch.send(&parts) {
             log::warn!("FUSE reply to request {} failed: {e}", self.unique);
         }
     }
@@ -151,12 +191,15 @@ impl Drop for Reply<'_> {
     fn drop(&mut self) {
         if !self.sent {
             log::error!("FUSE request {} left unanswered: EIO", self.unique);
-            let h = OutHeader {
-                len: size_of::<OutHeader>() as u32,
-                error: -libc::EIO,
-                unique: self.unique,
-            };
-            let _ = self.ch.send(&[IoSlice::new(h.as_bytes())]);
+            // A staged reply already says EIO.
+            if let Sink::Device(ch) = self.sink {
+                let h = OutHeader {
+                    len: size_of::<OutHeader>() as u32,
+                    error: -libc::EIO,
+                    unique: self.unique,
+                };
+                let _ = ch.send(&[IoSlice::new(h.as_bytes())]);
+            }
         }
     }
 }

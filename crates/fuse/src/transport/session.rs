@@ -14,6 +14,7 @@
 use super::abi::{self, init};
 use super::reply::{Channel, Errno, Notifier, Reply};
 use super::request::{parse, Op, Request};
+use super::uring;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::sync::Arc;
 
@@ -76,12 +77,33 @@ impl<H: Handler> Session<H> {
         Notifier(Arc::clone(&self.ch))
     }
 
+    fn gate(&self) -> Gate {
+        Gate {
+            access: self.access,
+            owner: self.owner,
+        }
+    }
+
     /// Serves until the filesystem is unmounted, then calls `destroy`.
     pub fn run(self) -> std::io::Result<()> {
-        let max_write = self.handshake()?;
-        let readers = Arc::new(Readers::new(self.threads.min(max_readers())));
+        let (max_write, over_uring) = self.handshake()?;
+        // Over io_uring, the device still brings FORGETs and INTERRUPTs.
+        let rings = if over_uring {
+            uring::start(
+                Arc::clone(&self.handler),
+                Arc::clone(&self.ch),
+                self.gate(),
+                max_write,
+                self.threads,
+            )
+        } else {
+            Vec::new()
+        };
+        // Over io_uring the device brings only FORGETs and INTERRUPTs: two workers do.
+        let device_workers = if over_uring { 2 } else { self.threads };
+        let readers = Arc::new(Readers::new(device_workers.min(max_readers())));
         let mut workers = Vec::new();
-        for i in 1..self.threads {
+        for i in 1..device_workers {
             let ch = match clone_channel(&self.ch) {
                 Ok(ch) => Arc::new(ch),
                 Err(e) => {
@@ -92,8 +114,7 @@ impl<H: Handler> Session<H> {
             let worker = Worker {
                 handler: Arc::clone(&self.handler),
                 ch,
-                access: self.access,
-                owner: self.owner,
+                gate: self.gate(),
                 readers: Arc::clone(&readers),
             };
             workers.push(
@@ -105,12 +126,11 @@ impl<H: Handler> Session<H> {
         let me = Worker {
             handler: Arc::clone(&self.handler),
             ch: Arc::clone(&self.ch),
-            access: self.access,
-            owner: self.owner,
+            gate: self.gate(),
             readers,
         };
         let mut result = me.serve(max_write);
-        for w in workers {
+        for w in workers.into_iter().chain(rings) {
             match w.join() {
                 Ok(r) => result = result.and(r),
                 Err(_) => result = Err(std::io::Error::other("a FUSE worker panicked")),
@@ -120,8 +140,9 @@ impl<H: Handler> Session<H> {
         result
     }
 
-    /// Reads INIT and answers it; returns the negotiated max_write.
-    fn handshake(&self) -> std::io::Result<u32> {
+    /// Reads INIT and answers it; returns the negotiated max_write and whether requests
+    /// come over io_uring from now on.
+    fn handshake(&self) -> std::io::Result<(u32, bool)> {
         let mut buf = vec![0u8; buffer_size(0)];
         loop {
             let Some(n) = read_request(&self.ch, &mut buf)? else {
@@ -161,7 +182,15 @@ impl<H: Handler> Session<H> {
                 )));
             }
             let want = self.handler.init(kernel_flags);
-            let flags = want.flags & kernel_flags;
+            let mut flags = want.flags & kernel_flags;
+            // Once asked for, the kernel holds every request until all queues have an
+            // entry: ask only when a ring can be set up here (seccomp may forbid io_uring).
+            if flags & init::OVER_IO_URING != 0 {
+                if let Err(e) = uring::probe() {
+                    log::info!("FUSE over io_uring offered but unusable here ({e}): /dev/fuse");
+                    flags &= !init::OVER_IO_URING;
+                }
+            }
             let max_write = want.max_write.max(4096);
             let mut out = abi::InitOut {
                 major: abi::KERNEL_VERSION,
@@ -187,7 +216,7 @@ impl<H: Handler> Session<H> {
                 arg.minor
             );
             reply.init(&out);
-            return Ok(max_write);
+            return Ok((max_write, flags & init::OVER_IO_URING != 0));
         }
     }
 }
@@ -270,8 +299,7 @@ impl Readers {
 struct Worker<H: Handler> {
     handler: Arc<H>,
     ch: Arc<Channel>,
-    access: Access,
-    owner: u32,
+    gate: Gate,
     readers: Arc<Readers>,
 }
 
@@ -308,18 +336,41 @@ impl<H: Handler> Worker<H> {
                 }
             };
             let reply = Reply::new(&self.ch, req.unique);
-            match op {
-                Op::Interrupt => reply.none(),
-                Op::Init(..) => reply.error(Errno::EIO),
-                Op::Destroy => {
-                    reply.ok();
-                    return Ok(());
-                }
-                op if !self.allowed(&req, &op) => reply.error(Errno::EACCES),
-                op => self.handler.dispatch(&req, op, reply),
+            if !self.gate.serve(&*self.handler, &req, op, reply) {
+                return Ok(());
             }
         }
         Ok(())
+    }
+}
+
+/// What every transport does with a parsed request before and around the handler.
+#[derive(Clone, Copy)]
+pub(crate) struct Gate {
+    access: Access,
+    owner: u32,
+}
+
+impl Gate {
+    /// Answers one request; false once it was DESTROY (the last one).
+    pub(crate) fn serve<H: Handler>(
+        &self,
+        handler: &H,
+        req: &Request,
+        op: Op<'_>,
+        reply: Reply<'_>,
+    ) -> bool {
+        match op {
+            Op::Interrupt => reply.none(),
+            Op::Init(..) => reply.error(Errno::EIO),
+            Op::Destroy => {
+                reply.ok();
+                return false;
+            }
+            op if !self.allowed(req, &op) => reply.error(Errno::EACCES),
+            op => handler.dispatch(req, op, reply),
+        }
+        true
     }
 
     /// allow_root: only root and the owner, except for what ends the use of something
