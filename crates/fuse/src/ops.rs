@@ -109,7 +109,7 @@ impl Handler for OleoFuse {
             Op::Open { flags } => {
                 answer(self.open(node, flags), reply, |(fh, f), r| r.opened(fh, f))
             }
-            Op::Read(arg) => answer(self.read(node, &arg), reply, |d, r| r.data(&d)),
+            Op::Read(arg) => answer(self.read(node, &arg), reply, |d, r| r.data_owned(d)),
             Op::Write { arg, data } => self.write(node, &arg, data, reply),
             Op::Statfs => answer(self.statfs(), reply, |s, r| r.statfs(&s)),
             Op::Release(arg) => {

@@ -130,6 +130,18 @@ impl<'a> Reply<'a> {
         self.send(0, &[data])
     }
 
+    /// `data`, taken over: a ring entry's reply then keeps it without a copy.
+    pub fn data_owned(mut self, data: Vec<u8>) {
+        if let Sink::Ring(staged) = self.sink {
+            self.sent = true;
+            let mut s = staged.borrow_mut();
+            s.error = 0;
+            s.body = data;
+            return;
+        }
+        self.send(0, &[&data])
+    }
+
     pub fn entry(self, e: &abi::EntryOut) {
         self.send(0, &[e.as_bytes()])
     }
