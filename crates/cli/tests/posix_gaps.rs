@@ -400,3 +400,75 @@ fn an_unnamed_file_of_a_killed_server_is_deleted_at_the_next_mount() {
     m.unmount().unwrap();
     assert_btrfs_check(&image, "after the next mount");
 }
+
+/// Writes, truncates and O_TRUNC opens by a caller without CAP_FSETID drop setuid, and
+/// setgid where the group may execute (oleo does it: the kernel then stops asking for
+/// security.capability before every write); root keeps them. Compared with the host's
+/// own filesystem doing the same.
+#[test]
+fn unprivileged_writes_drop_setuid_as_the_kernel_does() {
+    let name = "posix_killpriv";
+    if !ready(name) {
+        return;
+    }
+    let dir = TempDir::new(name).unwrap();
+    let m = fresh_mount(&dir);
+    let host = dir.subdir("host").unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    // nobody must reach both directories.
+    let mut p = Some(dir.path());
+    while let Some(d) =
+        p.filter(|d| d.starts_with(std::env::temp_dir()) && *d != std::env::temp_dir())
+    {
+        let mode = std::fs::metadata(d).unwrap().mode() | 0o711;
+        std::fs::set_permissions(d, std::fs::Permissions::from_mode(mode)).unwrap();
+        p = d.parent();
+    }
+    use std::os::unix::process::CommandExt;
+    let nobody = |script: &str, cwd: &Path| {
+        let st = Command::new("sh")
+            .args(["-c", script])
+            .current_dir(cwd)
+            .uid(65534)
+            .gid(65534)
+            .status()
+            .unwrap();
+        assert!(st.success(), "{script} as nobody in {}", cwd.display());
+    };
+    let modes = |at: &Path| {
+        let mut v = Vec::new();
+        for (f, mode) in [
+            ("write", 0o6777),
+            ("truncate", 0o6777),
+            ("otrunc", 0o6777),
+            ("sgid-no-exec", 0o2767),
+            ("root-writes", 0o6777),
+        ] {
+            let p = at.join(f);
+            std::fs::write(&p, b"0123456789").unwrap();
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode)).unwrap();
+        }
+        std::fs::set_permissions(at, std::fs::Permissions::from_mode(0o777)).unwrap();
+        nobody(
+            "echo more >> write && truncate -s 3 truncate && : > otrunc && echo x >> sgid-no-exec",
+            at,
+        );
+        let st = Command::new("sh")
+            .args(["-c", "echo more >> root-writes"])
+            .current_dir(at)
+            .status()
+            .unwrap();
+        assert!(st.success());
+        for f in ["write", "truncate", "otrunc", "sgid-no-exec", "root-writes"] {
+            let md = std::fs::metadata(at.join(f)).unwrap();
+            v.push((f, md.mode() & 0o7777, md.len()));
+        }
+        v
+    };
+    let want = modes(&host);
+    assert_eq!(
+        want[0].1, 0o777,
+        "the host drops setuid and setgid on a write"
+    );
+    assert_eq!(modes(m.path()), want, "oleo against the host's filesystem");
+}

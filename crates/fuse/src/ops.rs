@@ -40,7 +40,9 @@ impl Handler for OleoFuse {
             | abi::init::CACHE_SYMLINKS
             | abi::init::MAX_PAGES
             // The kernel then caches ACLs (found or absent) instead of asking per access.
-            | abi::init::POSIX_ACL;
+            | abi::init::POSIX_ACL
+            // Else every write(2) first asks for security.capability (a round trip).
+            | abi::init::HANDLE_KILLPRIV_V2;
         if self.settings.uring {
             // Offered only where the fuse module's enable_uring is set.
             flags |= abi::init::OVER_IO_URING;
@@ -81,7 +83,7 @@ impl Handler for OleoFuse {
                 reply.none()
             }
             Op::Getattr { fh } => answer(self.getattr(node, fh), reply, |a, r| r.attr(&a)),
-            Op::Setattr(arg) => answer(self.setattr(node, &arg), reply, |a, r| r.attr(&a)),
+            Op::Setattr(arg) => answer(self.setattr(req, node, &arg), reply, |a, r| r.attr(&a)),
             Op::Readlink => answer(self.readlink(node), reply, |t, r| r.data(&t)),
             Op::Symlink { name, target } => entry(self.symlink(req, node, name, target), reply),
             Op::Mknod { arg, name } => {
@@ -106,11 +108,13 @@ impl Handler for OleoFuse {
                 newname,
             } => empty(self.rename(req, node, name, newdir, newname, flags), reply),
             Op::Link { oldnode, name } => entry(self.link(oldnode, node, name), reply),
-            Op::Open { flags } => {
-                answer(self.open(node, flags), reply, |(fh, f), r| r.opened(fh, f))
-            }
+            Op::Open { flags, open_flags } => answer(
+                self.open(req, node, flags, open_flags),
+                reply,
+                |(fh, f), r| r.opened(fh, f),
+            ),
             Op::Read(arg) => answer(self.read(node, &arg), reply, |d, r| r.data_owned(d)),
-            Op::Write { arg, data } => self.write(node, &arg, data, reply),
+            Op::Write { arg, data } => self.write(req, node, &arg, data, reply),
             Op::Statfs => answer(self.statfs(), reply, |s, r| r.statfs(&s)),
             Op::Release(arg) => {
                 self.space.released(arg.fh);
@@ -205,7 +209,12 @@ impl OleoFuse {
         self.attr_out(&a)
     }
 
-    fn setattr(&self, node: u64, arg: &abi::SetattrIn) -> Result<abi::AttrOut, Errno> {
+    fn setattr(
+        &self,
+        req: &Request,
+        node: u64,
+        arg: &abi::SetattrIn,
+    ) -> Result<abi::AttrOut, Errno> {
         let v = arg.valid;
         let has = |bit: u32| v & bit != 0;
         let stamp = |now_bit: u32, bit: u32, sec: u64, nsec: u32| {
@@ -238,8 +247,27 @@ impl OleoFuse {
             }),
         };
         let id = self.id(node)?;
+        let mut set = set;
+        // A chown drops setuid/setgid in the engine, as chown(2) does; a truncate by a
+        // caller without CAP_FSETID is flagged.
+        if has(fattr::KILL_SUIDGID) && set.mode.is_none() && !has(fattr::UID | fattr::GID) {
+            set.mode = killed_mode(&self.fs.getattr(id).map_err(errno)?, req.gid);
+        }
         let a = self.mutate(|fs| fs.setattr(id, &set))?;
         self.attr_out(&a)
+    }
+
+    /// Drops setuid/setgid as the kernel asked (HANDLE_KILLPRIV_V2) for a caller of group
+    /// `caller_gid`; nothing to do on most files, which have neither.
+    fn kill_suid(&self, id: oleo::InodeId, caller_gid: u32) -> Result<(), Errno> {
+        let Some(mode) = killed_mode(&self.fs.getattr(id).map_err(errno)?, caller_gid) else {
+            return Ok(());
+        };
+        let set = SetAttr {
+            mode: Some(mode),
+            ..Default::default()
+        };
+        self.mutate(|fs| fs.setattr(id, &set)).map(drop)
     }
 
     fn readlink(&self, node: u64) -> Result<Vec<u8>, Errno> {
@@ -306,12 +334,21 @@ impl OleoFuse {
         self.mutate(|fs| fs.rename(from, name, to, newname, flags))
     }
 
-    fn open(&self, node: u64, flags: u32) -> Result<(u64, u32), Errno> {
+    fn open(
+        &self,
+        req: &Request,
+        node: u64,
+        flags: u32,
+        open_flags: u32,
+    ) -> Result<(u64, u32), Errno> {
         let flags = flags as i32;
         if flags & libc::O_ACCMODE != libc::O_RDONLY && !self.settings.writable {
             return Err(Errno::EROFS);
         }
         let id = self.id(node)?;
+        if open_flags & abi::OPEN_KILL_SUIDGID != 0 {
+            self.kill_suid(id, req.gid)?;
+        }
         // An open file outlives its last name (it becomes an orphan until release).
         self.fs.pin_open(id);
         Ok(self.open_handle(node, flags))
@@ -357,7 +394,7 @@ impl OleoFuse {
         self.fs.read(id, arg.offset, arg.size).map_err(errno)
     }
 
-    fn write(&self, node: u64, arg: &abi::WriteIn, data: &[u8], reply: Reply<'_>) {
+    fn write(&self, req: &Request, node: u64, arg: &abi::WriteIn, data: &[u8], reply: Reply<'_>) {
         let direct = self.space.is_direct(arg.fh);
         let keep = if direct { self.space.keep_free() } else { 0 };
         let r = self.id(node).and_then(|id| {
@@ -369,6 +406,12 @@ impl OleoFuse {
                 };
                 Ok((n, Self::available(fs)))
             })
+        });
+        let r = r.and_then(|x| {
+            if arg.write_flags & abi::WRITE_KILL_SUIDGID != 0 {
+                self.kill_suid(self.id(node)?, req.gid)?;
+            }
+            Ok(x)
         });
         match r {
             Ok((n, available)) => {
@@ -519,4 +562,17 @@ impl OleoFuse {
         self.space.update(available);
         Ok(n)
     }
+}
+
+/// The mode a write, truncate or O_TRUNC open by a caller without CAP_FSETID leaves, if
+/// it changes (the VFS's rule, which the kernel leaves to us with HANDLE_KILLPRIV_V2): no
+/// setuid; no setgid where the group may execute or the caller is not in the file's group
+/// (by its filesystem gid: FUSE does not pass supplementary groups).
+fn killed_mode(a: &oleo::Attr, caller_gid: u32) -> Option<u32> {
+    let mut mode = a.mode;
+    mode &= !libc::S_ISUID;
+    if mode & libc::S_IXGRP != 0 || a.gid != caller_gid {
+        mode &= !libc::S_ISGID;
+    }
+    (mode != a.mode).then_some(mode)
 }

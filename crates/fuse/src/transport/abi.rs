@@ -68,6 +68,9 @@ pub mod init {
     pub const MAX_PAGES: u64 = 1 << 22;
     pub const CACHE_SYMLINKS: u64 = 1 << 23;
     pub const INIT_EXT: u64 = 1 << 30;
+    /// The server drops setuid/setgid on write, truncate and chown; the kernel then
+    /// stops asking for security.capability before every write (SB_NOSEC).
+    pub const HANDLE_KILLPRIV_V2: u64 = 1 << 28;
     pub const DIRECT_IO_ALLOW_MMAP: u64 = 1 << 36;
     /// Requests and replies travel through io_uring commands (Linux 6.14+).
     pub const OVER_IO_URING: u64 = 1 << 41;
@@ -92,7 +95,14 @@ pub mod fattr {
     pub const ATIME_NOW: u32 = 1 << 7;
     pub const MTIME_NOW: u32 = 1 << 8;
     pub const CTIME: u32 = 1 << 10;
+    /// HANDLE_KILLPRIV_V2: drop setuid/setgid (a truncate or chown).
+    pub const KILL_SUIDGID: u32 = 1 << 11;
 }
+
+/// HANDLE_KILLPRIV_V2: a WRITE (write_flags) or an OPEN with O_TRUNC (open_flags) by a
+/// caller without CAP_FSETID must drop setuid/setgid.
+pub const WRITE_KILL_SUIDGID: u32 = 1 << 2;
+pub const OPEN_KILL_SUIDGID: u32 = 1 << 0;
 
 pub const GETATTR_FH: u32 = 1 << 0;
 pub const FSYNC_FDATASYNC: u32 = 1 << 0;

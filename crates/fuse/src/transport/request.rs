@@ -60,6 +60,7 @@ pub enum Op<'a> {
     },
     Open {
         flags: u32,
+        open_flags: u32,
     },
     Read(abi::ReadIn),
     Write {
@@ -243,9 +244,13 @@ fn op<'a>(code: u32, c: &mut Cursor<'a>) -> Result<Op<'a>, Malformed> {
             oldnode: c.get::<abi::LinkIn>()?.oldnodeid,
             name: c.name()?,
         },
-        opcode::OPEN => Op::Open {
-            flags: c.get::<abi::OpenIn>()?.flags,
-        },
+        opcode::OPEN => {
+            let o: abi::OpenIn = c.get()?;
+            Op::Open {
+                flags: o.flags,
+                open_flags: o.open_flags,
+            }
+        }
         opcode::READ => Op::Read(c.get()?),
         opcode::WRITE => {
             let arg: abi::WriteIn = c.get()?;
