@@ -8,6 +8,7 @@
 //! same value is st_ino, so inode numbers in the opened subvolume are exactly btrfs's and
 //! stay unique across the whole mount (all subvolumes share FUSE's one st_dev).
 
+mod listings;
 mod nodeid;
 mod ops;
 mod space_guard;
@@ -68,7 +69,9 @@ pub struct OleoFuse {
     /// it lives on as an orphan until the kernel has forgotten it and closed it.
     lookups: parking_lot::Mutex<HashMap<u64, u64>>,
     /// Open directory handles: where each listing ends (see `Filesystem::readdir_end`).
-    dir_handles: parking_lot::Mutex<(u64, HashMap<u64, u64>)>,
+    listings: parking_lot::Mutex<listings::Listings>,
+    /// The kernel opens directories without OPENDIR (see `listings`).
+    no_opendir: std::sync::atomic::AtomicBool,
 }
 
 impl OleoFuse {
@@ -82,7 +85,8 @@ impl OleoFuse {
             settings,
             ttl,
             space: Arc::new(SpaceGuard::new(space_guard::kernel_dirty_limit())),
-            dir_handles: parking_lot::Mutex::new((1, HashMap::new())),
+            listings: Default::default(),
+            no_opendir: Default::default(),
             lookups: parking_lot::Mutex::new(HashMap::new()),
         }
     }
@@ -239,12 +243,14 @@ impl OleoFuse {
     fn list(
         &self,
         node: u64,
-        fh: u64,
+        reader: u32,
         offset: u64,
         mut add: impl FnMut(u64, InodeId, FileKind, &[u8], u64) -> bool,
     ) -> Result<(), Errno> {
         let dir = self.id(node)?;
-        let end = self.dir_handles.lock().1.get(&fh).copied();
+        let end = Some(self.listings.lock().end(node, reader, offset, || {
+            self.fs.readdir_end(dir).map_err(errno)
+        })?);
         // Offsets 1 and 2 follow "." and ".."; a real entry with DIR_INDEX i resumes at i + 1.
         if offset < 1 && add(node, dir, FileKind::Dir, b".", 1) {
             return Ok(());

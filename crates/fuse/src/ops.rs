@@ -5,6 +5,7 @@ use crate::transport::abi::{self, fattr};
 use crate::transport::{DirBuf, Errno, Handler, InitConfig, Op, Reply, Request};
 use crate::{errno, spawn_committer, write_direct, OleoFuse, MAX_IO};
 use oleo::{FallocMode, NewInode, SetAttr, XattrSet};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -25,7 +26,11 @@ fn entry(r: Result<abi::EntryOut, Errno>, reply: Reply<'_>) {
 }
 
 impl Handler for OleoFuse {
-    fn init(&self, _kernel_flags: u64) -> InitConfig {
+    fn init(&self, kernel_flags: u64) -> InitConfig {
+        self.no_opendir.store(
+            kernel_flags & abi::init::NO_OPENDIR_SUPPORT != 0,
+            Ordering::Relaxed,
+        );
         // Started here, in the serving process: a daemonizing mount forks after `new`.
         if self.settings.writable {
             spawn_committer(Arc::downgrade(&self.fs), self.settings.commit_interval);
@@ -71,7 +76,13 @@ impl Handler for OleoFuse {
     fn dispatch(&self, req: &Request, op: Op<'_>, reply: Reply<'_>) {
         let node = req.nodeid;
         match op {
-            Op::Lookup { name } => entry(self.lookup(node, name), reply),
+            Op::Lookup { name } => match self.lookup(node, name) {
+                // No such name, for as long as a name stays valid: the kernel keeps the
+                // negative entry (only it creates names here), so a create after a failed
+                // stat or open does not ask again.
+                Err(e) if e.0 == libc::ENOENT => reply.entry(&self.negative_entry()),
+                r => entry(r, reply),
+            },
             Op::Forget(n) => {
                 self.forget_node(node, n);
                 reply.none()
@@ -156,15 +167,17 @@ impl Handler for OleoFuse {
             // stop sending FLUSH at all, saving a round trip per close; with the writeback
             // cache it still writes dirty pages back on close.
             Op::Flush => reply.error(Errno::ENOSYS),
-            Op::Opendir { .. } => answer(self.opendir(node), reply, |fh, r| {
-                r.opened(fh, abi::fopen::KEEP_CACHE | abi::fopen::CACHE_DIR)
-            }),
-            Op::Readdir(arg) => self.readdir(node, &arg, reply),
-            Op::Readdirplus(arg) => self.readdirplus(node, &arg, reply),
-            Op::Releasedir(arg) => {
-                self.dir_handles.lock().1.remove(&arg.fh);
-                reply.ok()
+            // Zero-message opendir where the kernel has it (ENOSYS turns it on): it then
+            // caches listings as with these flags. A listing's end is kept in `listings`.
+            Op::Opendir { .. } if self.no_opendir.load(Ordering::Relaxed) => {
+                reply.error(Errno::ENOSYS)
             }
+            Op::Opendir { .. } => answer(self.id(node), reply, |_, r| {
+                r.opened(0, abi::fopen::KEEP_CACHE | abi::fopen::CACHE_DIR)
+            }),
+            Op::Readdir(arg) => self.readdir(req, node, &arg, reply),
+            Op::Readdirplus(arg) => self.readdirplus(req, node, &arg, reply),
+            Op::Releasedir(_) => reply.ok(),
             Op::Create { arg, name } => self.create(req, node, Some(name), &arg, reply),
             Op::Tmpfile(arg) => self.create(req, node, None, &arg, reply),
             Op::Fallocate(arg) => empty(self.fallocate(node, &arg), reply),
@@ -196,6 +209,14 @@ impl OleoFuse {
         let e = self.entry_of(id)?;
         self.remember(e.nodeid, id);
         Ok(e)
+    }
+
+    fn negative_entry(&self) -> abi::EntryOut {
+        abi::EntryOut {
+            entry_valid: self.ttl.as_secs(),
+            entry_valid_nsec: self.ttl.subsec_nanos(),
+            ..Default::default()
+        }
     }
 
     fn getattr(&self, node: u64, fh: Option<u64>) -> Result<abi::AttrOut, Errno> {
@@ -454,19 +475,9 @@ impl OleoFuse {
         self.mutate(|fs| fs.setxattr(id, name, value, how))
     }
 
-    fn opendir(&self, node: u64) -> Result<u64, Errno> {
-        let dir = self.id(node)?;
-        let end = self.fs.readdir_end(dir).map_err(errno)?;
-        let mut h = self.dir_handles.lock();
-        let fh = h.0;
-        h.0 += 1;
-        h.1.insert(fh, end);
-        Ok(fh)
-    }
-
-    fn readdir(&self, node: u64, arg: &abi::ReadIn, reply: Reply<'_>) {
+    fn readdir(&self, req: &Request, node: u64, arg: &abi::ReadIn, reply: Reply<'_>) {
         let mut buf = DirBuf::new(arg.size);
-        let r = self.list(node, arg.fh, arg.offset, |ino, _id, kind, name, next| {
+        let r = self.list(node, req.pid, arg.offset, |ino, _id, kind, name, next| {
             !buf.add(ino, next, crate::type_bits(kind), name)
         });
         match r {
@@ -475,10 +486,10 @@ impl OleoFuse {
         }
     }
 
-    fn readdirplus(&self, node: u64, arg: &abi::ReadIn, reply: Reply<'_>) {
+    fn readdirplus(&self, req: &Request, node: u64, arg: &abi::ReadIn, reply: Reply<'_>) {
         let mut buf = DirBuf::new(arg.size);
         let mut err = None;
-        let r = self.list(node, arg.fh, arg.offset, |ino, id, kind, name, next| {
+        let r = self.list(node, req.pid, arg.offset, |ino, id, kind, name, next| {
             match self.entry_of(id) {
                 Ok(mut e) => {
                     e.nodeid = ino;

@@ -67,6 +67,8 @@ pub mod init {
     pub const POSIX_ACL: u64 = 1 << 20;
     pub const MAX_PAGES: u64 = 1 << 22;
     pub const CACHE_SYMLINKS: u64 = 1 << 23;
+    /// The kernel opens directories without asking when OPENDIR answers ENOSYS.
+    pub const NO_OPENDIR_SUPPORT: u64 = 1 << 24;
     pub const INIT_EXT: u64 = 1 << 30;
     /// The server drops setuid/setgid on write, truncate and chown; the kernel then
     /// stops asking for security.capability before every write (SB_NOSEC).
