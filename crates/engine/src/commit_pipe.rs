@@ -147,10 +147,57 @@ pub(crate) struct CommitPipe {
     pub(crate) order: CommitOrder,
     pins: CommitPins,
     reads: ReadPins,
-    /// Commits closed under the filesystem's lock whose writing waits for the thread that
-    /// closed them to let go of it (`defer`). Whoever is about to wait on the order writes
-    /// these first, so a commit never waits for one that nobody is writing.
-    deferred: Mutex<Vec<CommitIo>>,
+    deferred: Deferred<CommitIo>,
+}
+
+/// A commit that can be left for later and then written: `CommitIo`, or the model's.
+pub(crate) trait Commit {
+    fn transid(&self) -> u64;
+    /// Writes it, waiting for the earlier generations' superblocks.
+    fn write_now(self) -> Result<u64>;
+}
+
+/// Commits closed under the filesystem's lock whose writing waits for the thread that
+/// closed them to let go of it (`defer`). Whoever is about to wait on the order writes
+/// these first (`write_all`), so a commit never waits for one that nobody is writing.
+pub(crate) struct Deferred<C>(Mutex<Vec<C>>);
+
+impl<C: Commit> Deferred<C> {
+    pub(crate) fn new() -> Deferred<C> {
+        Deferred(Mutex::new(Vec::new()))
+    }
+
+    pub(crate) fn defer(&self, c: C) {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).push(c);
+    }
+
+    /// Writes the deferred commits, oldest first; the first failure (the pipe is then
+    /// failed and every later commit refused).
+    pub(crate) fn write_all(&self) -> Result<()> {
+        let mut batch = std::mem::take(&mut *self.0.lock().unwrap_or_else(|e| e.into_inner()));
+        batch.sort_by_key(|c| c.transid());
+        let mut r = Ok(());
+        for c in batch {
+            if let Err(e) = c.write_now() {
+                r = r.and(Err(e));
+            }
+        }
+        r
+    }
+
+    /// Writes `c` with the commits left before it; returns once it is durable. `c` goes
+    /// through the queue like them: writing it straight after taking the queue would take
+    /// a later commit another thread closed meanwhile and wait on it for `c`, which this
+    /// thread has not written yet. Through the queue, the oldest commit not yet written
+    /// is always either in the queue, to be taken by the thread that queued it, or first
+    /// unwritten in some thread's batch.
+    pub(crate) fn write(&self, c: C, order: &CommitOrder) -> Result<u64> {
+        let transid = c.transid();
+        self.defer(c);
+        self.write_all()?;
+        // Another thread may have taken it.
+        order.wait_durable(transid).map(|_| transid)
+    }
 }
 
 impl CommitPipe {
@@ -159,7 +206,7 @@ impl CommitPipe {
             order: CommitOrder::new(durable),
             pins: Default::default(),
             reads: ReadPins::default(),
-            deferred: Mutex::new(Vec::new()),
+            deferred: Deferred::new(),
         }
     }
 
@@ -200,27 +247,14 @@ impl CommitPipe {
         self.order.wait_durable(generation)
     }
 
-    /// Leaves a closed commit to be written once the lock is let go (see `deferred`).
+    /// Leaves a closed commit to be written once the lock is let go (see `Deferred`).
     pub(crate) fn defer(&self, io: CommitIo) {
-        self.deferred
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(io);
+        self.deferred.defer(io)
     }
 
-    /// Writes the deferred commits, oldest first; the first failure (the pipe is then
-    /// failed and every later commit refused).
+    /// Writes the deferred commits (see `Deferred::write_all`).
     pub(crate) fn write_deferred(&self) -> Result<()> {
-        let mut batch =
-            std::mem::take(&mut *self.deferred.lock().unwrap_or_else(|e| e.into_inner()));
-        batch.sort_by_key(|io| io.transid);
-        let mut r = Ok(());
-        for io in batch {
-            if let Err(e) = io.write_now() {
-                r = r.and(Err(e));
-            }
-        }
-        r
+        self.deferred.write_all()
     }
 }
 
@@ -251,11 +285,17 @@ impl CommitIo {
         }
     }
 
-    /// Writes it all; returns the generation now durable.
+    /// Writes it all; returns the generation now durable. Earlier commits left to others
+    /// go first: ours waits for their superblocks.
     pub(crate) fn write(self) -> Result<u64> {
-        // Earlier commits left to others go first: ours waits for their superblocks.
-        self.pipe.write_deferred()?;
-        self.write_now()
+        let pipe = Arc::clone(&self.pipe);
+        pipe.deferred.write(self, &pipe.order)
+    }
+}
+
+impl Commit for CommitIo {
+    fn transid(&self) -> u64 {
+        self.transid
     }
 
     fn write_now(self) -> Result<u64> {
@@ -271,7 +311,9 @@ impl CommitIo {
         }
         r.map(|()| self.transid)
     }
+}
 
+impl CommitIo {
     fn try_write(&self) -> Result<()> {
         for (bytenr, block) in &self.blocks {
             self.io.write_tree_block(*bytenr, block)?;
@@ -424,6 +466,88 @@ mod model {
             pipe.pins().lock().is_empty(),
             "space stayed pinned for good"
         );
+    }
+
+    /// A commit of the model: writing it lands its superblock in turn.
+    struct Fake {
+        transid: u64,
+        order: Arc<CommitOrder>,
+        landed: Arc<SMutex<Vec<u64>>>,
+    }
+
+    impl Commit for Fake {
+        fn transid(&self) -> u64 {
+            self.transid
+        }
+        fn write_now(self) -> Result<u64> {
+            let landed = Arc::clone(&self.landed);
+            self.order
+                .in_turn(
+                    self.transid,
+                    || {
+                        landed.lock().unwrap().push(self.transid);
+                        Ok(())
+                    },
+                    || {},
+                )
+                .map(|()| self.transid)
+        }
+    }
+
+    /// n threads each close a commit under the filesystem's lock; odd ones leave it in
+    /// the deferred queue and write the queue once they let go (an operation over the
+    /// dirty limit), even ones write theirs after letting go (sync); a waiter writes the
+    /// queue and waits for the last generation. Nobody waits for a commit that nobody
+    /// writes, and every superblock lands, in order.
+    fn deferred_commits(n: u64) {
+        let order = Arc::new(CommitOrder::new(0));
+        let landed = Arc::new(SMutex::new(Vec::new()));
+        let deferred = Arc::new(Deferred::<Fake>::new());
+        let running = Arc::new(SMutex::new(1u64));
+        let mut handles = Vec::new();
+        for t in 0..n {
+            let (order, landed, deferred, running) = (
+                Arc::clone(&order),
+                Arc::clone(&landed),
+                Arc::clone(&deferred),
+                Arc::clone(&running),
+            );
+            handles.push(thread::spawn(move || {
+                let mut fs = running.lock().unwrap();
+                let c = Fake {
+                    transid: *fs,
+                    order: Arc::clone(&order),
+                    landed,
+                };
+                *fs += 1;
+                if t % 2 == 1 {
+                    deferred.defer(c);
+                    drop(fs);
+                    deferred.write_all().unwrap();
+                } else {
+                    drop(fs);
+                    deferred.write(c, &order).unwrap();
+                }
+            }));
+        }
+        {
+            let (order, deferred) = (Arc::clone(&order), Arc::clone(&deferred));
+            handles.push(thread::spawn(move || {
+                deferred.write_all().unwrap();
+                order.wait_durable(n).unwrap();
+            }));
+        }
+        for h in handles {
+            h.join().unwrap();
+        }
+        let landed = landed.lock().unwrap().clone();
+        assert_eq!(landed, (1..=n).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn deferred_commits_are_all_written_in_order() {
+        shuttle::check_random(|| deferred_commits(4), 3000);
+        shuttle::check_pct(|| deferred_commits(4), 3000, 3);
     }
 
     #[test]
