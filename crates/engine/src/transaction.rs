@@ -17,7 +17,10 @@
 //!   T+1 with T's freed space pinned. The lock is released: T+1 starts at the next
 //!   operation.
 //! - *Writing* (`commit_pipe::CommitIo`, no filesystem lock): T's blocks, a flush, then in
-//!   generation order its superblocks and a flush.
+//!   generation order its superblocks and a flush. Every closed commit passes through the
+//!   pipe's deferred queue: whoever closed it queues it, then writes whatever the queue
+//!   holds, oldest first, so the oldest unwritten commit is always with a thread that
+//!   writes it next (the shuttle model `deferred_commits_are_all_written_in_order`).
 //! - *Durable*: T's pins and in-flight blocks are released. A failure instead marks the
 //!   pipe failed: every later commit and operation gets `Error::Aborted` (EROFS).
 //!
@@ -30,7 +33,8 @@
 //! 0. `InodeLocks` (one file's writers: write, truncate, fallocate, copy into it), taken
 //!    before `core`, held across that file's data IO.
 //! 1. `Filesystem::core` (RwLock over `FsCore`): reads share it, changes hold it alone.
-//! 2. `CommitOrder::durable`, then `CommitOrder::failed`. A thread holding `core` may wait
+//! 2. The deferred queue (taken and let go at once), `CommitOrder::durable`, then
+//!    `CommitOrder::failed`. A thread holding `core` may wait
 //!    on `durable` (an inline commit, `sync` with nothing new); the writing half of a
 //!    commit never takes `core`, so it always finishes.
 //! 3. Leaf locks, never held while taking another: the caches, `open_inodes`, `next_ino`,
