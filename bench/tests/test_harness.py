@@ -135,8 +135,10 @@ def test_oleo_is_writable_but_has_no_snapshots():
 
 def test_oleo_fresh_mounts_rw_mkfs_btrfs_image(tmp_path, monkeypatch):
     """A write workload on oleo: mkfs.btrfs on a sparse image of the workload's size,
-    then `oleo mount -f -o rw,<the kernel target's options>`."""
-    calls, spawned = [], []
+    then `oleo mount -f -o rw,<the kernel target's options>,fuse_uring=on` (io_uring turned
+    on in the kernel first); oleo-devfuse the same with fuse_uring=off."""
+    calls, spawned, enabled = [], [], []
+    monkeypatch.setattr(T, "enable_fuse_uring", lambda: enabled.append(True))
     monkeypatch.setattr(T, "run", lambda argv, **kw: calls.append([str(a) for a in argv]))
     monkeypatch.setattr(T, "mount_options", lambda mnt: ["rw", "nosuid", "nodev"])
 
@@ -151,10 +153,14 @@ def test_oleo_fresh_mounts_rw_mkfs_btrfs_image(tmp_path, monkeypatch):
     assert os.path.getsize(image) == w.image_bytes()
     assert calls == [["mkfs.btrfs", "-f", "-q", "-R", "free-space-tree", "-O", "no-holes", image]]
     argv, kw = spawned[0]
-    assert argv == ["/nonexistent/oleo", "mount", "-f", "-o", "rw,ssd,nodatacow", image,
-                    str(tmp_path / "mnt")]
+    assert argv == ["/nonexistent/oleo", "mount", "-f", "-o", "rw,ssd,nodatacow,fuse_uring=on",
+                    image, str(tmp_path / "mnt")]
+    assert enabled == [True]
     assert kw["grace"] >= 60          # oleo commits at unmount: give it time
     assert m.daemon == "proc" and m.path == str(tmp_path / "mnt") and m.image == image
+    T.OleoDevFuse(_OleoCtx()).fresh(None, str(tmp_path), w.spec())
+    assert spawned[1][0][4] == "rw,ssd,nodatacow,fuse_uring=off"
+    assert enabled == [True], "the /dev/fuse target leaves the kernel parameter alone"
     # A mount that came up read-only anyway is not a write measurement.
     monkeypatch.setattr(T, "mount_options", lambda mnt: ["ro", "nosuid"])
     with pytest.raises(T.NotApplicable, match="read-only"):
