@@ -248,9 +248,16 @@ impl OleoFuse {
         mut add: impl FnMut(u64, InodeId, FileKind, &[u8], u64) -> bool,
     ) -> Result<(), Errno> {
         let dir = self.id(node)?;
-        let end = Some(self.listings.lock().end(node, reader, offset, || {
-            self.fs.readdir_end(dir).map_err(errno)
-        })?);
+        let known = self.listings.lock().end(node, reader, offset);
+        let end = match known {
+            Some(end) => end,
+            // Looked up without holding `listings`: it may read the tree from disk.
+            None => {
+                let end = self.fs.readdir_end(dir).map_err(errno)?;
+                self.listings.lock().begin(node, reader, end);
+                end
+            }
+        };
         // Offsets 1 and 2 follow "." and ".."; a real entry with DIR_INDEX i resumes at i + 1.
         if offset < 1 && add(node, dir, FileKind::Dir, b".", 1) {
             return Ok(());
@@ -262,7 +269,7 @@ impl OleoFuse {
         self.fs
             .readdir(dir, offset.max(2), &mut |e| {
                 // Entries created or renamed since opendir sit past its end.
-                if end.is_some_and(|end| e.next_offset > end) {
+                if e.next_offset > end {
                     return false;
                 }
                 match self.ids.encode(e.id) {

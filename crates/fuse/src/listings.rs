@@ -4,6 +4,7 @@
 //! zero-message opendir (no OPENDIR or RELEASEDIR round trips, a third of dbench's
 //! requests), so there is no handle to keep that end in: a listing is known instead by
 //! its directory and the thread reading it, and begins when that thread reads offset 0.
+//! The end is looked up with this map let go (it may read the tree from disk).
 
 use std::collections::HashMap;
 
@@ -19,21 +20,16 @@ pub(crate) struct Listings {
 }
 
 impl Listings {
-    /// The end of the listing `reader` is reading in `dir` at `offset`; `now` gives the
-    /// directory's current end when a listing begins (or was forgotten).
-    pub(crate) fn end<E>(
-        &mut self,
-        dir: u64,
-        reader: u32,
-        offset: u64,
-        now: impl FnOnce() -> Result<u64, E>,
-    ) -> Result<u64, E> {
-        if offset != 0 {
-            if let Some(&(end, _)) = self.ends.get(&(dir, reader)) {
-                return Ok(end);
-            }
-        }
-        let end = now()?;
+    /// The end of the listing `reader` is reading in `dir` at `offset`, if it is under
+    /// way (offset 0 begins a listing anew).
+    pub(crate) fn end(&self, dir: u64, reader: u32, offset: u64) -> Option<u64> {
+        (offset != 0)
+            .then(|| self.ends.get(&(dir, reader)).map(|&(end, _)| end))
+            .flatten()
+    }
+
+    /// Records where the listing `reader` begins (or resumes, forgotten) in `dir` ends.
+    pub(crate) fn begin(&mut self, dir: u64, reader: u32, end: u64) {
         if self.ends.len() >= MAX && !self.ends.contains_key(&(dir, reader)) {
             let oldest = self
                 .ends
@@ -44,7 +40,6 @@ impl Listings {
         }
         self.clock += 1;
         self.ends.insert((dir, reader), (end, self.clock));
-        Ok(end)
     }
 }
 
@@ -52,8 +47,12 @@ impl Listings {
 mod tests {
     use super::*;
 
+    /// A read at `offset`; `now` is the directory's end at that moment.
     fn at(l: &mut Listings, dir: u64, reader: u32, offset: u64, now: u64) -> u64 {
-        l.end(dir, reader, offset, || Ok::<_, ()>(now)).unwrap()
+        l.end(dir, reader, offset).unwrap_or_else(|| {
+            l.begin(dir, reader, now);
+            now
+        })
     }
 
     #[test]
