@@ -68,7 +68,7 @@ pub struct OleoFuse {
     /// The kernel's lookup count per node. While above zero the inode is pinned: unlinked,
     /// it lives on as an orphan until the kernel has forgotten it and closed it.
     lookups: parking_lot::Mutex<HashMap<u64, u64>>,
-    /// Open directory handles: where each listing ends (see `Filesystem::readdir_end`).
+    /// Where each listing ends (see `listings` and `Filesystem::readdir_end`).
     listings: parking_lot::Mutex<listings::Listings>,
     /// The kernel opens directories without OPENDIR (see `listings`).
     no_opendir: std::sync::atomic::AtomicBool,

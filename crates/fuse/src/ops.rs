@@ -255,7 +255,7 @@ impl OleoFuse {
                 None
             }
         };
-        let set = SetAttr {
+        let mut set = SetAttr {
             mode: has(fattr::MODE).then_some(arg.mode),
             uid: has(fattr::UID).then_some(arg.uid),
             gid: has(fattr::GID).then_some(arg.gid),
@@ -268,7 +268,6 @@ impl OleoFuse {
             }),
         };
         let id = self.id(node)?;
-        let mut set = set;
         // A chown drops setuid/setgid in the engine, as chown(2) does; a truncate by a
         // caller without CAP_FSETID is flagged.
         if has(fattr::KILL_SUIDGID) && set.mode.is_none() && !has(fattr::UID | fattr::GID) {

@@ -213,11 +213,7 @@ fn serve_queue<H: Handler>(
             }
         }
         let (unique, commit_id) = answer(handler, gate, headers.as_bytes(), &mut buf, &staged);
-        let body_len = reply_into(&staged, unique, headers.as_mut_bytes(), &mut buf[PREFIX..]);
-        let ent = &mut headers.as_mut_bytes()[u::IN_OUT_SZ + u::OP_IN_SZ..u::HEADERS_SZ];
-        let mut e = u::EntInOut::read_from_bytes(ent).unwrap_or_default();
-        e.payload_sz = body_len as u32;
-        ent.copy_from_slice(e.as_bytes());
+        reply_into(&staged, unique, headers.as_mut_bytes(), &mut buf[PREFIX..]);
         sqe = command(
             ch,
             u::CMD_COMMIT_AND_FETCH,
@@ -276,14 +272,9 @@ fn answer<H: Handler>(
     (h.unique, ent.commit_id)
 }
 
-/// Writes the staged reply into the entry: the out header, then the body into the
-/// payload. Returns the body's length.
-fn reply_into(
-    staged: &RefCell<Staged>,
-    unique: u64,
-    headers: &mut [u8],
-    payload: &mut [u8],
-) -> usize {
+/// Writes the staged reply into the entry: the out header, the body into the payload,
+/// and the body's length where the kernel reads it.
+fn reply_into(staged: &RefCell<Staged>, unique: u64, headers: &mut [u8], payload: &mut [u8]) {
     let s = staged.borrow();
     let (error, body) = if s.body.len() <= payload.len() {
         (s.error, &s.body[..])
@@ -301,7 +292,10 @@ fn reply_into(
         unique,
     };
     headers[..size_of::<OutHeader>()].copy_from_slice(h.as_bytes());
-    body.len()
+    let ent = &mut headers[u::IN_OUT_SZ + u::OP_IN_SZ..u::HEADERS_SZ];
+    let mut e = u::EntInOut::read_from_bytes(ent).unwrap_or_default();
+    e.payload_sz = body.len() as u32;
+    ent.copy_from_slice(e.as_bytes());
 }
 
 #[cfg(test)]
