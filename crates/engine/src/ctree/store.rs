@@ -87,8 +87,9 @@ pub(crate) fn view<S: BlockStore + ?Sized>(store: &mut S, bytenr: u64) -> Result
     TreeBlock::new(b).map_err(corrupt_at(bytenr))
 }
 
+/// Dirty blocks were checked when read or made by the views: their layout is not walked again.
 pub(crate) fn leaf_mut<S: BlockStore + ?Sized>(store: &mut S, bytenr: u64) -> Result<LeafMut<'_>> {
-    LeafMut::new(dirty(store, bytenr)?).map_err(corrupt_at(bytenr))
+    LeafMut::of_checked(dirty(store, bytenr)?).map_err(corrupt_at(bytenr))
 }
 
 pub(crate) fn node_mut<S: BlockStore + ?Sized>(store: &mut S, bytenr: u64) -> Result<NodeMut<'_>> {
