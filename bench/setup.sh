@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what the benchmark harness drives. Idempotent: fast when all is present.
 #   apt:   fio dbench fsmark (real fs_mark) btrfs-progs xfsprogs e2fsprogs fuse2fs
-#          zfs-fuse fuse3 python3-matplotlib, plus libclang-dev/libfuse3-dev/pkg-config
+#          zfs-fuse fuse3 fuse-overlayfs python3-matplotlib, plus libclang-dev/libfuse3-dev/pkg-config
 #          which btrfs-fuse's build needs (bindgen, fuser)
 #   cargo: btrfs-fuse (rustutils/btrfsutils), the read-only Rust peer
 # A failure of the btrfs-fuse build is reported but not fatal: the harness then
@@ -9,7 +9,7 @@
 set -u
 export DEBIAN_FRONTEND=noninteractive
 
-pkgs=(fio dbench fsmark btrfs-progs xfsprogs e2fsprogs fuse2fs zfs-fuse fuse3
+pkgs=(fio dbench fsmark btrfs-progs xfsprogs e2fsprogs fuse2fs zfs-fuse fuse3 fuse-overlayfs
       python3-matplotlib python3-pytest libclang-dev libfuse3-dev pkg-config)
 missing=()
 for p in "${pkgs[@]}"; do
@@ -45,7 +45,7 @@ modprobe btrfs 2>/dev/null || true
 modprobe xfs 2>/dev/null || true
 
 echo "setup: done"
-for t in fio dbench fs_mark mkfs.btrfs mkfs.xfs mkfs.ext4 fuse2fs zfs-fuse btrfs-fuse; do
+for t in fio dbench fs_mark mkfs.btrfs mkfs.xfs mkfs.ext4 fuse2fs zfs-fuse fuse-overlayfs btrfs-fuse; do
     printf '  %-11s %s\n' "$t" "$(command -v "$t" || echo MISSING)"
 done
 /usr/bin/python3 -c 'import matplotlib; print("  matplotlib ", matplotlib.__version__)' 2>/dev/null \

@@ -449,6 +449,35 @@ class ZfsFuse(Target):
         return ["zfs", "snapshot", f"{self.pool}/{os.path.basename(src)}@{os.path.basename(dst)}"]
 
 
+class FuseOverlay(Target):
+    """The FUSE layer alone: fuse-overlayfs (libfuse, multithreaded, /dev/fuse) passing
+    everything through to kernel xfs on a loop device. A FUSE filesystem cannot beat
+    this by much: its figures are the ceiling a workload has through FUSE here."""
+    name, family = "fuse-overlayfs", None
+    needs = ("fuse-overlayfs", "mkfs.xfs", "fusermount3")
+
+    def fresh(self, cl, scratch, spec):
+        lower = Xfs(self.ctx)._attach_mount(cl, os.path.join(scratch, "xfs"),
+                                            _image(scratch, spec), None, spec)
+        dirs = {d: os.path.join(lower.path, d) for d in ("lower", "upper", "work")}
+        for d in dirs.values():
+            os.makedirs(d, exist_ok=True)
+        mnt = os.path.join(scratch, "mnt")
+        opts = ",".join(f"{k}dir={v}" for k, v in dirs.items())
+        m = Mounted(self, mnt, image=lower.image, scratch=scratch)
+        m.daemon = spawn_fuse(cl, ["fuse-overlayfs", "-f", "-o", opts, mnt], mnt,
+                              os.path.join(scratch, "fuse-overlayfs.log"), "fuse-overlayfs",
+                              teardown=m.teardown)
+        return m
+
+
+def _image(scratch, spec):
+    os.makedirs(os.path.join(scratch, "xfs"), exist_ok=True)
+    image = os.path.join(scratch, "xfs", "xfs.img")
+    make_sparse(image, spec.size_bytes)
+    return image
+
+
 class Raw(Target):
     """The physical limit: fio with O_DIRECT on a plain file in the work dir."""
     name, family, raw = "raw", "raw", True
@@ -467,5 +496,5 @@ class Raw(Target):
         return Mounted(self, golden, scratch=scratch)
 
 
-ALL = [Oleo, OleoDevFuse, Btrfs, Xfs, Ext4, Fuse2fs, ZfsFuse, BtrfsFuse, Raw]
+ALL = [Oleo, OleoDevFuse, Btrfs, Xfs, Ext4, Fuse2fs, ZfsFuse, BtrfsFuse, FuseOverlay, Raw]
 NAMES = [t.name for t in ALL]
