@@ -75,8 +75,6 @@ const IGNORED: &[&str] = &[
     "sync",
     "silent",
     "loud",
-    "nologreplay",
-    "rescue=nologreplay",
 ];
 
 /// btrfs's own mount options oleo does not act on (allocation tuning, compression of new
@@ -161,6 +159,7 @@ fn plan(options: &[String], rw_is_explicit: bool) -> Result<Plan, String> {
             .map_or((opt, None), |(n, v)| (n, Some(v)));
         match (name, value) {
             ("ro", None) => p.writable = Some(false),
+            ("nologreplay", None) | ("rescue", Some("nologreplay")) => p.open.log_replay = false,
             ("rw", None) if rw_is_explicit => p.writable = Some(true),
             ("rw", None) => {}
             ("commit", Some(v)) => {

@@ -264,6 +264,33 @@ impl BlockGroups {
         Ok(())
     }
 
+    /// Keeps `[bytenr, bytenr + len)` from being allocated until this transaction's commit
+    /// is durable, without counting it used: space the committed state calls free but
+    /// something on disk still needs (a pending log's blocks).
+    pub(crate) fn pin(&mut self, bytenr: u64, len: u64) -> Result<()> {
+        self.group_of(bytenr, len)?;
+        self.pinned.insert(bytenr, len);
+        Ok(())
+    }
+
+    /// Marks the free range `[bytenr, bytenr + len)` used, as if allocated here (data a
+    /// replayed log refers to). An error if any of it is not free.
+    pub(crate) fn claim(&mut self, bytenr: u64, len: u64) -> Result<()> {
+        if blocked(&[], &self.pinned, bytenr, len).is_some()
+            || blocked(&[], &self.reserved, bytenr, len).is_some()
+        {
+            return Err(Error::corrupt(bytenr, "range is pinned or reserved"));
+        }
+        let (_, g) = self.group_of(bytenr, len)?;
+        if g.flags & bg::DATA == 0 {
+            return Err(Error::corrupt(bytenr, "range is not in a data block group"));
+        }
+        g.free.remove(bytenr, len)?;
+        g.used += len;
+        self.used_delta += len as i128;
+        Ok(())
+    }
+
     /// Bytes that allocations of type `kind` can still get in this transaction: free
     /// space not pinned, in allocatable block groups.
     pub(crate) fn available(&self, kind: u64) -> u64 {

@@ -130,6 +130,9 @@ pub struct OpenOptions {
     /// Files up to this size (and below one sector) are stored in the tree, like the
     /// kernel's max_inline mount option.
     pub max_inline: u64,
+    /// Replay a pending log tree when opening writable (the kernel's default);
+    /// false keeps the last committed state, like `rescue=nologreplay`.
+    pub log_replay: bool,
 }
 
 impl Default for OpenOptions {
@@ -140,6 +143,7 @@ impl Default for OpenOptions {
             subvolid: None,
             cache_bytes: 256 << 20,
             max_inline: 2048,
+            log_replay: true,
         }
     }
 }
@@ -157,6 +161,8 @@ pub struct FsCore {
     pub(crate) extents: Arc<crate::file::ExtentCache>,
     top: InodeId,
     pending_log: bool,
+    /// Why the pending log was not replayed (it keeps the filesystem read-only).
+    pub(crate) log_not_replayed: Option<String>,
     /// The running transaction between operations (see `transaction`).
     pub(crate) running: Option<Box<crate::transaction::TxnState>>,
     /// Why writing stopped (an aborted transaction).
@@ -300,6 +306,7 @@ impl FsCore {
                 ino: objectid::FIRST_FREE,
             },
             pending_log,
+            log_not_replayed: None,
             running: None,
             aborted: None,
             max_inline: options.max_inline,
@@ -319,6 +326,9 @@ impl FsCore {
             ));
         }
         fs.top = fs.resolve_mount_subvolume(&options)?;
+        if pending_log && !options.read_only {
+            fs.replay_pending_log(options.log_replay)?;
+        }
         if !options.read_only && fs.can_write().is_ok() {
             // Like the kernel at mount: files unlinked while open in the last session go now.
             match fs.remove_orphans(fs.top.subvol) {
@@ -327,15 +337,44 @@ impl FsCore {
                 Err(e) => log::warn!("orphan cleanup skipped: {e}"),
             }
         }
-        if pending_log {
+        if fs.pending_log {
             log::warn!(
                 "the log tree at logical {} holds changes fsynced after the last commit (generation {}); \
-                 they are not replayed: showing the last committed state, like rescue=nologreplay",
+                 they are not replayed ({}): showing the last committed state, like rescue=nologreplay",
                 fs.sb.log_root,
-                fs.sb.generation
+                fs.sb.generation,
+                fs.log_not_replayed.as_deref().unwrap_or("opened read-only")
             );
         }
         Ok(fs)
+    }
+
+    /// Replays the log at a writable open, as the kernel does at mount. A log oleo cannot
+    /// replay yet leaves the filesystem at its last commit (read-only, and says why); a
+    /// damaged one refuses the open.
+    fn replay_pending_log(&mut self, allowed: bool) -> Result<()> {
+        if !allowed {
+            self.log_not_replayed = Some("log replay was turned off (nologreplay)".into());
+            return Ok(());
+        }
+        match self.replay_log() {
+            Ok(n) => {
+                log::info!(
+                    "replayed the log tree: {n} inodes, now at generation {}",
+                    self.sb.generation
+                );
+                self.pending_log = false;
+                Ok(())
+            }
+            Err(Error::Unsupported(why)) => {
+                self.log_not_replayed = Some(why);
+                Ok(())
+            }
+            Err(e) => Err(Error::Unusable(format!(
+                "replaying the log tree failed: {e}; mount with -o ro,rescue=nologreplay to \
+                 read the last committed state"
+            ))),
+        }
     }
 
     /// The root directory of the opened subvolume.

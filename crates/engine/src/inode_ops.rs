@@ -90,7 +90,7 @@ fn check_name(name: &[u8]) -> Result<()> {
     Ok(())
 }
 
-fn file_type_of(mode: u32) -> Result<u8> {
+pub(crate) fn file_type_of(mode: u32) -> Result<u8> {
     let kind = FileKind::from_mode(mode)
         .ok_or_else(|| Error::InvalidArgument(format!("bad file type in mode {mode:o}")))?;
     Ok(match kind {

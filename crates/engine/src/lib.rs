@@ -39,6 +39,7 @@ mod statfs;
 mod subvolume;
 mod sync;
 pub mod transaction;
+mod tree_log;
 pub mod volumes;
 mod xattr;
 

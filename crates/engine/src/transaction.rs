@@ -204,9 +204,13 @@ fn check_writable(fs: &FsCore) -> Result<()> {
         return Err(Error::Unsupported(why));
     }
     if sb.log_root != 0 {
-        return Err(Error::Unsupported(
-            "the filesystem has an unreplayed log tree; mount it with the kernel first".into(),
-        ));
+        let why = fs
+            .log_not_replayed
+            .as_deref()
+            .unwrap_or("it was opened read-only");
+        return Err(Error::Unsupported(format!(
+            "the filesystem has a log tree that was not replayed ({why}); mount it with the kernel first"
+        )));
     }
     if !sb.has_incompat(incompat::SKINNY_METADATA) {
         return Err(Error::Unsupported(

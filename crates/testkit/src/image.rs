@@ -163,13 +163,26 @@ impl Drop for RemoveOnDrop {
 /// file's page cache, so the copy sees exactly what the device has (no commit can sneak in:
 /// the build mount runs with `commit=3600`).
 pub fn build_image_with_pending_log(spec: &ImageSpec, path: &Path) -> io::Result<()> {
+    let seed = spec.seed;
+    build_image_with_log(spec, path, |mount| make_pending_log(mount, seed))
+}
+
+/// Like [`build_image_with_pending_log`], with the changes made by `fsyncs`: it runs after
+/// a full commit, with background commits held off, and must end with an fsync (only log
+/// blocks and the superblock reach the disk after the commit). `path` gets a copy of the
+/// image as a crash at that moment leaves it.
+pub fn build_image_with_log(
+    spec: &ImageSpec,
+    path: &Path,
+    fsyncs: impl FnOnce(&KernelMount) -> io::Result<()>,
+) -> io::Result<()> {
     let mut live = path.as_os_str().to_owned();
     live.push(".live");
     let live = RemoveOnDrop(PathBuf::from(live));
-    let seed = spec.seed;
     build(spec, &live.0, |mount| {
         mount.remount(&["commit=3600"])?;
-        make_pending_log(mount, seed)?;
+        syncfs(mount.path())?;
+        fsyncs(mount)?;
         run(Command::new("cp")
             .arg("--sparse=always")
             .arg(&live.0)
