@@ -163,6 +163,9 @@ pub struct FsCore {
     pending_log: bool,
     /// Why the pending log was not replayed (it keeps the filesystem read-only).
     pub(crate) log_not_replayed: Option<String>,
+    /// The log is replayed into a running transaction that is never committed (a
+    /// read-only open): nothing else may join it.
+    pub(crate) log_in_memory: bool,
     /// The running transaction between operations (see `transaction`).
     pub(crate) running: Option<Box<crate::transaction::TxnState>>,
     /// Why writing stopped (an aborted transaction).
@@ -307,6 +310,7 @@ impl FsCore {
             },
             pending_log,
             log_not_replayed: None,
+            log_in_memory: false,
             running: None,
             aborted: None,
             max_inline: options.max_inline,
@@ -326,8 +330,8 @@ impl FsCore {
             ));
         }
         fs.top = fs.resolve_mount_subvolume(&options)?;
-        if pending_log && !options.read_only {
-            fs.replay_pending_log(options.log_replay)?;
+        if pending_log {
+            fs.replay_pending_log(options.log_replay, !options.read_only)?;
         }
         if !options.read_only && fs.can_write().is_ok() {
             // Like the kernel at mount: files unlinked while open in the last session go now.
@@ -349,16 +353,17 @@ impl FsCore {
         Ok(fs)
     }
 
-    /// Replays the log at a writable open, as the kernel does at mount. A log oleo cannot
-    /// replay yet leaves the filesystem at its last commit (read-only, and says why); a
-    /// damaged one refuses the open.
-    fn replay_pending_log(&mut self, allowed: bool) -> Result<()> {
+    /// Replays the log at open, as the kernel does at mount. Writable, the replay is
+    /// committed; read-only, it stays in memory (the image is not written) and any error
+    /// leaves the last committed state. A log oleo cannot replay leaves the filesystem at
+    /// its last commit (read-only, and says why); a damaged one refuses a writable open.
+    fn replay_pending_log(&mut self, allowed: bool, writable: bool) -> Result<()> {
         if !allowed {
             self.log_not_replayed = Some("log replay was turned off (nologreplay)".into());
             return Ok(());
         }
-        match self.replay_log() {
-            Ok(n) => {
+        match self.replay_log(writable) {
+            Ok(n) if writable => {
                 log::info!(
                     "replayed the log tree: {n} inodes, now at generation {}",
                     self.sb.generation
@@ -366,8 +371,20 @@ impl FsCore {
                 self.pending_log = false;
                 Ok(())
             }
+            Ok(n) => {
+                log::info!(
+                    "replayed the log tree in memory ({n} inodes): showing what was fsynced; \
+                     the image is not written"
+                );
+                self.pending_log = false;
+                Ok(())
+            }
             Err(Error::Unsupported(why)) => {
                 self.log_not_replayed = Some(why);
+                Ok(())
+            }
+            Err(e) if !writable => {
+                self.log_not_replayed = Some(format!("replaying it failed: {e}"));
                 Ok(())
             }
             Err(e) => Err(Error::Unusable(format!(

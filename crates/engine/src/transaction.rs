@@ -197,7 +197,8 @@ impl FsCore {
 
 fn check_writable(fs: &FsCore) -> Result<()> {
     let sb = &fs.sb;
-    if !fs.io.device().is_writable() {
+    // An in-memory log replay runs a transaction on a read-only device; nothing else may.
+    if !fs.io.device().is_writable() && !(fs.log_in_memory && fs.running.is_none()) {
         return Err(Error::ReadOnly);
     }
     if let Some(why) = crate::fs::too_small(fs.io.device().size(), sb) {
@@ -338,6 +339,9 @@ impl<'a> Transaction<'a> {
         if fs.running.is_none() {
             let st = TxnState::new(&mut fs)?;
             fs.running = Some(Box::new(st));
+        } else if fs.log_in_memory {
+            // The log replayed in memory on a read-only open: never changed or committed.
+            return Err(Error::ReadOnly);
         }
         Ok(Transaction { fs })
     }
@@ -932,7 +936,7 @@ impl FsCore {
     /// Closes the running transaction, if any, leaving its writing to the caller (which
     /// need not hold the filesystem: see `Filesystem::sync`).
     pub(crate) fn close_running(&mut self) -> Result<Option<crate::transaction::CommitIo>> {
-        if self.running.is_none() {
+        if self.running.is_none() || self.log_in_memory {
             return Ok(None);
         }
         self.start_transaction()?.close().map(Some)

@@ -821,6 +821,31 @@ fn random_fsync_workloads_of_the_kernel_replay_as_the_kernel_does() {
             m.unmount().expect("unmount");
             v
         };
+        // Read-only: replayed in memory, the image untouched.
+        let before = fs::read(&image).expect("read image");
+        let fs = Filesystem::open(&image, OpenOptions::default())
+            .unwrap_or_else(|e| panic!("{what}: read-only open: {e}"));
+        assert!(!fs.has_pending_log(), "{what}: not replayed read-only");
+        let got = with_oleo_xattrs(oleo_tree(&fs), &fs);
+        diff_trees(
+            &format!("{what}: read-only, replayed in memory"),
+            &want,
+            &got,
+        );
+        let new = oleo::NewInode {
+            mode: 0o40755,
+            ..Default::default()
+        };
+        assert!(
+            fs.mkdir(fs.root(), b"nope", &new).is_err(),
+            "{what}: wrote read-only"
+        );
+        fs.close().expect("close");
+        assert!(
+            fs::read(&image).expect("read image") == before,
+            "{what}: the read-only open wrote to the image"
+        );
+
         let fs = Filesystem::open_rw(&image, OpenOptions::default())
             .unwrap_or_else(|e| panic!("{what}: open: {e}"));
         assert!(

@@ -153,23 +153,32 @@ fn extent_end(key: &Key, fe: &FileExtent<'_>, sector: u64) -> u64 {
 }
 
 impl FsCore {
-    /// Replays the pending log and commits; returns how many inodes it replayed. On any
-    /// error nothing is written and the log stays pending.
-    pub(crate) fn replay_log(&mut self) -> Result<usize> {
+    /// Replays the pending log and commits (`commit`), or leaves the replay in a running
+    /// transaction nothing else may join or commit (a read-only open: reads see it, the
+    /// device is not written). Returns how many inodes it replayed. On any error nothing
+    /// is written and the log stays pending.
+    pub(crate) fn replay_log(&mut self, commit: bool) -> Result<usize> {
         let log = super::read(self)?;
         let saved = (self.sb.log_root, self.sb.log_root_level);
         // The replay's commit writes a superblock without the log.
         self.sb.log_root = 0;
         self.sb.log_root_level = 0;
+        self.log_in_memory = !commit;
         let r = (|| {
             let mut txn = self.start_transaction()?;
             let n = txn.replay(&log)?;
-            txn.commit()?;
+            if commit {
+                txn.commit()?;
+            }
             Ok(n)
         })();
         if r.is_err() {
-            (self.sb.log_root, self.sb.log_root_level) = saved;
+            self.log_in_memory = false;
             self.drop_running();
+        }
+        if r.is_err() || !commit {
+            // Read-only, the superblock still says what is on disk.
+            (self.sb.log_root, self.sb.log_root_level) = saved;
         }
         r
     }
