@@ -198,7 +198,8 @@ impl FsCore {
 fn check_writable(fs: &FsCore) -> Result<()> {
     let sb = &fs.sb;
     // An in-memory log replay runs a transaction on a read-only device; nothing else may.
-    if !fs.io.device().is_writable() && !(fs.log_in_memory && fs.running.is_none()) {
+    let replaying_in_memory = fs.log_in_memory && fs.running.is_none();
+    if !fs.io.device().is_writable() && !replaying_in_memory {
         return Err(Error::ReadOnly);
     }
     if let Some(why) = crate::fs::too_small(fs.io.device().size(), sb) {
