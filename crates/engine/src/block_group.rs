@@ -268,6 +268,7 @@ impl BlockGroups {
     /// is durable, without counting it used: space the committed state calls free but
     /// something on disk still needs (a pending log's blocks).
     pub(crate) fn pin(&mut self, bytenr: u64, len: u64) -> Result<()> {
+        // Inside a block group: the end does not overflow.
         self.group_of(bytenr, len)?;
         self.pinned.insert(bytenr, len);
         Ok(())
@@ -276,6 +277,9 @@ impl BlockGroups {
     /// Marks the free range `[bytenr, bytenr + len)` used, as if allocated here (data a
     /// replayed log refers to). An error if any of it is not free.
     pub(crate) fn claim(&mut self, bytenr: u64, len: u64) -> Result<()> {
+        if len == 0 || bytenr.checked_add(len).is_none() {
+            return Err(Error::corrupt(bytenr, format!("no such range (+{len})")));
+        }
         if blocked(&[], &self.pinned, bytenr, len).is_some()
             || blocked(&[], &self.reserved, bytenr, len).is_some()
         {

@@ -2,6 +2,8 @@
 //! moment), opened writable by oleo, must show what the kernel shows after its own replay
 //! of the same image, pass `btrfs check`, and read the same again in the kernel.
 
+mod common;
+
 use oleo::{Filesystem, OpenOptions};
 use oleo_testkit::{
     assert_btrfs_check, build_image_with_log, require_root, superblock_generation,
@@ -935,4 +937,124 @@ fn progs_images_with_logs_replay_or_are_refused() {
             }
         }
     }
+}
+
+/// Reads the block at `logical` (first copy).
+fn read_block(image: &Path, logical: u64, nodesize: usize) -> Vec<u8> {
+    let at = physical_copies(image, logical)[0];
+    let mut b = vec![0u8; nodesize];
+    File::open(image)
+        .expect("open")
+        .read_exact_at(&mut b, at)
+        .expect("read block");
+    b
+}
+
+/// Damaged log blocks (random bytes after the header, checksum fixed so the damage reaches
+/// the replay, not just the checksum test) never panic or hang a read-write or read-only
+/// open; they are replayed or refused.
+#[test]
+fn damaged_logs_never_panic_or_hang() {
+    use oleo::format::items::RootItem;
+    use oleo::format::tree_mut::HeaderMut;
+    use oleo::format::{CsumType, TreeBlock};
+    let name = "damaged_logs_never_panic_or_hang";
+    let _ = env_logger::builder().is_test(true).try_init();
+    if !require_root(name) {
+        return;
+    }
+    let tmp = TempDir::new("log-fuzz").expect("temp dir");
+    let image = tmp.join("fuzz.img");
+    let seed = oleo_testkit::seed(0x10c0);
+    let spec = ImageSpec::new("log-fuzz", seed)
+        .size_mb(256)
+        .populate(PopulateSpec::none());
+    build_image_with_log(&spec, &image, |mount| {
+        let top = mount.path();
+        for d in ["a", "b", "a/c"] {
+            fs::create_dir(top.join(d))?;
+            for i in 0..3 {
+                fs::write(top.join(format!("{d}/f{i}")), pattern(seed ^ i, 30000))?;
+            }
+        }
+        oleo_testkit::mount::syncfs(top)?;
+        random_changes(top, seed, 40)
+    })
+    .expect("build image with a pending log");
+    let nodesize = 16384;
+    let sb = Filesystem::open(&image, OpenOptions::default())
+        .expect("open")
+        .superblock();
+    assert_eq!(sb.nodesize as usize, nodesize);
+    // The log root tree's root and the roots of the log trees it names.
+    let mut targets = vec![sb.log_root];
+    let root = read_block(&image, sb.log_root, nodesize);
+    let tb = TreeBlock::new(&root).expect("log root block");
+    if tb.is_leaf() {
+        for slot in 0..tb.nritems() {
+            let ri = RootItem::parse(tb.item_data(slot).expect("item")).expect("root item");
+            targets.push(ri.bytenr);
+        }
+    }
+    let work = tmp.join("work.img");
+    let rounds: u64 = std::env::var("OLEO_LOG_FUZZ_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(100);
+    let mut rng = common::Rng(seed);
+    let mut failures = Vec::new();
+    let (mut replayed, mut refused) = (0, 0);
+    for round in 0..rounds {
+        let target = targets[rng.below(targets.len() as u64) as usize];
+        let copies = physical_copies(&image, target);
+        let mut block = read_block(&image, target, nodesize);
+        // Item headers and bodies of a leaf, pointers of a node: all after the header.
+        for _ in 0..1 + rng.below(4) {
+            let at = 101 + rng.below((nodesize - 101) as u64) as usize;
+            block[at] = rng.below(256) as u8;
+        }
+        HeaderMut::new(&mut block)
+            .expect("header")
+            .finalize(CsumType::Crc32c)
+            .expect("checksum");
+        let label = format!("seed {seed} round {round} (block {target})");
+        for writable in [true, false] {
+            // Each open starts from the damaged log.
+            sh(Command::new("cp")
+                .arg("--sparse=always")
+                .arg(&image)
+                .arg(&work))
+            .expect("copy image");
+            let f = StdOpen::new().write(true).open(&work).expect("open copy");
+            for c in &copies {
+                f.write_all_at(&block, *c).expect("damage");
+            }
+            drop(f);
+            let p = work.clone();
+            let out = common::bounded(&label, std::time::Duration::from_secs(60), move || {
+                let opened = if writable {
+                    Filesystem::open_rw(&p, OpenOptions::default())
+                } else {
+                    Filesystem::open(&p, OpenOptions::default())
+                };
+                match opened {
+                    Ok(fs) => {
+                        let r = !fs.has_pending_log();
+                        common::walk(&fs, &common::Limits::default());
+                        drop(fs);
+                        r
+                    }
+                    Err(_) => false,
+                }
+            });
+            match out {
+                common::Outcome::Done(true) => replayed += 1,
+                common::Outcome::Done(false) => refused += 1,
+                common::Outcome::Panicked(p) => failures.push(format!("{label}: PANIC {p}")),
+                common::Outcome::Hung(d) => failures.push(format!("{label}: HANG {d:?}")),
+            }
+        }
+    }
+    eprintln!("{rounds} damaged logs: {replayed} opens replayed, {refused} kept the last commit");
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
 }

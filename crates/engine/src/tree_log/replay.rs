@@ -143,13 +143,15 @@ fn sort(log: &SubvolLog) -> Result<Sorted<'_>> {
 }
 
 /// Where a logged file extent item ends in the file (inline: its sector).
-fn extent_end(key: &Key, fe: &FileExtent<'_>, sector: u64) -> u64 {
+fn extent_end(key: &Key, fe: &FileExtent<'_>, sector: u64) -> Option<u64> {
     match fe.body {
-        FileExtentBody::Inline { .. } => {
-            (key.offset.saturating_add(fe.ram_bytes)).next_multiple_of(sector)
-        }
-        FileExtentBody::Extent { num_bytes, .. } => key.offset.saturating_add(num_bytes),
+        FileExtentBody::Inline { .. } => key
+            .offset
+            .checked_add(fe.ram_bytes)?
+            .checked_next_multiple_of(sector),
+        FileExtentBody::Extent { num_bytes, .. } => key.offset.checked_add(num_bytes),
     }
+    .filter(|&end| end > key.offset)
 }
 
 impl FsCore {
@@ -335,7 +337,13 @@ impl Transaction<'_> {
         }
         if is_reg {
             // Extents past the logged size go first (prealloc beyond EOF included).
-            self.drop_extents(id, inode.size.next_multiple_of(sector), u64::MAX)?;
+            let eof = inode.size.checked_next_multiple_of(sector).ok_or_else(|| {
+                Error::corrupt(
+                    0,
+                    format!("logged inode {} has size {}", log.ino, inode.size),
+                )
+            })?;
+            self.drop_extents(id, eof, u64::MAX)?;
         }
         touched.inodes.insert(log.ino);
         if logged_dir {
@@ -396,7 +404,9 @@ impl Transaction<'_> {
         if extent.is_some() && self.lookup(id.subvol, key)?.as_deref() == Some(raw) {
             return Ok(());
         }
-        let end = extent_end(key, fe, sector);
+        let end = extent_end(key, fe, sector).ok_or_else(|| {
+            Error::corrupt(0, format!("logged file extent {key:?} has no extent"))
+        })?;
         self.drop_extents(id, key.offset, end)?;
         let Some((prealloc, disk_bytenr, disk_num_bytes, offset, num_bytes)) = extent else {
             return self.insert_item(id.subvol, *key, raw);
@@ -425,12 +435,12 @@ impl Transaction<'_> {
         // replace the csum tree's there. An older extent a full sync copied has none in
         // the log, and keeps its own.
         let (from, len) = if fe.compression == Compression::None {
-            (disk_bytenr + offset, num_bytes)
+            (disk_bytenr.saturating_add(offset), num_bytes)
         } else {
             (disk_bytenr, disk_num_bytes)
         };
         let csize = self.filesystem().sb.csum_type().size() as u64;
-        let to = from + len;
+        let to = from.saturating_add(len);
         for &(start, sums) in csums {
             let sectors = sums.len() as u64 / csize;
             let stop = start.saturating_add(sectors * sector);
