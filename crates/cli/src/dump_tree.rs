@@ -32,7 +32,12 @@ pub struct DumpTreeArgs {
 }
 
 pub fn run(args: &DumpTreeArgs) -> Result<(), String> {
-    let fs = Filesystem::open(&args.image, OpenOptions::default())
+    // What is on disk, a pending log included: not what replaying it would give.
+    let on_disk = OpenOptions {
+        log_replay: false,
+        ..OpenOptions::default()
+    };
+    let fs = Filesystem::open(&args.image, on_disk)
         .map_err(|e| format!("{}: {e}", args.image.display()))?;
     let sb = fs.superblock();
     let ctx = Ctx {
