@@ -9,7 +9,10 @@
 //!
 //! `OLEO_TEST_SEED` replays a seed; `OLEO_TEST_SEEDS=N` runs N seeds per case.
 
-use oleo_testkit::ops::{apply_path, compare_trees, random_op, seeds, shapes, Rng};
+use oleo_testkit::ops::{apply_path, compare_trees, copy_xattr, random_op, seeds, shapes, Op, Rng};
+
+/// No space left on device (errno).
+const ENOSPC: i32 = 28;
 use oleo_testkit::*;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
@@ -152,7 +155,14 @@ fn run_case_on(name: &str, start: Start, ops: usize, big: bool, transport: Trans
         for i in 0..ops {
             let op = random_op(&mut rng, &reference, big);
             let want = apply_path(&reference, &op);
-            let got = apply_path(&mnt, &op);
+            let mut got = apply_path(&mnt, &op);
+            // The reference lives on the host's ext4, which holds fewer xattr bytes per
+            // inode than btrfs: where only it runs out, oleo's file is put back as the
+            // reference has it, and the op counts as refused.
+            if let (Op::SetXattr { path, name, .. }, Err(ENOSPC), Ok(())) = (&op, want, got) {
+                copy_xattr(&reference, &mnt, path, name).expect("undo the xattr in oleo");
+                got = want;
+            }
             assert_eq!(
                 got,
                 want,

@@ -148,6 +148,41 @@ pub fn follows(op: &Op) -> Option<&[u8]> {
     }
 }
 
+/// The value of xattr `name` of `path` (not following a symlink), if it has one.
+pub fn xattr_value(path: &Path, name: &[u8]) -> Option<Vec<u8>> {
+    let n = CString::new(name).ok()?;
+    let p = cpath(path);
+    let mut buf = vec![0u8; 65536];
+    // SAFETY: both strings are NUL-terminated and `buf` is writable for its length.
+    let len =
+        unsafe { libc::lgetxattr(p.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    (len >= 0).then(|| {
+        buf.truncate(len as usize);
+        buf
+    })
+}
+
+/// Makes xattr `name` of `rel` under `root` what it is under `like` (set to its value, or
+/// removed).
+pub fn copy_xattr(like: &Path, root: &Path, rel: &[u8], name: &[u8]) -> Result<(), i32> {
+    let op = match xattr_value(&like.join(std::ffi::OsStr::from_bytes(rel)), name) {
+        Some(value) => Op::SetXattr {
+            path: rel.to_vec(),
+            name: name.to_vec(),
+            value,
+            flags: 0,
+        },
+        None => Op::RemoveXattr {
+            path: rel.to_vec(),
+            name: name.to_vec(),
+        },
+    };
+    match apply_path(root, &op) {
+        Err(libc::ENODATA) if matches!(op, Op::RemoveXattr { .. }) => Ok(()),
+        r => r,
+    }
+}
+
 pub fn apply_path(root: &Path, op: &Op) -> Result<(), i32> {
     let p = |rel: &[u8]| root.join(std::ffi::OsStr::from_bytes(rel));
     if let Some(path) = follows(op) {
