@@ -2,6 +2,8 @@
 //! and a runner that turns a panic or a hang into a reported failure instead of a crash.
 #![allow(dead_code)]
 
+pub mod tree_log;
+
 use oleo::format::CsumType;
 use oleo::{Error, FileKind, Filesystem, InodeId, OpenOptions};
 use std::cell::RefCell;
