@@ -130,8 +130,9 @@ pub struct OpenOptions {
     /// Files up to this size (and below one sector) are stored in the tree, like the
     /// kernel's max_inline mount option.
     pub max_inline: u64,
-    /// Replay a pending log tree when opening writable (the kernel's default);
-    /// false keeps the last committed state, like `rescue=nologreplay`.
+    /// Replay a pending log tree at open (the kernel's default): committed when writable,
+    /// in memory only when read-only. False keeps the last committed state, like
+    /// `rescue=nologreplay`.
     pub log_replay: bool,
 }
 
