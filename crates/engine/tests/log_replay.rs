@@ -187,7 +187,7 @@ fn random_fsync_workloads_of_the_kernel_replay_as_the_kernel_does() {
             format!("seed {seed} (replay with OLEO_TEST_SEED={seed} OLEO_LOG_REPLAY_ROUNDS=1)");
         let tmp = TempDir::new("log-random").expect("temp dir");
         let setup = |top: &Path| {
-            let mut rng = Choices(seed ^ 0x55);
+            let mut rng = common::Rng(seed ^ 0x55);
             for d in ["a", "b", "a/c"] {
                 fs::create_dir(top.join(d))?;
                 for i in 0..3 {

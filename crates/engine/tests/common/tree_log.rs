@@ -13,16 +13,11 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use super::Rng;
+
+/// `n` bytes that depend on `seed` alone.
 pub fn pattern(seed: u64, n: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
+    Rng(seed).bytes(n)
 }
 
 pub fn sh(cmd: &mut Command) -> io::Result<()> {
@@ -176,26 +171,10 @@ pub fn physical_copies(image: &Path, logical: u64) -> Vec<u64> {
     copies
 }
 
-/// A seeded stream of choices.
-pub struct Choices(pub u64);
-
-impl Choices {
-    pub fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0 % n.max(1)
-    }
-
-    pub fn pick<'a, T>(&mut self, v: &'a [T]) -> &'a T {
-        &v[self.below(v.len() as u64) as usize]
-    }
-}
-
 /// Random writes, truncates, holes, xattrs, renames, links, unlinks, creations and
 /// fsyncs of files and directories after a commit: whatever the kernel logs of them.
 pub fn random_changes(top: &Path, seed: u64, ops: usize) -> io::Result<()> {
-    let mut rng = Choices(seed | 1);
+    let mut rng = Rng(seed);
     let dirs = ["a", "b", "a/c"];
     let mut files: Vec<String> = Vec::new();
     for d in dirs {
