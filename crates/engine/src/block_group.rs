@@ -171,7 +171,13 @@ impl BlockGroups {
     /// Reserves `len` bytes of data space aligned to `align` for a write whose data goes
     /// to the device before its items go in; `use_reserved` or `cancel_reserved` ends it.
     pub(crate) fn reserve_data(&mut self, len: u64, align: u64) -> Result<u64> {
-        let kind = bg::DATA;
+        self.reserve(bg::DATA, len, align)
+    }
+
+    /// Reserves `len` bytes of type `kind` aligned to `align`: neither free for others nor
+    /// counted used (data on its way to the device, log tree blocks) until
+    /// `use_reserved` or `cancel_reserved`.
+    pub(crate) fn reserve(&mut self, kind: u64, len: u64, align: u64) -> Result<u64> {
         let from = self.cursor.get(&kind).copied().unwrap_or(0);
         let (_, bytenr) = self
             .find(kind, len, align, from)

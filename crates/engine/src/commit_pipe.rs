@@ -148,6 +148,8 @@ pub(crate) struct CommitPipe {
     pins: CommitPins,
     reads: ReadPins,
     deferred: Deferred<CommitIo>,
+    /// Log syncs, ordered against the commits' superblocks.
+    pub(crate) log: crate::tree_log::LogSyncs,
 }
 
 /// A commit that can be left for later and then written: `CommitIo`, or the model's.
@@ -207,6 +209,7 @@ impl CommitPipe {
             pins: Default::default(),
             reads: ReadPins::default(),
             deferred: Deferred::new(),
+            log: Default::default(),
         }
     }
 
@@ -322,8 +325,10 @@ impl CommitIo {
         self.pipe.order.in_turn(
             self.transid,
             || {
-                crate::transaction::write_superblocks(&self.io, &self.sb)?;
-                self.io.flush()
+                self.pipe.log.commit_superblocks(self.transid, || {
+                    crate::transaction::write_superblocks(&self.io, &self.sb)?;
+                    self.io.flush()
+                })
             },
             || {
                 self.pipe.release_pins(self.transid);

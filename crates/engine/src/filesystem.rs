@@ -15,6 +15,7 @@ use crate::fs::{Attr, DirEntry, FsCore, InodeId, OpenOptions, StatFs, SubvolumeI
 use crate::inode_lock::InodeLocks;
 use crate::inode_ops::{FallocMode, NewInode, RenameFlags, SetAttr, XattrSet};
 use crate::transaction::Transaction;
+use crate::tree_log::FsyncPlan;
 use oleo_format::superblock::Superblock;
 use oleo_format::TreeBlock;
 use parking_lot::{RwLock, RwLockReadGuard, RwLockWriteGuard};
@@ -331,6 +332,38 @@ impl Filesystem {
             // Nothing new, but a commit of another thread may still be writing.
             None => pipe.wait_durable(generation),
         }
+    }
+
+    /// fsync(2) or fdatasync(2) of `id`: its data and metadata are durable when this
+    /// returns. A file's changes since its last fsync go to its subvolume's log tree and
+    /// one log sync writes them, shared with the fsyncs of other threads that arrive
+    /// meanwhile; where the log cannot describe the change (`tree_log::log_inode`), the
+    /// transaction commits instead. A file with nothing new costs no IO.
+    pub fn fsync(&self, id: InodeId, _datasync: bool) -> Result<()> {
+        let plan = {
+            // This file's writes in flight finish first: their items must be in.
+            let _file = self.inode_locks.lock(id);
+            self.core_mut().plan_fsync(id)?
+        };
+        match plan {
+            FsyncPlan::Commit(why) => {
+                log::debug!("fsync of inode {} commits: {why}", id.ino);
+                self.sync().map(drop)
+            }
+            FsyncPlan::Log { transid, seq } => {
+                let pipe = self.core_read().pipe.clone();
+                pipe.wait_durable(transid - 1)?;
+                match seq {
+                    Some(seq) if !pipe.log.sync(&self.io, transid, seq) => self.sync().map(drop),
+                    _ => Ok(()),
+                }
+            }
+        }
+    }
+
+    /// (log syncs written, fsyncs they made durable) since the filesystem was opened.
+    pub fn log_sync_counts(&self) -> (u64, u64) {
+        self.core_read().pipe.log.counts()
     }
 
     writes! {

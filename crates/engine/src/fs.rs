@@ -506,7 +506,10 @@ impl FsCore {
         let transid = sb.generation;
         self.sb = sb;
         if let Some(st) = self.running.take() {
+            let st = *st;
             let mut groups = st.block_groups;
+            // The log is done with: its blocks stay pinned until this commit is durable.
+            st.log.blocks.release(&mut groups, self.sb.nodesize);
             groups.carry_over(transid);
             self.block_groups = Some(groups);
         }

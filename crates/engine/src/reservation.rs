@@ -94,6 +94,14 @@ impl Transaction<'_> {
         }
     }
 
+    /// True if `bytes` of log blocks fit beside what the commit itself needs: the log
+    /// takes metadata space no operation reserved, so it must leave the commit's alone.
+    pub(crate) fn log_fits(&self, bytes: u64) -> bool {
+        let ns = u64::from(self.filesystem().sb.nodesize);
+        let need = self.commit_reserve() + bytes + 64 * ns;
+        self.block_groups.available(bg::METADATA) >= need
+    }
+
     /// True if a commit would give back space of type `kind` freed in this transaction.
     fn commit_frees(&self, kind: u64) -> bool {
         self.block_groups.has_pinned(kind) || (kind == bg::DATA && self.refs.drops_data())

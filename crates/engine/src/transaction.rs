@@ -37,7 +37,10 @@
 //!    `CommitOrder::failed`. A thread holding `core` may wait
 //!    on `durable` (an inline commit, `sync` with nothing new); the writing half of a
 //!    commit never takes `core`, so it always finishes.
-//! 3. Leaf locks, never held while taking another: the caches, `open_inodes`, `next_ino`,
+//! 3. `LogSyncs::io` (`tree_log::sync`): held by a log sync across its IO, and by a
+//!    commit writing its superblocks (inside `durable`). A log sync waits for the commit
+//!    before its own first and takes nothing else but leaf locks while holding it.
+//! 4. Leaf locks, never held while taking another: the caches, `open_inodes`, `next_ino`,
 //!    `next_index`, `subvol_roots`, `DiskIo`'s chunk map, context and in-flight map,
 //!    `CommitPins` and `ReadPins`.
 //!
@@ -102,6 +105,8 @@ pub struct TxnState {
     shared_cow: std::collections::HashSet<u64>,
     /// ROOT_ITEM.last_snapshot per subvolume tree (blocks older than it may be shared).
     last_snapshots: BTreeMap<u64, u64>,
+    /// What fsyncs logged, and what changed since (`tree_log`).
+    pub(crate) log: crate::tree_log::TxnLog,
 }
 
 /// A handle on the running transaction (generation T = last committed + 1). Dropping it
@@ -311,6 +316,7 @@ impl TxnState {
             changes: 0,
             shared_cow: Default::default(),
             last_snapshots: BTreeMap::new(),
+            log: Default::default(),
         })
     }
 }
@@ -400,21 +406,60 @@ impl<'a> Transaction<'a> {
     }
 
     pub fn insert_item(&mut self, tree: u64, key: Key, data: &[u8]) -> Result<()> {
+        self.note_insert(tree, &key, data);
         self.with_root(tree, |s, r| ctree::insert_item(s, r, key, data))
     }
 
     /// Inserts items with strictly increasing keys.
     pub fn insert_items(&mut self, tree: u64, items: &[(Key, &[u8])]) -> Result<()> {
+        for (k, d) in items {
+            self.note_insert(tree, k, d);
+        }
         self.with_root(tree, |s, r| ctree::insert_items(s, r, items))
     }
 
     /// Deletes every item with `min <= key <= max`; returns how many.
     pub fn delete_items_in_range(&mut self, tree: u64, min: Key, max: Key) -> Result<usize> {
+        if crate::tree_log::is_subvolume(tree) {
+            self.log.note_range(tree, &min, &max);
+        }
         self.with_root(tree, |s, r| ctree::delete_range(s, r, min, max))
     }
 
     pub fn delete_item(&mut self, tree: u64, key: &Key) -> Result<()> {
+        self.note_removal(tree, key, None)?;
         self.with_root(tree, |s, r| ctree::delete_item(s, r, key))
+    }
+
+    /// Tells the log about an item going in (see `tree_log::changes`).
+    fn note_insert(&mut self, tree: u64, key: &Key, body: &[u8]) {
+        if crate::tree_log::is_subvolume(tree) {
+            let range = crate::tree_log::extent_range(key, body);
+            self.log.note(tree, key, &[range]);
+        }
+    }
+
+    /// Tells the log about an item changing or going away (and the key it gets instead):
+    /// for file extents, the range the old item covered.
+    fn note_removal(&mut self, tree: u64, key: &Key, new_key: Option<&Key>) -> Result<()> {
+        if !crate::tree_log::is_subvolume(tree) {
+            return Ok(());
+        }
+        let mut ranges = Vec::new();
+        if key.item_type == item::EXTENT_DATA {
+            match self.lookup(tree, key)? {
+                Some(body) => {
+                    let (a, b) = crate::tree_log::extent_range(key, &body);
+                    ranges.push((a, b));
+                    if let Some(n) = new_key {
+                        ranges.push((n.offset, n.offset.saturating_add(b - a)));
+                    }
+                }
+                None => ranges.push((key.offset, u64::MAX)),
+            }
+        }
+        self.log.note(tree, key, &ranges);
+        Ok(())
     }
 
     /// Changes the body of an existing item in place.
@@ -424,12 +469,19 @@ impl<'a> Transaction<'a> {
         key: &Key,
         f: impl FnOnce(&mut [u8]) -> R,
     ) -> Result<R> {
+        if crate::tree_log::is_subvolume(tree) {
+            // The new body is not known here: a file extent may now reach anywhere after.
+            let ranges = [(key.offset, u64::MAX)];
+            self.log.note(tree, key, &ranges);
+        }
         self.with_root(tree, |s, r| ctree::update_item(s, r, key, f))
     }
 
     /// Replaces the body of an existing item (growing or shrinking it as needed).
     pub fn replace_item(&mut self, tree: u64, key: &Key, body: &[u8]) -> Result<()> {
         let len = body.len();
+        self.note_removal(tree, key, None)?;
+        self.note_insert(tree, key, body);
         self.with_root(tree, |s, r| {
             ctree::resize_item(s, r, key, len)?;
             ctree::update_item(s, r, key, |b| b.copy_from_slice(body))
@@ -446,6 +498,8 @@ impl<'a> Transaction<'a> {
 
     /// Changes an item's key in place; `new_key` must sort between its neighbours.
     pub fn set_item_key(&mut self, tree: u64, key: &Key, new_key: Key) -> Result<()> {
+        self.note_removal(tree, key, Some(&new_key))?;
+        self.log.note(tree, &new_key, &[]);
         self.with_root(tree, |s, r| ctree::set_item_key(s, r, key, new_key))
     }
 

@@ -131,10 +131,14 @@ impl Handler for OleoFuse {
                 self.space.released(arg.fh);
                 empty(self.id(node).and_then(|id| self.unpin(id)), reply)
             }
-            // Durable means committed: the whole transaction goes (a log tree comes later).
-            Op::Fsync { .. } | Op::Fsyncdir { .. } | Op::Syncfs => {
-                empty(self.mutate(|fs| fs.sync().map(drop)), reply)
-            }
+            // A file's fsync logs it (or commits where the log cannot say the change); a
+            // directory's fsync and syncfs commit the transaction.
+            Op::Fsync { datasync, .. } => empty(
+                self.id(node)
+                    .and_then(|id| self.mutate(|fs| fs.fsync(id, datasync))),
+                reply,
+            ),
+            Op::Fsyncdir { .. } | Op::Syncfs => empty(self.mutate(|fs| fs.sync().map(drop)), reply),
             Op::Setxattr { flags, name, value } => {
                 empty(self.setxattr(node, name, value, flags), reply)
             }

@@ -8,12 +8,23 @@
 //! free in the committed state: a replay must keep them out of its own allocations until
 //! its commit (which writes `log_root` 0) is durable.
 //!
-//! Here: reading a pending log (`read`) and replaying it (`replay`, with the names half in
-//! `replay_names`). Writing logs on fsync is still to come: today every fsync commits the
-//! transaction.
+//! Writing, one module per step of an fsync: `changes` (every edit of a subvolume tree
+//! records what it touched), `log_inode` (copy an inode's changes into its subvolume's log
+//! tree, or decide that only a commit can make them durable), `log_store` (where log
+//! blocks live) and `sync` (write them, flush, superblock copy 0, flush; group commit).
+//! Reading a pending log (`read`) and replaying it (`replay`, with the names half in
+//! `replay_names`) at mount.
 
+mod changes;
+mod log_inode;
+mod log_store;
 mod replay;
 mod replay_names;
+mod sync;
+
+pub(crate) use changes::{extent_range, is_subvolume, TxnLog};
+pub(crate) use log_inode::FsyncPlan;
+pub(crate) use sync::LogSyncs;
 
 use crate::ctree::{BlockSource, TreeRoot};
 use crate::error::{Error, Result};

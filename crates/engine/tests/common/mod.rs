@@ -2,6 +2,7 @@
 //! and a runner that turns a panic or a hang into a reported failure instead of a crash.
 #![allow(dead_code)]
 
+pub mod crash;
 pub mod tree_log;
 
 use oleo::format::CsumType;

@@ -1,0 +1,520 @@
+//! fsync's logging step (the kernel's btrfs_log_inode): copies what changed of one file
+//! since it was last logged into its subvolume's log tree, in the running transaction.
+//!
+//! Logged, as the kernel's replay expects it (../shared/docs/btrfs-format.md 12.3):
+//! - the inode item, with nbytes 0 (the replay counts it);
+//! - every xattr (a replay deletes those of a logged inode that its log lacks);
+//! - the file extent items over every range changed since the last logging, widened to
+//!   whole items of the log and of the file, with explicit holes for the gaps below EOF,
+//!   and everything past EOF (a replay cuts the file there, preallocated tails included)
+//!   or past the EOF of its last logging (a later replay no longer cuts there);
+//! - checksums of the extents written in this transaction;
+//! - for a file created in this transaction, its names (the replay makes the entries).
+//!
+//! fsync commits the transaction instead where this log cannot describe the change:
+//! directories, symlinks and special files; a file that existed before this transaction
+//! and got or lost a name in it (rename, link, unlink); a new file named in a directory
+//! that is new too, or with an INODE_EXTREF; any name change of a file after it was logged
+//! (until the commit: replaying the old name could undo a rename over it); filesystems
+//! without NO_HOLES; a log past `LOG_BLOCKS_MAX` blocks or without metadata space.
+
+use super::changes::{add_range, missing_from};
+use super::log_store::LogStore;
+use super::sync::LogBatch;
+use crate::ctree::{self, BlockSource, BlockStore, TreeRoot};
+use crate::error::{Error, Result};
+use crate::fs::{FileKind, InodeId};
+use crate::transaction::Transaction;
+use oleo_format::items::{Compression, FileExtent, FileExtentBody, InodeItem, RootItem};
+use oleo_format::key::{item, objectid, Key};
+use oleo_format::superblock::incompat;
+use std::ops::ControlFlow;
+
+/// A log this large commits instead (the replay refuses logs past 8192 blocks).
+const LOG_BLOCKS_MAX: usize = 2048;
+
+/// What an fsync does after logging.
+pub(crate) enum FsyncPlan {
+    /// Wait for commit `transid - 1`, then for log sync `seq` of `transid` if there is one.
+    Log { transid: u64, seq: Option<u64> },
+    /// Commit the transaction, for this reason.
+    Commit(String),
+}
+
+impl crate::fs::FsCore {
+    /// fsync's first half, under the lock: log `id` in the running transaction.
+    pub(crate) fn plan_fsync(&mut self, id: InodeId) -> Result<FsyncPlan> {
+        if self.running.is_none() || self.log_in_memory {
+            // Nothing changed since the last commit closed.
+            return Ok(FsyncPlan::Log {
+                transid: self.sb.generation + 1,
+                seq: None,
+            });
+        }
+        self.start_transaction()?.log_inode(id)
+    }
+}
+
+/// A file extent item with the end of the range it covers.
+type Extent = (Key, Vec<u8>, u64);
+
+impl Transaction<'_> {
+    /// Logs what changed of `id` and queues the log sync; what the fsync does next.
+    pub(crate) fn log_inode(&mut self, id: InodeId) -> Result<FsyncPlan> {
+        let transid = self.transid;
+        if let Some(why) = self.poisoned() {
+            // The trees may be half changed: a commit refuses them, a log must too.
+            return Ok(FsyncPlan::Commit(why.to_string()));
+        }
+        if let Some(why) = &self.log.full_commit {
+            return Ok(FsyncPlan::Commit(why.clone()));
+        }
+        let (dirty, logged) = match self.log.inodes.get(&id) {
+            Some(c) => (c.dirty, c.logged),
+            None => (false, None),
+        };
+        if !dirty {
+            return Ok(FsyncPlan::Log {
+                transid,
+                seq: logged,
+            });
+        }
+        let pipe = std::sync::Arc::clone(&self.filesystem().pipe);
+        let seq = pipe.log.next_seq();
+        let r = match self.copy_inode(id, seq) {
+            Ok(None) => self.log_batch(seq).map(|b| {
+                pipe.log.queue(b);
+                None
+            }),
+            r => r,
+        };
+        match r {
+            Ok(None) => Ok(FsyncPlan::Log {
+                transid,
+                seq: Some(seq),
+            }),
+            Ok(Some(why)) => Ok(FsyncPlan::Commit(why)),
+            Err(e) => {
+                // The log trees may be half changed: none of this transaction's fsyncs
+                // may use them any more.
+                let why = format!("logging inode {} failed: {e}", id.ino);
+                self.log.full_commit = Some(why.clone());
+                Ok(FsyncPlan::Commit(why))
+            }
+        }
+    }
+
+    /// Copies the inode's changes into the log tree; why not, when the log cannot say it.
+    fn copy_inode(&mut self, id: InodeId, seq: u64) -> Result<Option<String>> {
+        let transid = self.transid;
+        let sb = &self.filesystem().sb;
+        if !sb.has_incompat(incompat::NO_HOLES) {
+            return Ok(Some("the filesystem has no NO_HOLES feature".into()));
+        }
+        let sector = u64::from(sb.sectorsize);
+        let csum_size = sb.csum_type().size();
+        if self.log.blocks.count() > LOG_BLOCKS_MAX {
+            return Ok(Some("the log tree is large".into()));
+        }
+        let Some(body) = self.lookup(id.subvol, &Key::new(id.ino, item::INODE_ITEM, 0))? else {
+            return Ok(Some(format!("inode {} is gone", id.ino)));
+        };
+        let mut inode = InodeItem::parse(&body)
+            .map_err(|e| Error::corrupt(0, format!("inode {}: {e}", id.ino)))?;
+        if FileKind::from_mode(inode.mode) != Some(FileKind::File) {
+            return Ok(Some("only regular files are logged".into()));
+        }
+        if inode.nlink == 0 {
+            return Ok(Some("the file has no name".into()));
+        }
+        let names = self.log.inodes.get(&id).is_some_and(|c| c.names);
+        let mut refs = Vec::new();
+        if names {
+            if inode.generation != transid {
+                return Ok(Some("the file's names changed in this transaction".into()));
+            }
+            refs = self.items_of(id, item::INODE_REF, item::INODE_EXTREF)?;
+            for (k, _) in &refs {
+                if k.item_type != item::INODE_REF {
+                    return Ok(Some("the file has extended references".into()));
+                }
+                let parent = Key::new(k.offset, item::INODE_ITEM, 0);
+                let Some(p) = self.lookup(id.subvol, &parent)? else {
+                    return Ok(Some("a parent directory is gone".into()));
+                };
+                let p = InodeItem::parse(&p)
+                    .map_err(|e| Error::corrupt(0, format!("inode {}: {e}", k.offset)))?;
+                if p.generation >= transid {
+                    return Ok(Some("a parent directory is new in this transaction".into()));
+                }
+            }
+        }
+        let xattrs = self.items_of(id, item::XATTR_ITEM, item::XATTR_ITEM)?;
+
+        // The ranges to log, widened until no item of the file or of the log crosses them.
+        let eof = inode.size.next_multiple_of(sector);
+        let mut ranges = self
+            .log
+            .inodes
+            .get(&id)
+            .map(|c| c.ranges.clone())
+            .unwrap_or_default();
+        let logged_eof = match self.log.inodes.get(&id) {
+            Some(c) if c.logged.is_some() => c.logged_eof,
+            _ => eof,
+        };
+        add_range(&mut ranges, eof.min(logged_eof), u64::MAX);
+        let file_root = self.root(id.subvol)?;
+        let log_root = self.log.trees.get(&id.subvol).copied();
+        let mut plans: Vec<(u64, u64, Vec<Extent>)> = Vec::new();
+        for (mut a, mut b) in ranges {
+            let mut rounds = 0;
+            let current = loop {
+                let current = extents_overlapping(&*self, &file_root, id.ino, a, b, sector)?;
+                let logged = match &log_root {
+                    Some(r) => extents_overlapping(&self.log.blocks, r, id.ino, a, b, sector)?,
+                    None => Vec::new(),
+                };
+                let (na, nb) = current
+                    .iter()
+                    .chain(&logged)
+                    .fold((a, b), |(x, y), (k, _, e)| (x.min(k.offset), y.max(*e)));
+                if (na, nb) == (a, b) {
+                    break current;
+                }
+                (a, b) = (na, nb);
+                rounds += 1;
+                if rounds > 64 {
+                    return Ok(Some("the file's extents keep widening the range".into()));
+                }
+            };
+            plans.push((a, b, current));
+        }
+
+        // Checksums of the data written in this transaction that the log lacks.
+        let mut sums: Vec<(u64, Vec<u8>)> = Vec::new();
+        let mut csummed = self
+            .log
+            .csummed
+            .get(&id.subvol)
+            .cloned()
+            .unwrap_or_default();
+        for (_, _, current) in &plans {
+            for (_, body, _) in current {
+                let Some((s, e)) = new_data(body, transid) else {
+                    continue;
+                };
+                for (ps, pe) in missing_from(&csummed, s, e) {
+                    sums.extend(self.csums_in(ps, pe, sector, csum_size)?);
+                    add_range(&mut csummed, ps, pe);
+                }
+            }
+        }
+
+        // Into the log tree, if the commit keeps the room it needs.
+        let nodesize = self.filesystem().sb.nodesize;
+        let bytes: usize = plans
+            .iter()
+            .flat_map(|(_, _, c)| c.iter().map(|(_, v, _)| v.len() + 25))
+            .chain(sums.iter().map(|(_, v)| v.len() + 25))
+            .chain(xattrs.iter().chain(&refs).map(|(_, v)| v.len() + 25))
+            .sum();
+        if !self.log_fits(4 * bytes as u64) {
+            return Ok(Some("metadata space is low".into()));
+        }
+        let per_item = (nodesize as usize / 2 / csum_size).max(1);
+        let fsid = BlockStore::fsid(&*self);
+        let synced = self.filesystem().pipe.log.synced();
+        let st = &mut **self;
+        let mut store = LogStore {
+            blocks: &mut st.log.blocks,
+            groups: &mut st.block_groups,
+            nodesize,
+            transid,
+            fsid,
+            chunk_tree_uuid: st.chunk_tree_uuid,
+            synced,
+        };
+        let mut root = match log_root {
+            Some(r) => r,
+            None => ctree::new_tree(&mut store, objectid::TREE_LOG)?,
+        };
+        inode.nbytes = 0;
+        put(
+            &mut store,
+            &mut root,
+            Key::new(id.ino, item::INODE_ITEM, 0),
+            &inode.to_bytes(),
+        )?;
+        if names {
+            let (min, max) = type_range(id.ino, item::INODE_REF, item::INODE_EXTREF);
+            ctree::delete_range(&mut store, &mut root, min, max)?;
+            insert_all(&mut store, &mut root, &refs)?;
+        }
+        let (min, max) = type_range(id.ino, item::XATTR_ITEM, item::XATTR_ITEM);
+        ctree::delete_range(&mut store, &mut root, min, max)?;
+        insert_all(&mut store, &mut root, &xattrs)?;
+        for (a, b, current) in &plans {
+            let stale = extents_overlapping(&*store.blocks, &root, id.ino, *a, *b, sector)?;
+            for (k, _, _) in stale {
+                ctree::delete_item(&mut store, &mut root, &k)?;
+            }
+            let mut items: Vec<(Key, Vec<u8>)> =
+                current.iter().map(|(k, v, _)| (*k, v.clone())).collect();
+            items.extend(holes(id.ino, *a, (*b).min(eof), current, transid));
+            items.sort_by_key(|(k, _)| *k);
+            insert_all(&mut store, &mut root, &items)?;
+        }
+        for (start, bytes) in &sums {
+            for (i, chunk) in bytes.chunks(per_item * csum_size).enumerate() {
+                let at = start + (i * per_item) as u64 * sector;
+                let key = Key::new(objectid::EXTENT_CSUM, item::EXTENT_CSUM, at);
+                ctree::insert_item(&mut store, &mut root, key, chunk)?;
+            }
+        }
+        st.log.trees.insert(id.subvol, root);
+        st.log.csummed.insert(id.subvol, csummed);
+        let c = st.log.inodes.entry(id).or_default();
+        c.ranges.clear();
+        c.dirty = false;
+        c.names = false;
+        c.logged = Some(seq);
+        c.logged_eof = eof;
+        Ok(None)
+    }
+
+    /// The inode's items of types `from..=to`.
+    fn items_of(&mut self, id: InodeId, from: u8, to: u8) -> Result<Vec<(Key, Vec<u8>)>> {
+        let (min, max) = type_range(id.ino, from, to);
+        let mut out = Vec::new();
+        self.for_each_in_range(id.subvol, min, max, |k, v| {
+            out.push((k, v.to_vec()));
+            Ok(ControlFlow::Continue(()))
+        })?;
+        Ok(out)
+    }
+
+    /// The csum tree's checksums of `[start, end)`, cut to it: (address, sums) runs.
+    fn csums_in(
+        &mut self,
+        start: u64,
+        end: u64,
+        sector: u64,
+        size: usize,
+    ) -> Result<Vec<(u64, Vec<u8>)>> {
+        let key = |at| Key::new(objectid::EXTENT_CSUM, item::EXTENT_CSUM, at);
+        let mut found: Vec<(Key, Vec<u8>)> = Vec::new();
+        if let Some(first) = self.lookup_le(objectid::CSUM_TREE, &key(start))? {
+            found.push(first);
+        }
+        self.for_each_in_range(
+            objectid::CSUM_TREE,
+            key(start.saturating_add(1)),
+            key(end - 1),
+            |k, v| {
+                found.push((k, v.to_vec()));
+                Ok(ControlFlow::Continue(()))
+            },
+        )?;
+        let mut out = Vec::new();
+        for (k, v) in found {
+            let item_end = k.offset + (v.len() / size) as u64 * sector;
+            let (s, e) = (k.offset.max(start), item_end.min(end));
+            if s >= e {
+                continue;
+            }
+            let from = ((s - k.offset) / sector) as usize * size;
+            let to = ((e - k.offset) / sector) as usize * size;
+            out.push((s, v[from..to].to_vec()));
+        }
+        Ok(out)
+    }
+
+    /// Records the log trees' roots in the log root tree and readies every changed log
+    /// block for writing: the batch log sync `seq` writes.
+    fn log_batch(&mut self, seq: u64) -> Result<LogBatch> {
+        let transid = self.transid;
+        let nodesize = self.filesystem().sb.nodesize;
+        let csum = self.filesystem().sb.csum_type();
+        let fsid = BlockStore::fsid(&*self);
+        let synced = self.filesystem().pipe.log.synced();
+        let mut sb = self.filesystem().sb.clone();
+        let st = &mut **self;
+        let changed: Vec<(u64, TreeRoot)> = st
+            .log
+            .trees
+            .iter()
+            .filter(|(s, r)| st.log.recorded.get(s) != Some(r))
+            .map(|(&s, &r)| (s, r))
+            .collect();
+        let mut store = LogStore {
+            blocks: &mut st.log.blocks,
+            groups: &mut st.block_groups,
+            nodesize,
+            transid,
+            fsid,
+            chunk_tree_uuid: st.chunk_tree_uuid,
+            synced,
+        };
+        let mut rt = match st.log.root_tree {
+            Some(r) => r,
+            None => ctree::new_tree(&mut store, objectid::TREE_LOG)?,
+        };
+        for (subvol, r) in changed {
+            let key = Key::new(objectid::TREE_LOG, item::ROOT_ITEM, subvol);
+            put(
+                &mut store,
+                &mut rt,
+                key,
+                &log_root_item(&r, nodesize).to_bytes(),
+            )?;
+            st.log.recorded.insert(subvol, r);
+        }
+        st.log.root_tree = Some(rt);
+        let blocks = st.log.blocks.take_dirty(csum, seq)?;
+        sb.log_root = rt.bytenr;
+        sb.log_root_level = rt.level;
+        Ok(LogBatch {
+            transid,
+            seq,
+            blocks,
+            sb,
+        })
+    }
+}
+
+/// The ROOT_ITEM naming a subvolume's log tree, as the kernel fills it.
+fn log_root_item(r: &TreeRoot, nodesize: u32) -> RootItem {
+    let mut ri = RootItem {
+        generation: r.generation,
+        generation_v2: r.generation,
+        bytenr: r.bytenr,
+        level: r.level,
+        ..Default::default()
+    };
+    ri.inode.generation = 1;
+    ri.inode.size = 3;
+    ri.inode.nbytes = u64::from(nodesize);
+    ri.inode.nlink = 1;
+    ri.inode.mode = 0o40755;
+    ri
+}
+
+fn type_range(ino: u64, from: u8, to: u8) -> (Key, Key) {
+    (Key::new(ino, from, 0), Key::new(ino, to, u64::MAX))
+}
+
+/// Inserts the item, or replaces the one with its key.
+fn put<S: BlockStore>(store: &mut S, root: &mut TreeRoot, key: Key, body: &[u8]) -> Result<()> {
+    match ctree::insert_item(store, root, key, body) {
+        Err(Error::AlreadyExists) => {
+            ctree::resize_item(store, root, &key, body.len())?;
+            ctree::update_item(store, root, &key, |b| b.copy_from_slice(body))
+        }
+        r => r,
+    }
+}
+
+fn insert_all<S: BlockStore>(
+    store: &mut S,
+    root: &mut TreeRoot,
+    items: &[(Key, Vec<u8>)],
+) -> Result<()> {
+    if items.is_empty() {
+        return Ok(());
+    }
+    let refs: Vec<(Key, &[u8])> = items.iter().map(|(k, v)| (*k, v.as_slice())).collect();
+    ctree::insert_items(store, root, &refs)
+}
+
+/// The disk range whose checksums a replay of this extent item takes from the log: data
+/// written in transaction `transid` (older data has its sums in the csum tree already).
+fn new_data(body: &[u8], transid: u64) -> Option<(u64, u64)> {
+    let fe = FileExtent::parse(body).ok()?;
+    if fe.generation != transid {
+        return None;
+    }
+    match fe.body {
+        FileExtentBody::Extent {
+            prealloc: false,
+            disk_bytenr,
+            disk_num_bytes,
+            offset,
+            num_bytes,
+        } if disk_bytenr != 0 => Some(if fe.compression == Compression::None {
+            (disk_bytenr + offset, disk_bytenr + offset + num_bytes)
+        } else {
+            (disk_bytenr, disk_bytenr + disk_num_bytes)
+        }),
+        _ => None,
+    }
+}
+
+/// Explicit hole items for the gaps between `current` in `[a, b)`.
+fn holes(ino: u64, a: u64, b: u64, current: &[Extent], transid: u64) -> Vec<(Key, Vec<u8>)> {
+    let mut out = Vec::new();
+    let mut at = a;
+    let mut hole = |from: u64, to: u64| {
+        if from < to {
+            let body = FileExtent {
+                generation: transid,
+                ram_bytes: to - from,
+                compression: Compression::None,
+                body: FileExtentBody::Extent {
+                    prealloc: false,
+                    disk_bytenr: 0,
+                    disk_num_bytes: 0,
+                    offset: 0,
+                    num_bytes: to - from,
+                },
+            };
+            out.push((Key::new(ino, item::EXTENT_DATA, from), body.to_bytes()));
+        }
+    };
+    for (k, _, e) in current {
+        if k.offset >= b {
+            break;
+        }
+        hole(at, k.offset.min(b));
+        at = at.max(*e);
+    }
+    hole(at, b);
+    out
+}
+
+/// The file extent items of `ino` in the tree at `root` that overlap `[a, b)`, with the
+/// end of each (an inline extent covers its whole sector).
+fn extents_overlapping<S: BlockSource + ?Sized>(
+    src: &S,
+    root: &TreeRoot,
+    ino: u64,
+    a: u64,
+    b: u64,
+    sector: u64,
+) -> Result<Vec<Extent>> {
+    let key = |at| Key::new(ino, item::EXTENT_DATA, at);
+    let end_of = |k: &Key, v: &[u8]| -> Result<u64> {
+        let fe = FileExtent::parse(v)
+            .map_err(|e| Error::corrupt(0, format!("extent {k:?} of inode {ino}: {e}")))?;
+        let len = match fe.body {
+            FileExtentBody::Inline { .. } => fe.ram_bytes.next_multiple_of(sector),
+            FileExtentBody::Extent { num_bytes, .. } => num_bytes,
+        };
+        Ok(k.offset.saturating_add(len))
+    };
+    let mut out = Vec::new();
+    if let Some((k, v)) = ctree::lookup_le(src, root, &key(a))? {
+        let e = end_of(&k, &v)?;
+        if e > a && k.offset < b {
+            out.push((k, v, e));
+        }
+    }
+    if a.saturating_add(1) < b {
+        ctree::for_each_in_range(src, root, key(a + 1), key(b - 1), |k, v| {
+            let e = end_of(&k, v)?;
+            out.push((k, v.to_vec(), e));
+            Ok(ControlFlow::Continue(()))
+        })?;
+    }
+    Ok(out)
+}

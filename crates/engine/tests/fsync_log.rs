@@ -1,0 +1,848 @@
+//! fsync through the log tree, under the crash simulator: a seeded workload of writes,
+//! appends, truncates, punched holes, xattrs, creations, renames (over other files too),
+//! links and unlinks across three directories, with fsyncs of random files and a rare full
+//! commit, while the device records every write and flush. At each crash point (a prefix
+//! of the stream, writes after its last flush each lost or kept), every file whose last
+//! fsync returned before the crash and that was not changed after it must have exactly its
+//! fsynced content, xattrs and names: after oleo's replay (read-only, in memory), after
+//! oleo's replay committed (`btrfs check` clean after), and after the kernel's replay of
+//! the same state. `btrfs check` must pass on every crash state before replay too.
+//!
+//! Needs root and btrfs-progs. `OLEO_TEST_SEED` replays a seed; `OLEO_FSYNC_CRASH_POINTS`
+//! sets crash points per workload (default 60).
+
+mod common;
+
+use common::crash::{crash_image, sparse_copy};
+use oleo::device::IoEvent;
+use oleo::{FallocMode, Filesystem, InodeId, OpenOptions, RenameFlags, SetAttr, XattrSet};
+use oleo_testkit::ops::Rng;
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+const DIRS: [&[u8]; 3] = [b"", b"a", b"b"];
+
+/// What an fsync made durable of one file.
+#[derive(Clone, Debug, PartialEq)]
+struct Durable {
+    content: Vec<u8>,
+    xattrs: BTreeMap<Vec<u8>, Vec<u8>>,
+    names: BTreeSet<Vec<u8>>,
+}
+
+/// One file of the workload.
+#[derive(Default)]
+struct Tracked {
+    names: BTreeSet<Vec<u8>>,
+    /// (operation index, event index when it started) of every change.
+    changes: Vec<(usize, usize)>,
+    /// (operation index, event index when it returned, what it made durable).
+    fsyncs: Vec<(usize, usize, Durable)>,
+}
+
+struct Workload {
+    fs: Filesystem,
+    rng: Rng,
+    files: BTreeMap<u64, Tracked>,
+    events: Vec<IoEvent>,
+    op: usize,
+    fsyncs: usize,
+    commits: usize,
+}
+
+fn path(dir: &[u8], name: &[u8]) -> Vec<u8> {
+    if dir.is_empty() {
+        name.to_vec()
+    } else {
+        [dir, b"/", name].concat()
+    }
+}
+
+fn split(p: &[u8]) -> (&[u8], &[u8]) {
+    match p.iter().rposition(|&b| b == b'/') {
+        Some(i) => (&p[..i], &p[i + 1..]),
+        None => (&[], p),
+    }
+}
+
+impl Workload {
+    fn dir(&self, d: &[u8]) -> InodeId {
+        let root = self.fs.root();
+        if d.is_empty() {
+            root
+        } else {
+            self.fs.lookup(root, d).unwrap()
+        }
+    }
+
+    fn id(&self, ino: u64) -> InodeId {
+        InodeId {
+            subvol: self.fs.root().subvol,
+            ino,
+        }
+    }
+
+    fn changed(&mut self, ino: u64) {
+        let at = (self.op, self.events.len());
+        self.files.entry(ino).or_default().changes.push(at);
+    }
+
+    /// The file now named `p`, if any.
+    fn named(&self, p: &[u8]) -> Option<u64> {
+        self.files
+            .iter()
+            .find(|(_, t)| t.names.contains(p))
+            .map(|(&i, _)| i)
+    }
+
+    fn durable(&self, ino: u64) -> Durable {
+        let id = self.id(ino);
+        let a = self.fs.getattr(id).unwrap();
+        let content = if a.size > 0 {
+            self.fs.read(id, 0, a.size as u32).unwrap()
+        } else {
+            Vec::new()
+        };
+        let xattrs = self
+            .fs
+            .listxattr(id)
+            .unwrap()
+            .into_iter()
+            .map(|n| {
+                let v = self.fs.getxattr(id, &n).unwrap();
+                (n, v)
+            })
+            .collect();
+        Durable {
+            content,
+            xattrs,
+            names: self.files[&ino].names.clone(),
+        }
+    }
+
+    fn random_file(&mut self) -> Option<u64> {
+        let named: Vec<u64> = self
+            .files
+            .iter()
+            .filter(|(_, t)| !t.names.is_empty())
+            .map(|(&i, _)| i)
+            .collect();
+        (!named.is_empty()).then(|| named[self.rng.below(named.len() as u64) as usize])
+    }
+
+    fn random_name(&mut self) -> Vec<u8> {
+        let d = DIRS[self.rng.below(3) as usize];
+        path(d, format!("f{}", self.rng.below(12)).as_bytes())
+    }
+
+    fn step(&mut self) {
+        let kind = self.rng.below(100);
+        if kind < 8 {
+            let p = self.random_name();
+            let (d, n) = split(&p);
+            let dir = self.dir(d);
+            if let Ok(a) = self.fs.mknod(dir, n, &oleo::NewInode::file(0o644)) {
+                self.files.entry(a.id.ino).or_default().names.insert(p);
+                self.changed(a.id.ino);
+            }
+        } else if kind < 40 {
+            let Some(ino) = self.random_file() else {
+                return;
+            };
+            let len = match self.rng.below(3) {
+                0 => 1 + self.rng.below(4096),
+                1 => 32 * 1024 + self.rng.below(40_000),
+                _ => 1 + self.rng.below(200_000),
+            };
+            let off = if self.rng.chance(30) {
+                self.fs.getattr(self.id(ino)).unwrap().size
+            } else {
+                self.rng.below(256 * 1024)
+            };
+            let fill = self.rng.next() as u8;
+            let data: Vec<u8> = (0..len)
+                .map(|i| fill.wrapping_add((i % 251) as u8))
+                .collect();
+            self.changed(ino);
+            self.fs.write(self.id(ino), off, &data).unwrap();
+        } else if kind < 44 {
+            let Some(ino) = self.random_file() else {
+                return;
+            };
+            let size = Some(self.rng.below(200_000));
+            self.changed(ino);
+            self.fs
+                .setattr(
+                    self.id(ino),
+                    &SetAttr {
+                        size,
+                        ..Default::default()
+                    },
+                )
+                .unwrap();
+        } else if kind < 48 {
+            let Some(ino) = self.random_file() else {
+                return;
+            };
+            let (off, len) = (self.rng.below(200_000), 1 + self.rng.below(100_000));
+            self.changed(ino);
+            self.fs
+                .fallocate(self.id(ino), off, len, FallocMode::PunchHole)
+                .unwrap();
+        } else if kind < 53 {
+            let Some(ino) = self.random_file() else {
+                return;
+            };
+            let name = format!("user.x{}", self.rng.below(3)).into_bytes();
+            self.changed(ino);
+            if self.rng.chance(30) {
+                let _ = self.fs.removexattr(self.id(ino), &name);
+            } else {
+                let v = vec![b'v'; self.rng.below(200) as usize];
+                self.fs
+                    .setxattr(self.id(ino), &name, &v, XattrSet::Either)
+                    .unwrap();
+            }
+        } else if kind < 58 {
+            // Rename, over an existing file at times.
+            let Some(ino) = self.random_file() else {
+                return;
+            };
+            let from = self.files[&ino].names.iter().next().unwrap().clone();
+            let to = self.random_name();
+            if to == from {
+                return;
+            }
+            let victim = self.named(&to);
+            if victim == Some(ino) {
+                return; // two names of one file: rename(2) does nothing
+            }
+            let (fd, fnm) = split(&from);
+            let (td, tnm) = split(&to);
+            let (fdir, tdir) = (self.dir(fd), self.dir(td));
+            self.changed(ino);
+            if let Some(v) = victim {
+                self.changed(v);
+            }
+            self.fs
+                .rename(fdir, fnm, tdir, tnm, RenameFlags::default())
+                .unwrap();
+            if let Some(v) = victim {
+                self.files.get_mut(&v).unwrap().names.remove(&to);
+            }
+            let t = self.files.get_mut(&ino).unwrap();
+            t.names.remove(&from);
+            t.names.insert(to);
+        } else if kind < 61 {
+            let Some(ino) = self.random_file() else {
+                return;
+            };
+            let to = self.random_name();
+            if self.named(&to).is_some() {
+                return;
+            }
+            let (td, tnm) = split(&to);
+            let tdir = self.dir(td);
+            self.changed(ino);
+            self.fs.link(self.id(ino), tdir, tnm).unwrap();
+            self.files.get_mut(&ino).unwrap().names.insert(to);
+        } else if kind < 64 {
+            let Some(ino) = self.random_file() else {
+                return;
+            };
+            let p = self.files[&ino].names.iter().next().unwrap().clone();
+            let (d, n) = split(&p);
+            let dir = self.dir(d);
+            self.changed(ino);
+            self.fs.unlink(dir, n).unwrap();
+            self.files.get_mut(&ino).unwrap().names.remove(&p);
+        } else if kind < 66 {
+            self.fs.sync().unwrap();
+            self.commits += 1;
+        } else {
+            let Some(ino) = self.random_file() else {
+                return;
+            };
+            let want = self.durable(ino);
+            self.fs.fsync(self.id(ino), self.rng.chance(30)).unwrap();
+            self.events.extend(self.fs.take_io_recording());
+            let at = (self.op, self.events.len(), want);
+            self.files.get_mut(&ino).unwrap().fsyncs.push(at);
+            self.fsyncs += 1;
+        }
+    }
+
+    /// `threads` threads, each writing and fsyncing a new file of its own `rounds` times,
+    /// at once. A thread knows where the stream stands from the device's counters (minus
+    /// `first`, where recording began): read before a change and after an fsync returns,
+    /// they can only err towards checking fewer crash states.
+    fn threads(&mut self, threads: usize, rounds: usize, first: u64) {
+        let mut mine = Vec::new();
+        for t in 0..threads {
+            let p = path(DIRS[t % 3], format!("t{t}-{}", self.op).as_bytes());
+            let (d, n) = split(&p);
+            let dir = self.dir(d);
+            let a = self.fs.mknod(dir, n, &oleo::NewInode::file(0o600)).unwrap();
+            self.changed(a.id.ino);
+            self.files.entry(a.id.ino).or_default().names.insert(p);
+            mine.push((a.id, self.rng.next()));
+        }
+        let op = self.op;
+        let fs = &self.fs;
+        let at = || {
+            let (w, f) = fs.io_counts();
+            (w + f - first) as usize
+        };
+        let done: Vec<_> = std::thread::scope(|s| {
+            let workers: Vec<_> = mine
+                .iter()
+                .map(|&(id, seed)| {
+                    s.spawn(move || {
+                        let mut rng = Rng::new(seed);
+                        let mut log = (Vec::new(), Vec::new());
+                        for r in 0..rounds {
+                            log.0.push((op + 2 * r + 1, at()));
+                            let len = 1 + rng.below(100_000);
+                            let off = rng.below(300_000);
+                            let data = vec![rng.next() as u8; len as usize];
+                            fs.write(id, off, &data).unwrap();
+                            fs.fsync(id, false).unwrap();
+                            let size = fs.getattr(id).unwrap().size;
+                            let content = fs.read(id, 0, size as u32).unwrap();
+                            log.1.push((op + 2 * r + 2, at(), content));
+                        }
+                        (id.ino, log)
+                    })
+                })
+                .collect();
+            workers.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for (ino, (changes, fsyncs)) in done {
+            let t = self.files.get_mut(&ino).unwrap();
+            t.changes.extend(changes);
+            for (o, at, content) in fsyncs {
+                let d = Durable {
+                    content,
+                    xattrs: BTreeMap::new(),
+                    names: t.names.clone(),
+                };
+                t.fsyncs.push((o, at, d));
+            }
+            self.fsyncs += rounds;
+        }
+        // Later operations come after all of these.
+        self.op += 2 * rounds + 2;
+    }
+
+    /// Files that a crash after `events[..n]` must show as fsynced: (names, content).
+    fn expected(&self, n: usize) -> Vec<(u64, Durable)> {
+        let mut out = Vec::new();
+        for (&ino, t) in &self.files {
+            let Some((op, _, d)) = t.fsyncs.iter().rev().find(|(_, at, _)| *at <= n) else {
+                continue;
+            };
+            if t.changes.iter().any(|&(o, at)| o > *op && at < n) {
+                continue; // changed after the fsync, and that may have reached the disk
+            }
+            out.push((ino, d.clone()));
+        }
+        out
+    }
+}
+
+fn fs_durable(fs: &Filesystem, names: &BTreeSet<Vec<u8>>) -> Option<Durable> {
+    let first = names.iter().next()?;
+    let mut id = fs.root();
+    for c in first.split(|&b| b == b'/') {
+        id = fs.lookup(id, c).ok()?;
+    }
+    let a = fs.getattr(id).ok()?;
+    let content = if a.size > 0 {
+        fs.read(id, 0, a.size as u32).ok()?
+    } else {
+        Vec::new()
+    };
+    let xattrs = fs
+        .listxattr(id)
+        .ok()?
+        .into_iter()
+        .map(|n| {
+            let v = fs.getxattr(id, &n).unwrap_or_default();
+            (n, v)
+        })
+        .collect();
+    // Every name reaches the same inode, and it has no other.
+    let mut seen = BTreeSet::new();
+    for p in names {
+        let mut i = fs.root();
+        for c in p.split(|&b| b == b'/') {
+            i = fs.lookup(i, c).ok()?;
+        }
+        if i == id {
+            seen.insert(p.clone());
+        }
+    }
+    if a.nlink as usize != names.len() {
+        seen.insert(b"<link count differs>".to_vec());
+    }
+    Some(Durable {
+        content,
+        xattrs,
+        names: seen,
+    })
+}
+
+fn kernel_durable(top: &Path, names: &BTreeSet<Vec<u8>>) -> Option<Durable> {
+    use std::os::unix::ffi::OsStrExt;
+    use std::os::unix::fs::MetadataExt;
+    let first = names.iter().next()?;
+    let p = top.join(std::ffi::OsStr::from_bytes(first));
+    let m = std::fs::metadata(&p).ok()?;
+    let content = std::fs::read(&p).ok()?;
+    let xattrs = oleo_testkit::ops::xattrs_of(&p)
+        .into_iter()
+        .filter(|(n, _)| n.starts_with(b"user."))
+        .collect();
+    let mut seen = BTreeSet::new();
+    for q in names {
+        let qp = top.join(std::ffi::OsStr::from_bytes(q));
+        if std::fs::metadata(&qp).is_ok_and(|x| x.ino() == m.ino()) {
+            seen.insert(q.clone());
+        }
+    }
+    if m.nlink() as usize != names.len() {
+        seen.insert(b"<link count differs>".to_vec());
+    }
+    Some(Durable {
+        content,
+        xattrs,
+        names: seen,
+    })
+}
+
+fn check(what: &str, want: &[(u64, Durable)], got: impl Fn(&BTreeSet<Vec<u8>>) -> Option<Durable>) {
+    for (ino, d) in want {
+        let g = got(&d.names);
+        let same = g.as_ref().is_some_and(|g| {
+            g.content == d.content
+                && g.names == d.names
+                && g.xattrs
+                    .iter()
+                    .filter(|(n, _)| n.starts_with(b"user."))
+                    .eq(d.xattrs.iter().filter(|(n, _)| n.starts_with(b"user.")))
+        });
+        assert!(
+            same,
+            "{what}: inode {ino} {:?}: fsynced {} bytes, xattrs {:?}; found {:?}",
+            d.names
+                .iter()
+                .map(|n| String::from_utf8_lossy(n))
+                .collect::<Vec<_>>(),
+            d.content.len(),
+            d.xattrs
+                .keys()
+                .map(|n| String::from_utf8_lossy(n))
+                .collect::<Vec<_>>(),
+            g.map(|g| (
+                g.content.len(),
+                g.content.iter().zip(&d.content).position(|(a, b)| a != b),
+                g.names,
+                g.xattrs.len()
+            ))
+        );
+    }
+}
+
+/// Mounts `image` at `mnt` through a loop device (once more after a moment if the first
+/// try fails: loop devices are shared with other tests running at the same time).
+fn kernel_mount(image: &Path, mnt: &Path) -> bool {
+    for _ in 0..2 {
+        let st = Command::new("mount")
+            .args(["-o", "loop"])
+            .arg(image)
+            .arg(mnt)
+            .status();
+        if st.is_ok_and(|s| s.success()) {
+            return true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(300));
+    }
+    false
+}
+
+struct Scratch(PathBuf);
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(self.0.join("mnt")).output();
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn run(name: &str, mkfs_args: &[&str], ops: usize) {
+    if !oleo_testkit::require_root(name) {
+        return;
+    }
+    let seed = oleo_testkit::ops::seeds(name, 1)[0];
+    let scratch =
+        Scratch(std::env::temp_dir().join(format!("oleo-fsync-{name}-{}", std::process::id())));
+    let _ = std::fs::remove_dir_all(&scratch.0);
+    std::fs::create_dir_all(scratch.0.join("mnt")).unwrap();
+    let base = scratch.0.join("base.img");
+    let work = scratch.0.join("work.img");
+    std::fs::File::create(&base)
+        .unwrap()
+        .set_len(256 << 20)
+        .unwrap();
+    let out = Command::new("mkfs.btrfs")
+        .args(["-q", "-f"])
+        .args(mkfs_args)
+        .arg(&base)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "mkfs.btrfs: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    {
+        let fs = Filesystem::open_rw(&base, OpenOptions::default()).unwrap();
+        for d in &DIRS[1..] {
+            fs.mkdir(fs.root(), d, &oleo::NewInode::dir(0o755)).unwrap();
+        }
+        fs.close().unwrap();
+    }
+    sparse_copy(&base, &work);
+    let fs = Filesystem::open_rw(&work, OpenOptions::default()).unwrap();
+    fs.start_io_recording();
+    let mut w = Workload {
+        fs,
+        rng: Rng::new(seed),
+        files: BTreeMap::new(),
+        events: Vec::new(),
+        op: 0,
+        fsyncs: 0,
+        commits: 0,
+    };
+    let counted = |fs: &Filesystem| {
+        let (writes, flushes) = fs.io_counts();
+        writes + flushes
+    };
+    let first = counted(&w.fs);
+    for i in 0..ops {
+        w.op += 1;
+        w.step();
+        w.events.extend(w.fs.take_io_recording());
+        if i == ops / 2 {
+            w.threads(4, 12, first);
+            w.events.extend(w.fs.take_io_recording());
+        }
+    }
+    assert_eq!(
+        counted(&w.fs) - first,
+        w.events.len() as u64,
+        "events unrecorded"
+    );
+    let (syncs, covered) = w.fs.log_sync_counts();
+    let events = std::mem::take(&mut w.events);
+    let flushes = events.iter().filter(|e| **e == IoEvent::Flush).count();
+    eprintln!(
+        "{name} seed {seed}: {ops} ops, {} fsyncs ({syncs} log syncs covering {covered}), {} commits asked; {} events, {flushes} flushes",
+        w.fsyncs, w.commits, events.len()
+    );
+    assert!(syncs > 0, "no fsync went through the log");
+
+    let points: usize = std::env::var("OLEO_FSYNC_CRASH_POINTS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(60);
+    let mut rng = Rng::new(seed ^ 0x5eed);
+    let mut cuts: Vec<usize> = Vec::new();
+    for (i, e) in events.iter().enumerate() {
+        if *e == IoEvent::Flush {
+            cuts.extend([i, i + 1]);
+        }
+    }
+    for _ in 0..points {
+        cuts.push(rng.below(events.len() as u64 + 1) as usize);
+    }
+    cuts.sort();
+    cuts.dedup();
+    if cuts.len() > points {
+        let step = cuts.len() as f64 / points as f64;
+        cuts = (0..points)
+            .map(|i| cuts[(i as f64 * step) as usize])
+            .collect();
+        cuts.push(events.len());
+        cuts.dedup();
+    }
+    let crash = scratch.0.join("crash.img");
+    let mut files_checked = 0;
+    for (k, &n) in cuts.iter().enumerate() {
+        let dropped = crash_image(&base, &crash, &events, n, &mut rng);
+        let what = format!(
+            "{name} seed {seed}: crash after {n} of {} events ({dropped} late writes lost)",
+            events.len()
+        );
+        let want = w.expected(n);
+        files_checked += want.len();
+        if let Err(text) = oleo_testkit::btrfs_check(&crash, false) {
+            panic!("{what}: btrfs check before replay:\n{text}");
+        }
+        let ro = Filesystem::open(&crash, OpenOptions::default())
+            .unwrap_or_else(|e| panic!("{what}: oleo cannot open: {e}"));
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            check(&format!("{what}, oleo read-only"), &want, |names| {
+                fs_durable(&ro, names)
+            })
+        }));
+        drop(ro);
+        let kimg = scratch.0.join("kernel.img");
+        if let Err(e) = r {
+            // Whose fault: the log (the kernel's replay fails too) or oleo's replay?
+            sparse_copy(&crash, &kimg);
+            if let Ok(dir) = std::env::var("OLEO_KEEP_IMAGES") {
+                let _ = std::fs::copy(
+                    &crash,
+                    Path::new(&dir).join(format!("{name}-{seed}-{n}.img")),
+                );
+            }
+            let mnt = scratch.0.join("mnt");
+            let st = kernel_mount(&kimg, &mnt);
+            assert!(st, "{what}: the kernel cannot mount it either");
+            let top = mnt.clone();
+            let k = std::panic::catch_unwind(|| {
+                check(&format!("{what}, kernel replayed"), &want, |names| {
+                    kernel_durable(&top, names)
+                })
+            });
+            Command::new("umount").arg(&mnt).status().unwrap();
+            eprintln!(
+                "the kernel's replay of the same state: {}",
+                if k.is_ok() { "right" } else { "wrong too" }
+            );
+            std::panic::resume_unwind(e);
+        }
+        if k % 4 != 0 {
+            continue;
+        }
+        sparse_copy(&crash, &kimg);
+        let rw = Filesystem::open_rw(&crash, OpenOptions::default())
+            .unwrap_or_else(|e| panic!("{what}: oleo cannot replay: {e}"));
+        check(&format!("{what}, oleo replayed"), &want, |names| {
+            fs_durable(&rw, names)
+        });
+        rw.close().unwrap();
+        if let Err(text) = oleo_testkit::btrfs_check(&crash, true) {
+            panic!("{what}: btrfs check after oleo's replay:\n{text}");
+        }
+        let mnt = scratch.0.join("mnt");
+        let st = kernel_mount(&kimg, &mnt);
+        if !st {
+            if let Ok(dir) = std::env::var("OLEO_KEEP_IMAGES") {
+                sparse_copy(
+                    &kimg,
+                    &Path::new(&dir).join(format!("{name}-{seed}-{n}.img")),
+                );
+            }
+        }
+        assert!(st, "{what}: the kernel cannot mount it");
+        let top = mnt.clone();
+        let r = std::panic::catch_unwind(|| {
+            check(&format!("{what}, kernel replayed"), &want, |names| {
+                kernel_durable(&top, names)
+            })
+        });
+        Command::new("umount").arg(&mnt).status().unwrap();
+        if let Err(e) = r {
+            std::panic::resume_unwind(e);
+        }
+    }
+    eprintln!(
+        "{name} seed {seed}: {} crash states, {files_checked} fsynced files checked",
+        cuts.len()
+    );
+}
+
+#[test]
+fn fsynced_files_survive_crashes() {
+    run("default", &[], 400);
+}
+
+#[test]
+fn fsynced_files_survive_crashes_small_nodes() {
+    run("4k", &["--nodesize", "4096"], 300);
+}
+
+/// A fresh image with oleo's filesystem open on it, and its first commit made.
+fn fresh(scratch: &Path, name: &str) -> (PathBuf, Filesystem) {
+    let img = scratch.join(format!("{name}.img"));
+    std::fs::File::create(&img)
+        .unwrap()
+        .set_len(256 << 20)
+        .unwrap();
+    let out = Command::new("mkfs.btrfs")
+        .args(["-q", "-f"])
+        .arg(&img)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "mkfs.btrfs: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let fs = Filesystem::open_rw(&img, OpenOptions::default()).unwrap();
+    (img, fs)
+}
+
+fn new_file(fs: &Filesystem, name: &[u8], data: &[u8]) -> InodeId {
+    let a = fs
+        .mknod(fs.root(), name, &oleo::NewInode::file(0o644))
+        .unwrap();
+    fs.write(a.id, 0, data).unwrap();
+    a.id
+}
+
+/// Flushes and superblocks are counted: one log sync per fsync (data and log blocks, a
+/// flush, superblock copy 0, a flush), nothing for a clean file, two flushes per commit.
+#[test]
+fn fsync_flush_discipline() {
+    if !oleo_testkit::require_root("fsync_flush_discipline") {
+        return;
+    }
+    let scratch =
+        Scratch(std::env::temp_dir().join(format!("oleo-fsync-flush-{}", std::process::id())));
+    std::fs::create_dir_all(&scratch.0).unwrap();
+    let (img, fs) = fresh(&scratch.0, "flush");
+    let f = new_file(&fs, b"f", &[1u8; 4096]);
+    fs.sync().unwrap();
+    let generation = fs.superblock().generation;
+
+    fs.start_io_recording();
+    fs.write(f, 4096, &[2u8; 65536]).unwrap();
+    fs.fsync(f, false).unwrap();
+    let ev = fs.take_io_recording();
+    let flushes = ev.iter().filter(|e| **e == IoEvent::Flush).count();
+    let supers: Vec<u64> = ev
+        .iter()
+        .filter_map(|e| match e {
+            IoEvent::Write { offset, .. } if [65536, 64 << 20, 256 << 30].contains(offset) => {
+                Some(*offset)
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(flushes, 2, "one log sync: two flushes");
+    assert_eq!(
+        supers,
+        vec![65536],
+        "a log sync writes superblock copy 0 only"
+    );
+    assert_eq!(
+        ev.last(),
+        Some(&IoEvent::Flush),
+        "the superblock is flushed last"
+    );
+    assert_eq!(fs.superblock().generation, generation, "no commit");
+    assert_eq!(fs.log_sync_counts(), (1, 1));
+
+    // Nothing new: no IO at all.
+    fs.fsync(f, false).unwrap();
+    fs.fsync(f, true).unwrap();
+    assert!(
+        fs.take_io_recording().is_empty(),
+        "a clean file's fsync wrote"
+    );
+
+    // A commit: two flushes, every superblock copy that fits.
+    fs.write(f, 0, &[3u8; 100]).unwrap();
+    fs.sync().unwrap();
+    let ev = fs.take_io_recording();
+    assert_eq!(ev.iter().filter(|e| **e == IoEvent::Flush).count(), 2);
+    assert_eq!(fs.superblock().generation, generation + 1);
+
+    // Concurrent fsyncs of different files share log syncs: never more than one each.
+    let files: Vec<InodeId> = (0..8)
+        .map(|i| new_file(&fs, format!("g{i}").as_bytes(), &[4u8; 4096]))
+        .collect();
+    fs.sync().unwrap();
+    fs.take_io_recording();
+    let before = fs.log_sync_counts();
+    std::thread::scope(|s| {
+        for &g in &files {
+            let fs = &fs;
+            s.spawn(move || {
+                for k in 0..20u64 {
+                    fs.write(g, k * 65536, &[k as u8; 65536]).unwrap();
+                    fs.fsync(g, false).unwrap();
+                }
+            });
+        }
+    });
+    let ev = fs.take_io_recording();
+    let after = fs.log_sync_counts();
+    let (syncs, covered) = (after.0 - before.0, after.1 - before.1);
+    let flushes = ev.iter().filter(|e| **e == IoEvent::Flush).count() as u64;
+    eprintln!("160 fsyncs from 8 threads: {syncs} log syncs covering {covered} loggings, {flushes} flushes");
+    assert!(syncs <= 160 && covered >= syncs);
+    assert!(flushes <= 2 * 160, "more than two flushes per fsync");
+    fs.close().unwrap();
+    oleo_testkit::assert_btrfs_check(&img, "after the fsyncs and a commit");
+}
+
+/// The kernel behaviour the issue says not to copy: after fsync(X), rename(Y, X) and an
+/// fsync of an unrelated file, a crash must not lose the name X (oleo commits instead of
+/// logging on top of a log that names X's old inode).
+#[test]
+fn rename_over_a_logged_file_keeps_the_name() {
+    if !oleo_testkit::require_root("rename_over_a_logged_file_keeps_the_name") {
+        return;
+    }
+    let scratch =
+        Scratch(std::env::temp_dir().join(format!("oleo-fsync-rename-{}", std::process::id())));
+    std::fs::create_dir_all(scratch.0.join("mnt")).unwrap();
+    let (img, fs) = fresh(&scratch.0, "rename");
+    let x = new_file(&fs, b"x", b"old x");
+    let _y = new_file(&fs, b"y", b"new content of y");
+    let z = new_file(&fs, b"z", b"z");
+    fs.sync().unwrap();
+    fs.write(x, 0, b"fsynced x").unwrap();
+    fs.fsync(x, false).unwrap();
+    fs.rename(fs.root(), b"y", fs.root(), b"x", RenameFlags::default())
+        .unwrap();
+    fs.write(z, 0, b"zz").unwrap();
+    fs.fsync(z, false).unwrap();
+    // The crash: the image as it is now, with the filesystem still open.
+    let crash = scratch.0.join("crash.img");
+    sparse_copy(&img, &crash);
+    let kimg = scratch.0.join("kernel.img");
+    sparse_copy(&img, &kimg);
+    drop(fs);
+
+    let ro = Filesystem::open(&crash, OpenOptions::default()).unwrap();
+    let read = |name: &[u8]| -> Option<Vec<u8>> {
+        let id = ro.lookup(ro.root(), name).ok()?;
+        ro.read(id, 0, 100).ok()
+    };
+    assert_eq!(
+        read(b"x").as_deref(),
+        Some(&b"new content of y"[..]),
+        "oleo: the name x"
+    );
+    assert_eq!(read(b"y"), None, "oleo: y was renamed");
+    assert_eq!(read(b"z").as_deref(), Some(&b"zz"[..]));
+    drop(ro);
+    let mnt = scratch.0.join("mnt");
+    let st = kernel_mount(&kimg, &mnt);
+    assert!(st);
+    let x = std::fs::read(mnt.join("x"));
+    let y = std::fs::metadata(mnt.join("y")).is_ok();
+    Command::new("umount").arg(&mnt).status().unwrap();
+    assert_eq!(
+        x.ok().as_deref(),
+        Some(&b"new content of y"[..]),
+        "kernel: the name x"
+    );
+    assert!(!y, "kernel: y was renamed");
+}
