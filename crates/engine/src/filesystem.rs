@@ -15,7 +15,7 @@ use crate::fs::{Attr, DirEntry, FsCore, InodeId, OpenOptions, StatFs, SubvolumeI
 use crate::inode_lock::InodeLocks;
 use crate::inode_ops::{FallocMode, NewInode, RenameFlags, SetAttr, XattrSet};
 use crate::transaction::Transaction;
-use crate::tree_log::FsyncPlan;
+use crate::tree_log::{FsyncPlan, Synced};
 use oleo_format::superblock::Superblock;
 use oleo_format::TreeBlock;
 use parking_lot::{RwLock, RwLockReadGuard, RwLockWriteGuard};
@@ -353,9 +353,12 @@ impl Filesystem {
             FsyncPlan::Log { transid, seq } => {
                 let pipe = self.core_read().pipe.clone();
                 pipe.wait_durable(transid - 1)?;
-                match seq {
-                    Some(seq) if !pipe.log.sync(&self.io, transid, seq) => self.sync().map(drop),
-                    _ => Ok(()),
+                let Some(seq) = seq else { return Ok(()) };
+                let gather = || self.core_mut().gather_log(transid);
+                match pipe.log.sync(&self.io, transid, seq, gather) {
+                    Synced::Durable => Ok(()),
+                    Synced::Closed => pipe.wait_durable(transid).map(drop),
+                    Synced::Broken => self.sync().map(drop),
                 }
             }
         }

@@ -181,8 +181,9 @@ pub struct FsCore {
     pub(crate) next_index: Mutex<HashMap<InodeId, u64>>,
     /// Whether each subvolume met so far is read-only (ROOT_ITEM flag; we never change it).
     pub(crate) readonly_subvols: Mutex<HashMap<u64, bool>>,
-    /// A direct-IO-aligned buffer reused by writes (see `file_write`).
-    pub(crate) staging: Mutex<Option<crate::device::IoBuf>>,
+    /// Direct-IO-aligned buffers reused by writes (see `ordered_extent`): one per writer
+    /// at a time, so that concurrent writes do not each map and fault in a fresh one.
+    pub(crate) staging: Mutex<Vec<crate::device::IoBuf>>,
     /// Open counts of inodes (see `pin_open`).
     pub(crate) open_inodes: Mutex<HashMap<InodeId, u32>>,
     /// Block groups between transactions: loaded once, carried from each transaction to
@@ -320,7 +321,7 @@ impl FsCore {
             next_index: Mutex::new(HashMap::new()),
             open_inodes: Mutex::new(HashMap::new()),
             readonly_subvols: Mutex::new(HashMap::new()),
-            staging: Mutex::new(None),
+            staging: Mutex::new(Vec::new()),
             block_groups: None,
             pipe,
         };
@@ -468,16 +469,19 @@ impl FsCore {
 
     /// An aligned buffer of at least `len` bytes (contents undefined).
     pub(crate) fn take_staging(&self, len: usize) -> crate::device::IoBuf {
-        match self.staging.lock().take() {
-            Some(b) if b.len() >= len => b,
-            _ => crate::device::IoBuf::zeroed(len.next_multiple_of(1 << 20)),
+        let mut pool = self.staging.lock();
+        match pool.iter().position(|b| b.len() >= len) {
+            Some(i) => pool.swap_remove(i),
+            None => crate::device::IoBuf::zeroed(len.next_multiple_of(1 << 20)),
         }
     }
 
-    /// Keeps a buffer for the next write, unless it is too big to hold on to.
+    /// Keeps a buffer for a later write, unless it is too big or enough are kept.
     pub(crate) fn give_back_staging(&self, buf: crate::device::IoBuf) {
-        if buf.len() <= 8 << 20 {
-            *self.staging.lock() = Some(buf);
+        const KEEP: usize = 32;
+        let mut pool = self.staging.lock();
+        if buf.len() <= 8 << 20 && pool.len() < KEEP {
+            pool.push(buf);
         }
     }
 

@@ -933,6 +933,10 @@ impl FsCore {
     /// What `close` and drop do; nothing for a read-only or aborted filesystem.
     pub(crate) fn finish(&mut self) -> Result<()> {
         self.pipe.write_deferred()?;
+        let (syncs, fsyncs) = self.pipe.log.counts();
+        if syncs > 0 {
+            log::info!("{fsyncs} fsyncs went through the log tree, in {syncs} log syncs");
+        }
         let idle = self.running.is_none() && self.open_inodes.lock().is_empty();
         if idle || self.aborted.is_some() || !self.io.device().is_writable() {
             return Ok(());

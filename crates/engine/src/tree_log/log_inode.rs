@@ -20,7 +20,7 @@
 
 use super::changes::{add_range, missing_from};
 use super::log_store::LogStore;
-use super::sync::LogBatch;
+use super::sync::{Gathered, LogBatch};
 use crate::ctree::{self, BlockSource, BlockStore, TreeRoot};
 use crate::error::{Error, Result};
 use crate::fs::{FileKind, InodeId};
@@ -35,7 +35,8 @@ const LOG_BLOCKS_MAX: usize = 2048;
 
 /// What an fsync does after logging.
 pub(crate) enum FsyncPlan {
-    /// Wait for commit `transid - 1`, then for log sync `seq` of `transid` if there is one.
+    /// Wait for commit `transid - 1`, then for log sync `seq` of `transid` if there is one
+    /// (`LogSyncs::sync`).
     Log { transid: u64, seq: Option<u64> },
     /// Commit the transaction, for this reason.
     Commit(String),
@@ -52,6 +53,17 @@ impl crate::fs::FsCore {
             });
         }
         self.start_transaction()?.log_inode(id)
+    }
+
+    /// A log sync's first step, under the lock: every log block of transaction `transid`
+    /// changed since the last sync, and the superblock pointing at the log.
+    pub(crate) fn gather_log(&mut self, transid: u64) -> Result<Gathered> {
+        if self.running.as_deref().map(|t| t.transid) != Some(transid) {
+            return Ok(Gathered::Closed);
+        }
+        let mut txn = self.start_transaction()?;
+        let seq = txn.filesystem().pipe.log.gather();
+        txn.log_batch(seq).map(Gathered::Batch)
     }
 }
 
@@ -79,16 +91,8 @@ impl Transaction<'_> {
                 seq: logged,
             });
         }
-        let pipe = std::sync::Arc::clone(&self.filesystem().pipe);
-        let seq = pipe.log.next_seq();
-        let r = match self.copy_inode(id, seq) {
-            Ok(None) => self.log_batch(seq).map(|b| {
-                pipe.log.queue(b);
-                None
-            }),
-            r => r,
-        };
-        match r {
+        let seq = self.filesystem().pipe.log.next();
+        match self.copy_inode(id, seq) {
             Ok(None) => Ok(FsyncPlan::Log {
                 transid,
                 seq: Some(seq),
@@ -333,6 +337,14 @@ impl Transaction<'_> {
     /// Records the log trees' roots in the log root tree and readies every changed log
     /// block for writing: the batch log sync `seq` writes.
     fn log_batch(&mut self, seq: u64) -> Result<LogBatch> {
+        let r = self.try_log_batch(seq);
+        if let Err(e) = &r {
+            self.log.full_commit = Some(format!("gathering the log failed: {e}"));
+        }
+        r
+    }
+
+    fn try_log_batch(&mut self, seq: u64) -> Result<LogBatch> {
         let transid = self.transid;
         let nodesize = self.filesystem().sb.nodesize;
         let csum = self.filesystem().sb.csum_type();
@@ -374,12 +386,7 @@ impl Transaction<'_> {
         let blocks = st.log.blocks.take_dirty(csum, seq)?;
         sb.log_root = rt.bytenr;
         sb.log_root_level = rt.level;
-        Ok(LogBatch {
-            transid,
-            seq,
-            blocks,
-            sb,
-        })
+        Ok(LogBatch { seq, blocks, sb })
     }
 }
 

@@ -1,7 +1,12 @@
-//! The log sync (the kernel's btrfs_sync_log): the log blocks an fsync built, a cache
-//! flush, superblock copy 0 pointing at the log root tree, a flush. No filesystem lock is
-//! held: fsyncs that log while one sync writes queue their blocks, and the next sync writes
-//! them all with one pair of flushes (group commit).
+//! The log sync (the kernel's btrfs_sync_log): every log block changed since the last sync,
+//! a cache flush, superblock copy 0 pointing at the log root tree, a flush.
+//!
+//! Group commit: an fsync logs its inode under the filesystem's lock and learns the number
+//! of the sync that will carry it (`next`). Then, without the lock, one fsync at a time
+//! leads: it takes the lock again for a moment to gather every log block changed so far
+//! (the batch covers every fsync that logged before it), lets go, and writes. fsyncs that
+//! log meanwhile wait for that sync, then one of them leads the next, so one pair of
+//! flushes serves them all, and a block changed by many of them is written once.
 //!
 //! Order on disk: a log sync of transaction T writes T-1's superblock with `log_root` set,
 //! so it waits until commit T-1 is durable and must never land after commit T's superblock
@@ -10,43 +15,68 @@
 //! that finds its transaction committed writes nothing.
 
 use crate::disk_io::{Block, DiskIo};
-use crate::error::Result;
-use crate::sync::Mutex;
+use crate::error::{Error, Result};
+use crate::sync::{Condvar, Mutex};
 use oleo_format::superblock::{self, Superblock};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// What one fsync's logging leaves to write.
+/// What one log sync writes.
 pub(crate) struct LogBatch {
-    pub transid: u64,
     pub seq: u64,
     pub blocks: Vec<(u64, Block)>,
     /// Commit T-1's superblock with this log's root.
     pub sb: Superblock,
 }
 
+/// What gathering a batch found.
+pub(crate) enum Gathered {
+    Batch(LogBatch),
+    /// The transaction closed: its commit makes everything durable.
+    Closed,
+}
+
+/// How an fsync's wait for its log sync ended.
+pub(crate) enum Synced {
+    Durable,
+    /// Its transaction closed first: wait for that commit.
+    Closed,
+    /// The log cannot be trusted (a sync of it failed): commit instead.
+    Broken,
+}
+
 /// The log syncs of one filesystem.
 #[derive(Default)]
 pub(crate) struct LogSyncs {
-    next_seq: AtomicU64,
-    queue: Mutex<Vec<LogBatch>>,
-    io: Mutex<()>,
+    /// Batches gathered so far (changed under the filesystem's lock only).
+    gathered: AtomicU64,
     /// The newest log sync whose superblock is durable.
     synced: AtomicU64,
     /// The newest generation whose commit wrote its superblocks.
     committed: AtomicU64,
+    /// A transaction whose log sync failed: its log may miss blocks.
+    broken: AtomicU64,
+    /// True while an fsync leads a sync.
+    leading: Mutex<bool>,
+    led: Condvar,
+    io: Mutex<()>,
     /// (log syncs, fsyncs they covered) since open.
     counts: Mutex<(u64, u64)>,
-    /// A transaction whose log sync failed: its log may miss blocks, so its fsyncs commit.
-    broken: AtomicU64,
+    /// fsyncs waiting, counted into the next sync.
+    waiting: AtomicU64,
 }
 
 impl LogSyncs {
-    /// A number for the next batch; later batches get larger numbers.
-    pub(crate) fn next_seq(&self) -> u64 {
-        self.next_seq.fetch_add(1, Ordering::SeqCst) + 1
+    /// The sync that will carry what is logged now.
+    pub(crate) fn next(&self) -> u64 {
+        self.gathered.load(Ordering::SeqCst) + 1
     }
 
-    /// The newest log sync known durable.
+    /// Numbers a batch being gathered (under the filesystem's lock).
+    pub(crate) fn gather(&self) -> u64 {
+        self.gathered.fetch_add(1, Ordering::SeqCst) + 1
+    }
+
+    /// The newest log sync known durable: blocks it no longer reaches may be reused.
     pub(crate) fn synced(&self) -> u64 {
         self.synced.load(Ordering::SeqCst)
     }
@@ -54,13 +84,6 @@ impl LogSyncs {
     /// (log syncs written, fsyncs they made durable) since the filesystem was opened.
     pub(crate) fn counts(&self) -> (u64, u64) {
         *self.counts.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    pub(crate) fn queue(&self, batch: LogBatch) {
-        self.queue
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(batch);
     }
 
     /// Writes commit `transid`'s superblocks (`write`) so that no log sync of `transid`
@@ -76,60 +99,84 @@ impl LogSyncs {
         Ok(())
     }
 
-    /// Makes batch `seq` of transaction `transid` durable, with every batch of that
-    /// transaction queued so far. The caller has waited for commit `transid - 1`. False
-    /// when the log cannot be trusted (a sync of it failed): commit instead.
-    pub(crate) fn sync(&self, io: &DiskIo, transid: u64, seq: u64) -> bool {
-        let _io = self.io.lock().unwrap_or_else(|e| e.into_inner());
-        if self.synced() >= seq || self.committed.load(Ordering::SeqCst) >= transid {
-            // A later sync, or the commit of the transaction, covered it.
-            return true;
-        }
-        if self.broken.load(Ordering::SeqCst) == transid {
-            return false;
-        }
-        match self.write_batches(io, transid) {
-            Ok(()) => true,
-            Err(e) => {
-                log::warn!("log sync of transaction {transid} failed ({e}); fsyncs commit instead");
-                self.broken.store(transid, Ordering::SeqCst);
-                false
+    /// Waits until log sync `target` of transaction `transid` is durable, leading syncs
+    /// (with `gather`, which takes the filesystem's lock) while no other fsync does. The
+    /// caller has waited for commit `transid - 1`.
+    pub(crate) fn sync(
+        &self,
+        io: &DiskIo,
+        transid: u64,
+        target: u64,
+        mut gather: impl FnMut() -> Result<Gathered>,
+    ) -> Synced {
+        let mut leading = self.leading.lock().unwrap_or_else(|e| e.into_inner());
+        let mut counted = false;
+        loop {
+            if self.synced() >= target {
+                return Synced::Durable;
+            }
+            if self.committed.load(Ordering::SeqCst) >= transid {
+                return Synced::Durable;
+            }
+            if self.broken.load(Ordering::SeqCst) == transid {
+                return Synced::Broken;
+            }
+            if !std::mem::replace(&mut counted, true) {
+                self.waiting.fetch_add(1, Ordering::SeqCst);
+            }
+            if *leading {
+                crate::blocking::will_wait();
+                leading = self.led.wait(leading).unwrap_or_else(|e| e.into_inner());
+                continue;
+            }
+            *leading = true;
+            drop(leading);
+            let r = self.lead(io, transid, &mut gather);
+            leading = self.leading.lock().unwrap_or_else(|e| e.into_inner());
+            *leading = false;
+            self.led.notify_all();
+            match r {
+                Ok(true) => {}
+                Ok(false) => return Synced::Closed,
+                Err(e) => {
+                    log::warn!(
+                        "log sync of transaction {transid} failed ({e}); fsyncs commit instead"
+                    );
+                    self.broken.store(transid, Ordering::SeqCst);
+                    return Synced::Broken;
+                }
             }
         }
     }
 
-    /// Writes every queued batch of `transid`, then the superblock of the newest.
-    fn write_batches(&self, io: &DiskIo, transid: u64) -> Result<()> {
-        let batches: Vec<LogBatch> = {
-            let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
-            let (ours, rest): (Vec<LogBatch>, Vec<LogBatch>) = std::mem::take(&mut *q)
-                .into_iter()
-                .partition(|b| b.transid == transid);
-            // Older transactions' batches are covered by their commits; newer ones wait
-            // for ours to be durable and write themselves.
-            *q = rest.into_iter().filter(|b| b.transid > transid).collect();
-            ours
+    /// Gathers and writes one sync; false if the transaction closed first.
+    fn lead(
+        &self,
+        io: &DiskIo,
+        transid: u64,
+        gather: &mut impl FnMut() -> Result<Gathered>,
+    ) -> Result<bool> {
+        let batch = match gather()? {
+            Gathered::Batch(b) => b,
+            Gathered::Closed => return Ok(false),
         };
-        let Some(last) = batches.iter().max_by_key(|b| b.seq) else {
-            return Err(crate::error::Error::corrupt(
-                0,
-                "the log batch to sync is gone",
-            ));
-        };
+        let covered = self.waiting.swap(0, Ordering::SeqCst);
         crate::blocking::will_wait();
-        for b in &batches {
-            for (bytenr, block) in &b.blocks {
-                io.write_logical(*bytenr, block)?;
-            }
+        let _io = self.io.lock().unwrap_or_else(|e| e.into_inner());
+        if self.committed.load(Ordering::SeqCst) >= transid {
+            return Ok(true);
+        }
+        for (bytenr, block) in &batch.blocks {
+            io.write_logical(*bytenr, block)?;
         }
         io.flush()?;
-        write_primary_superblock(io, &last.sb)?;
+        write_primary_superblock(io, &batch.sb)?;
         io.flush()?;
-        self.synced.fetch_max(last.seq, Ordering::SeqCst);
+        self.synced.fetch_max(batch.seq, Ordering::SeqCst);
         let mut c = self.counts.lock().unwrap_or_else(|e| e.into_inner());
         c.0 += 1;
-        c.1 += batches.len() as u64;
-        Ok(())
+        c.1 += covered;
+        Ok(true)
     }
 }
 
@@ -139,6 +186,6 @@ fn write_primary_superblock(io: &DiskIo, sb: &Superblock) -> Result<()> {
     copy.bytenr = superblock::SUPER_PRIMARY_OFFSET;
     let bytes = copy
         .to_bytes()
-        .map_err(|e| crate::error::Error::corrupt(copy.bytenr, format!("superblock: {e}")))?;
+        .map_err(|e| Error::corrupt(copy.bytenr, format!("superblock: {e}")))?;
     io.device().write_all_at(&bytes, copy.bytenr)
 }
