@@ -63,7 +63,7 @@ impl crate::fs::FsCore {
         }
         let mut txn = self.start_transaction()?;
         let seq = txn.filesystem().pipe.log.gather();
-        txn.log_batch(seq).map(Gathered::Batch)
+        txn.log_batch(seq).map(|b| Gathered::Batch(Box::new(b)))
     }
 }
 

@@ -30,7 +30,7 @@ pub(crate) struct LogBatch {
 
 /// What gathering a batch found.
 pub(crate) enum Gathered {
-    Batch(LogBatch),
+    Batch(Box<LogBatch>),
     /// The transaction closed: its commit makes everything durable.
     Closed,
 }
