@@ -17,11 +17,11 @@ bash scripts/fuzz.sh 15
 bash bench/setup.sh
 /usr/bin/python3 -m pytest -q bench/tests
 
-# The commit protocol under the model checker (shuttle), then everything else; the closing
+# The commit and log sync protocols under the model checker (shuttle), then everything else; the closing
 # line sums every test binary's results.
 log=$(mktemp)
 status=0
-cargo test -p oleo --features model-check --lib commit_pipe 2>&1 | tee "$log" || status=$?
+cargo test -p oleo --features model-check --lib -- commit_pipe tree_log::sync::model 2>&1 | tee "$log" || status=$?
 cargo test --workspace --all-targets --no-fail-fast -- --test-threads=2 2>&1 | tee -a "$log" || status=$?
 awk '/^test result:/ { p += $4; f += $6 } END { printf "total: %d passed, %d failed\n", p, f }' "$log"
 rm -f "$log"

@@ -310,6 +310,23 @@ def loop_detach(dev):
 
 # ---------------------------------------------------------------- caches, memory
 
+def disk_counters(path):
+    """(bytes written, cache flushes) so far on the block device holding `path`, from
+    /sys/dev/block/MAJ:MIN/stat (its whole disk if `path` is on a partition); None if
+    the kernel does not say (flush counts came in Linux 5.5)."""
+    st = os.stat(path)
+    base = f"/sys/dev/block/{os.major(st.st_dev)}:{os.minor(st.st_dev)}"
+    for stat in (os.path.join(base, "stat"), os.path.join(base, "..", "stat")):
+        try:
+            fields = open(stat).read().split()
+        except OSError:
+            continue
+        # Documentation/block/stat.rst: sectors written is field 7, flush requests 16.
+        if len(fields) >= 17:
+            return int(fields[6]) * 512, int(fields[15])
+    return None
+
+
 def drop_caches(timeout=600):
     """Cold cache for the next measurement: write back, then drop page, dentry
     and inode caches (FUSE targets additionally get a fresh mount). In a child:

@@ -10,7 +10,8 @@ import subprocess
 import time
 
 from . import tools
-from .sysutil import CmdError, NotApplicable, drop_caches, kill_group, read_tail, run, which
+from .sysutil import (CmdError, NotApplicable, disk_counters, drop_caches, kill_group, read_tail,
+                      run, which)
 from .targets import GiB, MiB, FsSpec
 
 
@@ -97,7 +98,11 @@ class Workload:
 
 class FsyncWrite(Workload):
     name, seed, needs_fs, variant_name = "fsync-write", "000", False, "jobs"
-    metrics = [Metric("write_MiB_s", "write MiB/s")]
+    metrics = [Metric("write_MiB_s", "write MiB/s"),
+               # What each fsync costs the disk under every target's image (host block
+               # device counters, so the same ruler for kernel and FUSE targets).
+               Metric("fsyncs_per_flush", "fsyncs per disk flush"),
+               Metric("disk_KiB_per_fsync", "disk KiB written per fsync", higher_is_better=False)]
 
     def variants(self):
         return list(self.p.fsync_jobs)
@@ -124,11 +129,21 @@ class FsyncWrite(Workload):
         }
         if self.p.verify_writes:
             opts.update(verify="crc32c", do_verify=0, verify_state_save=0)  # see fio_verify
+        before = disk_counters(m.scratch)
         t = self.fio(ctx, m, opts, timeout=min(ctx.remaining(), self.p.fsync_runtime_s + 300),
                      variant=f"jobs{jobs}")
+        after = disk_counters(m.scratch)
         self.fio_verify(ctx, m, opts, t, ctx.remaining(), variant=f"jobs{jobs}")
-        return {"write_MiB_s": t["write"]["MiB_s"], "written_MiB": t["write"]["io_MiB"],
-                "runtime_s": t["runtime_s"]}
+        out = {"write_MiB_s": t["write"]["MiB_s"], "written_MiB": t["write"]["io_MiB"],
+               "runtime_s": t["runtime_s"]}
+        # fio fsyncs after every 64 KiB write.
+        fsyncs = t["write"]["io_MiB"] * 16
+        if before and after and fsyncs > 0:
+            flushes = after[1] - before[1]
+            if flushes > 0:
+                out["fsyncs_per_flush"] = fsyncs / flushes
+            out["disk_KiB_per_fsync"] = (after[0] - before[0]) / 1024 / fsyncs
+        return out
 
 
 class SeqWrite(Workload):

@@ -32,6 +32,9 @@ pub(crate) struct BlockGroup {
     pub flags: u64,
     pub used: u64,
     used_on_disk: u64,
+    /// Bytes of it in `BlockGroups::reserved` (all free in `free`): kept as a sum so that
+    /// `available`, asked on every operation, does not walk every reservation.
+    reserved: u64,
     free: FreeSpace,
     /// Logical ranges never to allocate from (superblock copies).
     avoid: Vec<(u64, u64)>,
@@ -79,6 +82,7 @@ impl BlockGroups {
                     flags: bgi.flags,
                     used: bgi.used,
                     used_on_disk: bgi.used,
+                    reserved: 0,
                     free,
                     avoid,
                     allocatable,
@@ -143,6 +147,7 @@ impl BlockGroups {
                 flags: chunk.chunk_type,
                 used: 0,
                 used_on_disk: 0,
+                reserved: 0,
                 free: FreeSpace::new_block_group(free, sectorsize),
                 avoid,
                 allocatable,
@@ -179,11 +184,14 @@ impl BlockGroups {
     /// `use_reserved` or `cancel_reserved`.
     pub(crate) fn reserve(&mut self, kind: u64, len: u64, align: u64) -> Result<u64> {
         let from = self.cursor.get(&kind).copied().unwrap_or(0);
-        let (_, bytenr) = self
+        let (start, bytenr) = self
             .find(kind, len, align, from)
             .or_else(|| self.find(kind, len, align, 0))
             .ok_or(Error::NoSpace)?;
         self.reserved.insert(bytenr, len);
+        if let Some(g) = self.groups.get_mut(&start) {
+            g.reserved += len;
+        }
         self.cursor.insert(kind, bytenr + len);
         Ok(bytenr)
     }
@@ -194,6 +202,7 @@ impl BlockGroups {
             return Err(Error::corrupt(bytenr, "data extent was not reserved"));
         }
         let (_, g) = self.group_of(bytenr, len)?;
+        g.reserved -= len;
         g.free.remove(bytenr, len)?;
         g.used += len;
         self.used_delta += len as i128;
@@ -202,7 +211,11 @@ impl BlockGroups {
 
     /// The write gave up: the space is free again.
     pub(crate) fn cancel_reserved(&mut self, bytenr: u64) {
-        self.reserved.remove(&bytenr);
+        if let Some(len) = self.reserved.remove(&bytenr) {
+            if let Ok((_, g)) = self.group_of(bytenr, len) {
+                g.reserved -= len;
+            }
+        }
     }
 
     /// Like `alloc`, for `len` bytes aligned to `align` (data extents: the sector size).
@@ -322,12 +335,8 @@ impl BlockGroups {
                         .range(start..end)
                         .map(|(&s, &(l, _))| g.free.free_within(s, l)),
                 )
-                .chain(
-                    self.reserved
-                        .range(start..end)
-                        .map(|(&s, &l)| g.free.free_within(s, l)),
-                )
-                .sum();
+                .sum::<u64>()
+                + g.reserved;
             let avoided: u64 = g.avoid.iter().map(|&(s, l)| g.free.free_within(s, l)).sum();
             total += g.free.total().saturating_sub(pinned + avoided);
         }

@@ -15,7 +15,7 @@ use crate::fs::{Attr, DirEntry, FsCore, InodeId, OpenOptions, StatFs, SubvolumeI
 use crate::inode_lock::InodeLocks;
 use crate::inode_ops::{FallocMode, NewInode, RenameFlags, SetAttr, XattrSet};
 use crate::transaction::Transaction;
-use crate::tree_log::{FsyncPlan, Synced};
+use crate::tree_log::{write_batch, FsyncPlan, Synced};
 use oleo_format::superblock::Superblock;
 use oleo_format::TreeBlock;
 use parking_lot::{RwLock, RwLockReadGuard, RwLockWriteGuard};
@@ -355,7 +355,8 @@ impl Filesystem {
                 pipe.wait_durable(transid - 1)?;
                 let Some(seq) = seq else { return Ok(()) };
                 let gather = || self.core_mut().gather_log(transid);
-                match pipe.log.sync(&self.io, transid, seq, gather) {
+                let write = |b: &_| write_batch(&self.io, b);
+                match pipe.log.sync(transid, seq, gather, write) {
                     Synced::Durable => Ok(()),
                     Synced::Closed => pipe.wait_durable(transid).map(drop),
                     Synced::Broken => self.sync().map(drop),

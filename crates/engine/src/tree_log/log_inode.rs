@@ -57,13 +57,14 @@ impl crate::fs::FsCore {
 
     /// A log sync's first step, under the lock: every log block of transaction `transid`
     /// changed since the last sync, and the superblock pointing at the log.
-    pub(crate) fn gather_log(&mut self, transid: u64) -> Result<Gathered> {
+    pub(crate) fn gather_log(&mut self, transid: u64) -> Result<Gathered<LogBatch>> {
         if self.running.as_deref().map(|t| t.transid) != Some(transid) {
             return Ok(Gathered::Closed);
         }
         let mut txn = self.start_transaction()?;
         let seq = txn.filesystem().pipe.log.gather();
-        txn.log_batch(seq).map(|b| Gathered::Batch(Box::new(b)))
+        txn.log_batch(seq)
+            .map(|batch| Gathered::Batch { seq, batch })
     }
 }
 
@@ -386,7 +387,7 @@ impl Transaction<'_> {
         let blocks = st.log.blocks.take_dirty(csum, seq)?;
         sb.log_root = rt.bytenr;
         sb.log_root_level = rt.level;
-        Ok(LogBatch { seq, blocks, sb })
+        Ok(LogBatch { blocks, sb })
     }
 }
 

@@ -24,7 +24,7 @@ mod sync;
 
 pub(crate) use changes::{extent_range, is_subvolume, TxnLog};
 pub(crate) use log_inode::FsyncPlan;
-pub(crate) use sync::{LogSyncs, Synced};
+pub(crate) use sync::{write_batch, LogSyncs, Synced};
 
 use crate::ctree::{BlockSource, TreeRoot};
 use crate::error::{Error, Result};

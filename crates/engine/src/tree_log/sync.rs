@@ -22,15 +22,17 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 /// What one log sync writes.
 pub(crate) struct LogBatch {
-    pub seq: u64,
     pub blocks: Vec<(u64, Block)>,
     /// Commit T-1's superblock with this log's root.
     pub sb: Superblock,
 }
 
-/// What gathering a batch found.
-pub(crate) enum Gathered {
-    Batch(Box<LogBatch>),
+/// What gathering a batch found (a `LogBatch`; the model checker's stand-in in tests).
+pub(crate) enum Gathered<B> {
+    Batch {
+        seq: u64,
+        batch: B,
+    },
     /// The transaction closed: its commit makes everything durable.
     Closed,
 }
@@ -102,12 +104,12 @@ impl LogSyncs {
     /// Waits until log sync `target` of transaction `transid` is durable, leading syncs
     /// (with `gather`, which takes the filesystem's lock) while no other fsync does. The
     /// caller has waited for commit `transid - 1`.
-    pub(crate) fn sync(
+    pub(crate) fn sync<B>(
         &self,
-        io: &DiskIo,
         transid: u64,
         target: u64,
-        mut gather: impl FnMut() -> Result<Gathered>,
+        mut gather: impl FnMut() -> Result<Gathered<B>>,
+        mut write: impl FnMut(&B) -> Result<()>,
     ) -> Synced {
         let mut leading = self.leading.lock().unwrap_or_else(|e| e.into_inner());
         let mut counted = false;
@@ -131,7 +133,7 @@ impl LogSyncs {
             }
             *leading = true;
             drop(leading);
-            let r = self.lead(io, transid, &mut gather);
+            let r = self.lead(transid, &mut gather, &mut write);
             leading = self.leading.lock().unwrap_or_else(|e| e.into_inner());
             *leading = false;
             self.led.notify_all();
@@ -150,14 +152,14 @@ impl LogSyncs {
     }
 
     /// Gathers and writes one sync; false if the transaction closed first.
-    fn lead(
+    fn lead<B>(
         &self,
-        io: &DiskIo,
         transid: u64,
-        gather: &mut impl FnMut() -> Result<Gathered>,
+        gather: &mut impl FnMut() -> Result<Gathered<B>>,
+        write: &mut impl FnMut(&B) -> Result<()>,
     ) -> Result<bool> {
-        let batch = match gather()? {
-            Gathered::Batch(b) => b,
+        let (seq, batch) = match gather()? {
+            Gathered::Batch { seq, batch } => (seq, batch),
             Gathered::Closed => return Ok(false),
         };
         let covered = self.waiting.swap(0, Ordering::SeqCst);
@@ -166,18 +168,23 @@ impl LogSyncs {
         if self.committed.load(Ordering::SeqCst) >= transid {
             return Ok(true);
         }
-        for (bytenr, block) in &batch.blocks {
-            io.write_logical(*bytenr, block)?;
-        }
-        io.flush()?;
-        write_primary_superblock(io, &batch.sb)?;
-        io.flush()?;
-        self.synced.fetch_max(batch.seq, Ordering::SeqCst);
+        write(&batch)?;
+        self.synced.fetch_max(seq, Ordering::SeqCst);
         let mut c = self.counts.lock().unwrap_or_else(|e| e.into_inner());
         c.0 += 1;
         c.1 += covered;
         Ok(true)
     }
+}
+
+/// A log sync's IO: the blocks, a flush, superblock copy 0, a flush.
+pub(crate) fn write_batch(io: &DiskIo, batch: &LogBatch) -> Result<()> {
+    for (bytenr, block) in &batch.blocks {
+        io.write_logical(*bytenr, block)?;
+    }
+    io.flush()?;
+    write_primary_superblock(io, &batch.sb)?;
+    io.flush()
 }
 
 /// Writes superblock copy 0 only, as a log sync does (mirrors keep the last commit).
@@ -188,4 +195,107 @@ fn write_primary_superblock(io: &DiskIo, sb: &Superblock) -> Result<()> {
         .to_bytes()
         .map_err(|e| Error::corrupt(copy.bytenr, format!("superblock: {e}")))?;
     io.device().write_all_at(&bytes, copy.bytenr)
+}
+
+/// The group commit protocol under shuttle: `cargo test -p oleo --features model-check
+/// --lib tree_log::sync`. fsyncs log into the running transaction and sync while a
+/// committer closes it and writes its superblocks; the disk records every superblock.
+#[cfg(all(test, feature = "model-check"))]
+mod model {
+    use super::*;
+    use shuttle::sync::Mutex as SMutex;
+    use shuttle::thread;
+    use std::sync::Arc;
+
+    #[derive(Clone, Copy, Debug, PartialEq)]
+    enum Super {
+        Log { transid: u64, seq: u64 },
+        Commit { transid: u64 },
+    }
+
+    /// `fsyncs` threads each log once and sync; a committer closes transaction 1 at any
+    /// point. Whatever an fsync was told is durable is on disk when it returns: a log
+    /// superblock of its transaction with a sync number at least its own, or the commit.
+    /// No log superblock of a transaction lands after that transaction's commit.
+    fn fsyncs_against_a_commit(fsyncs: usize) {
+        let syncs = Arc::new(LogSyncs::default());
+        let running = Arc::new(SMutex::new(1u64)); // the filesystem's lock, and T
+        let disk = Arc::new(SMutex::new(Vec::<Super>::new()));
+        let mut handles = Vec::new();
+        for _ in 0..fsyncs {
+            let (syncs, running, disk) = (syncs.clone(), running.clone(), disk.clone());
+            handles.push(thread::spawn(move || {
+                let (transid, target) = {
+                    let t = running.lock().unwrap();
+                    (*t, syncs.next())
+                };
+                let gather = || {
+                    let t = running.lock().unwrap();
+                    if *t != transid {
+                        return Ok(Gathered::Closed);
+                    }
+                    Ok(Gathered::Batch {
+                        seq: syncs.gather(),
+                        batch: (transid, syncs.next() - 1),
+                    })
+                };
+                let write = |b: &(u64, u64)| {
+                    disk.lock().unwrap().push(Super::Log {
+                        transid: b.0,
+                        seq: b.1,
+                    });
+                    Ok(())
+                };
+                // As `Filesystem::fsync` does: commit T-1 durable before a log sync of T.
+                while syncs.committed.load(Ordering::SeqCst) + 1 < transid {
+                    thread::yield_now();
+                }
+                let r = syncs.sync(transid, target, gather, write);
+                let seen = disk.lock().unwrap().clone();
+                match r {
+                    Synced::Durable => assert!(
+                        seen.iter().any(|s| match *s {
+                            Super::Log { transid: t, seq } => t == transid && seq >= target,
+                            Super::Commit { transid: t } => t >= transid,
+                        }),
+                        "told durable, but nothing on disk covers sync {target}: {seen:?}"
+                    ),
+                    Synced::Closed => {} // waits for the commit, which the committer writes
+                    Synced::Broken => panic!("nothing failed"),
+                }
+            }));
+        }
+        {
+            let (syncs, running, disk) = (syncs.clone(), running.clone(), disk.clone());
+            handles.push(thread::spawn(move || {
+                *running.lock().unwrap() = 2;
+                syncs
+                    .commit_superblocks(1, || {
+                        disk.lock().unwrap().push(Super::Commit { transid: 1 });
+                        Ok(())
+                    })
+                    .unwrap();
+            }));
+        }
+        for h in handles {
+            h.join().unwrap();
+        }
+        let disk = disk.lock().unwrap().clone();
+        let commit = disk
+            .iter()
+            .position(|s| *s == Super::Commit { transid: 1 })
+            .expect("the commit landed");
+        assert!(
+            !disk[commit..]
+                .iter()
+                .any(|s| matches!(s, Super::Log { transid: 1, .. })),
+            "a log superblock of transaction 1 after its commit: {disk:?}"
+        );
+    }
+
+    #[test]
+    fn log_syncs_cover_their_fsyncs_and_never_follow_the_commit() {
+        shuttle::check_random(|| fsyncs_against_a_commit(3), 3000);
+        shuttle::check_pct(|| fsyncs_against_a_commit(4), 3000, 3);
+    }
 }
