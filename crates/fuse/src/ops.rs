@@ -133,9 +133,11 @@ impl Handler for OleoFuse {
             }
             // A file's fsync logs it (or commits where the log cannot say the change); a
             // directory's fsync and syncfs commit the transaction.
+            // On a read-only mount there is nothing to make durable: success, as in the
+            // kernel (the engine does no IO for a file with nothing new).
             Op::Fsync { datasync, .. } => empty(
                 self.id(node)
-                    .and_then(|id| self.mutate(|fs| fs.fsync(id, datasync))),
+                    .and_then(|id| self.fs.fsync(id, datasync).map_err(errno)),
                 reply,
             ),
             Op::Fsyncdir { .. } | Op::Syncfs => empty(self.mutate(|fs| fs.sync().map(drop)), reply),
