@@ -79,7 +79,7 @@ const MAX_COMMIT_ROUNDS: usize = 64;
 /// so every operation joins it and reads see its changes until it is committed.
 pub struct TxnState {
     pub(crate) transid: u64,
-    nodesize: u32,
+    pub(crate) nodesize: u32,
     pub(crate) chunk_tree_uuid: [u8; 16],
     /// Blocks changed in T, shared with readers: an edit copies a block only while a
     /// reader still holds it (`Arc::make_mut`), so reading a dirty block never copies.

@@ -519,21 +519,7 @@ fn run_seed(name: &str, mkfs_args: &[&str], ops: usize, seed: u64) -> usize {
     std::fs::create_dir_all(scratch.0.join("mnt")).unwrap();
     let base = scratch.0.join("base.img");
     let work = scratch.0.join("work.img");
-    std::fs::File::create(&base)
-        .unwrap()
-        .set_len(256 << 20)
-        .unwrap();
-    let out = Command::new("mkfs.btrfs")
-        .args(["-q", "-f"])
-        .args(mkfs_args)
-        .arg(&base)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "mkfs.btrfs: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    mkfs(&base, mkfs_args);
     {
         let fs = Filesystem::open_rw(&base, OpenOptions::default()).unwrap();
         for d in &DIRS[1..] {
@@ -718,23 +704,26 @@ fn fsynced_files_survive_crashes_sha256_no_holes_off() {
     );
 }
 
-/// A fresh image with oleo's filesystem open on it, and its first commit made.
-fn fresh(scratch: &Path, name: &str) -> (PathBuf, Filesystem) {
-    let img = scratch.join(format!("{name}.img"));
-    std::fs::File::create(&img)
+/// A fresh 256 MiB image at `img` made by mkfs.btrfs with `args`.
+fn mkfs(img: &Path, args: &[&str]) {
+    std::fs::File::create(img)
         .unwrap()
         .set_len(256 << 20)
         .unwrap();
     let out = Command::new("mkfs.btrfs")
         .args(["-q", "-f"])
-        .arg(&img)
+        .args(args)
+        .arg(img)
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "mkfs.btrfs: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "mkfs.btrfs: {err}");
+}
+
+/// A fresh image with oleo's filesystem open on it, and its first commit made.
+fn fresh(scratch: &Path, name: &str) -> (PathBuf, Filesystem) {
+    let img = scratch.join(format!("{name}.img"));
+    mkfs(&img, &[]);
     let fs = Filesystem::open_rw(&img, OpenOptions::default()).unwrap();
     (img, fs)
 }
@@ -1015,6 +1004,14 @@ fn crash_case(
     Command::new("umount").arg(&mnt).status().unwrap();
     if let Err(e) = r {
         std::panic::resume_unwind(e);
+    }
+    // The loop device lets go of the image just after umount returns.
+    for _ in 0..50 {
+        let held = Command::new("losetup").arg("-j").arg(&kimg).output();
+        if held.is_ok_and(|o| o.stdout.is_empty()) {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
     }
     if let Err(text) = oleo_testkit::btrfs_check(&kimg, true) {
         panic!("{name}: btrfs check after the kernel's replay:\n{text}");

@@ -19,7 +19,6 @@
 //! without NO_HOLES; a log past `LOG_BLOCKS_MAX` blocks or without metadata space.
 
 use super::changes::{add_range, missing_from};
-use super::log_store::LogStore;
 use super::sync::{Gathered, LogBatch};
 use crate::ctree::{self, BlockSource, BlockStore, TreeRoot};
 use crate::error::{Error, Result};
@@ -231,15 +230,7 @@ impl Transaction<'_> {
         let fsid = BlockStore::fsid(&*self);
         let synced = self.filesystem().pipe.log.synced();
         let st = &mut **self;
-        let mut store = LogStore {
-            blocks: &mut st.log.blocks,
-            groups: &mut st.block_groups,
-            nodesize,
-            transid,
-            fsid,
-            chunk_tree_uuid: st.chunk_tree_uuid,
-            synced,
-        };
+        let mut store = st.log_store(fsid, synced);
         let mut root = match log_root {
             Some(r) => r,
             None => ctree::new_tree(&mut store, objectid::TREE_LOG)?,
@@ -346,7 +337,6 @@ impl Transaction<'_> {
     }
 
     fn try_log_batch(&mut self, seq: u64) -> Result<LogBatch> {
-        let transid = self.transid;
         let nodesize = self.filesystem().sb.nodesize;
         let csum = self.filesystem().sb.csum_type();
         let fsid = BlockStore::fsid(&*self);
@@ -360,29 +350,18 @@ impl Transaction<'_> {
             .filter(|(s, r)| st.log.recorded.get(s) != Some(r))
             .map(|(&s, &r)| (s, r))
             .collect();
-        let mut store = LogStore {
-            blocks: &mut st.log.blocks,
-            groups: &mut st.block_groups,
-            nodesize,
-            transid,
-            fsid,
-            chunk_tree_uuid: st.chunk_tree_uuid,
-            synced,
-        };
-        let mut rt = match st.log.root_tree {
+        let root_tree = st.log.root_tree;
+        let mut store = st.log_store(fsid, synced);
+        let mut rt = match root_tree {
             Some(r) => r,
             None => ctree::new_tree(&mut store, objectid::TREE_LOG)?,
         };
-        for (subvol, r) in changed {
-            let key = Key::new(objectid::TREE_LOG, item::ROOT_ITEM, subvol);
-            put(
-                &mut store,
-                &mut rt,
-                key,
-                &log_root_item(&r, nodesize).to_bytes(),
-            )?;
-            st.log.recorded.insert(subvol, r);
+        for (subvol, r) in &changed {
+            let key = Key::new(objectid::TREE_LOG, item::ROOT_ITEM, *subvol);
+            let body = log_root_item(r, nodesize).to_bytes();
+            put(&mut store, &mut rt, key, &body)?;
         }
+        st.log.recorded.extend(changed);
         st.log.root_tree = Some(rt);
         let blocks = st.log.blocks.take_dirty(csum, seq)?;
         sb.log_root = rt.bytenr;

@@ -167,3 +167,19 @@ impl BlockStore for LogStore<'_> {
         Ok(())
     }
 }
+
+impl crate::transaction::TxnState {
+    /// This transaction's log blocks with its allocator, as a store for the ctree; `fsid`
+    /// for new headers, `synced` the newest durable log sync.
+    pub(crate) fn log_store(&mut self, fsid: [u8; 16], synced: u64) -> LogStore<'_> {
+        LogStore {
+            blocks: &mut self.log.blocks,
+            groups: &mut self.block_groups,
+            nodesize: self.nodesize,
+            transid: self.transid,
+            fsid,
+            chunk_tree_uuid: self.chunk_tree_uuid,
+            synced,
+        }
+    }
+}
