@@ -433,9 +433,14 @@ impl<'a> Transaction<'a> {
 
     /// Tells the log about an item going in (see `tree_log::changes`).
     fn note_insert(&mut self, tree: u64, key: &Key, body: &[u8]) {
-        if crate::tree_log::is_subvolume(tree) {
+        if !crate::tree_log::is_subvolume(tree) {
+            return;
+        }
+        if key.item_type == item::EXTENT_DATA {
             let range = crate::tree_log::extent_range(key, body);
             self.log.note(tree, key, &[range]);
+        } else {
+            self.log.note(tree, key, &[]);
         }
     }
 
