@@ -491,6 +491,21 @@ fn kernel_mount(image: &Path, mnt: &Path) -> bool {
     false
 }
 
+/// Unmounts `mnt` and waits until no loop device holds `image` any more (the loop device
+/// lets go of it just after umount returns): the next mount or check of that path must
+/// not find the old one.
+fn kernel_unmount(mnt: &Path, image: &Path) {
+    let st = Command::new("umount").arg(mnt).status().unwrap();
+    assert!(st.success(), "umount {}", mnt.display());
+    for _ in 0..50 {
+        let held = Command::new("losetup").arg("-j").arg(image).output();
+        if held.is_ok_and(|o| o.stdout.is_empty()) {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
+
 struct Scratch(PathBuf);
 
 impl Drop for Scratch {
@@ -635,7 +650,7 @@ fn run_seed(name: &str, mkfs_args: &[&str], ops: usize, seed: u64) -> usize {
                     kernel_durable(&top, names)
                 })
             });
-            Command::new("umount").arg(&mnt).status().unwrap();
+            kernel_unmount(&mnt, &kimg);
             eprintln!(
                 "the kernel's replay of the same state: {}",
                 if k.is_ok() { "right" } else { "wrong too" }
@@ -672,7 +687,7 @@ fn run_seed(name: &str, mkfs_args: &[&str], ops: usize, seed: u64) -> usize {
                 kernel_durable(&top, names)
             })
         });
-        Command::new("umount").arg(&mnt).status().unwrap();
+        kernel_unmount(&mnt, &kimg);
         if let Err(e) = r {
             std::panic::resume_unwind(e);
         }
@@ -870,7 +885,7 @@ fn rename_over_a_logged_file_keeps_the_name() {
     assert!(st);
     let x = std::fs::read(mnt.join("x"));
     let y = std::fs::metadata(mnt.join("y")).is_ok();
-    Command::new("umount").arg(&mnt).status().unwrap();
+    kernel_unmount(&mnt, &kimg);
     assert_eq!(
         x.ok().as_deref(),
         Some(&b"new content of y"[..]),
@@ -1001,17 +1016,9 @@ fn crash_case(
     let r = std::panic::catch_unwind(|| {
         verify("kernel replayed", &|p| std::fs::read(top.join(p)).ok())
     });
-    Command::new("umount").arg(&mnt).status().unwrap();
+    kernel_unmount(&mnt, &kimg);
     if let Err(e) = r {
         std::panic::resume_unwind(e);
-    }
-    // The loop device lets go of the image just after umount returns.
-    for _ in 0..50 {
-        let held = Command::new("losetup").arg("-j").arg(&kimg).output();
-        if held.is_ok_and(|o| o.stdout.is_empty()) {
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(100));
     }
     if let Err(text) = oleo_testkit::btrfs_check(&kimg, true) {
         panic!("{name}: btrfs check after the kernel's replay:\n{text}");
