@@ -548,8 +548,7 @@ impl<'a> Transaction<'a> {
             .collect();
         let now = now();
         for &(id, r, key, delta) in &todo {
-            let subvolume = id == objectid::FS_TREE
-                || (objectid::FIRST_FREE..=objectid::LAST_FREE).contains(&id);
+            let subvolume = crate::tree_log::is_subvolume(id);
             let transid = self.transid;
             let ok = self
                 .update_item(objectid::ROOT_TREE, &key, |b| {
