@@ -175,9 +175,10 @@ fn run_case_on(name: &str, start: Start, ops: usize, big: bool, transport: Trans
                 refused += 1;
             }
             if rng.chance(2) {
-                // fsync of the root directory: a commit.
-                let d = std::fs::File::open(&mnt).unwrap();
-                d.sync_all().unwrap();
+                mount::btrfs_sync(&mnt).unwrap();
+            } else if rng.chance(2) {
+                // An fsync of the root directory: a log sync.
+                std::fs::File::open(&mnt).unwrap().sync_all().unwrap();
             }
             if i % 100 == 99 {
                 compare_trees(&reference, &mnt, "oleo");
@@ -288,7 +289,7 @@ fn unlinked_open_files_live_until_closed() {
     std::fs::remove_file(&path).unwrap();
     assert!(!path.exists());
     // A commit while it is unlinked and open.
-    std::fs::File::open(&mnt).unwrap().sync_all().unwrap();
+    mount::btrfs_sync(&mnt).unwrap();
     f.seek(SeekFrom::Start(0)).unwrap();
     f.write_all(b"still here").unwrap();
     f.sync_all().unwrap();
@@ -305,7 +306,7 @@ fn unlinked_open_files_live_until_closed() {
     // by itself); freed space is reusable after the commit that follows.
     let t0 = std::time::Instant::now();
     loop {
-        std::fs::File::open(&mnt).unwrap().sync_all().unwrap();
+        mount::btrfs_sync(&mnt).unwrap();
         if used(&mnt) < before + (4 << 20) {
             break;
         }
@@ -347,7 +348,7 @@ fn unlinked_open_files_live_until_closed() {
     let _ = Command::new("umount").arg("-l").arg(&mnt).status();
     assert_btrfs_check(&image, "orphans: killed with an orphan");
     let m = OleoMount::mount_rw(Path::new(OLEO), &image, &mnt, &[]).expect("mount again");
-    std::fs::File::open(&mnt).unwrap().sync_all().unwrap();
+    mount::btrfs_sync(&mnt).unwrap();
     assert!(
         used(&mnt) < before + (4 << 20),
         "the orphan was not removed at mount"
@@ -389,7 +390,7 @@ fn copy_file_range_shares_extents() {
         .map(|i| (i / 4096) as u8 ^ (i as u8))
         .collect();
     std::fs::write(mnt.join("src"), &data).unwrap();
-    std::fs::File::open(&mnt).unwrap().sync_all().unwrap();
+    mount::btrfs_sync(&mnt).unwrap();
     let before = nix_statvfs(&mnt);
     let src = std::fs::File::open(mnt.join("src")).unwrap();
     let dst = std::fs::File::create(mnt.join("dst")).unwrap();
@@ -575,7 +576,7 @@ fn fuse_rw_snapshots() {
                 m.log_text()
             );
             if rng.chance(3) {
-                std::fs::File::open(&mnt).unwrap().sync_all().unwrap();
+                mount::btrfs_sync(&mnt).unwrap();
             }
         }
         for sub in ["vol", "snap", "snap-ro"] {
@@ -685,4 +686,75 @@ fn readers_and_writers_at_once() {
     drop(dog);
     m.unmount().unwrap();
     assert_btrfs_check(&image, "concurrent readers and writers");
+}
+
+/// An fsync of a directory through the mount writes the log tree (no commit) and the
+/// kernel's replay of a copy taken then has the new entries; BTRFS_IOC_SYNC (`btrfs
+/// filesystem sync`) commits.
+#[test]
+fn directory_fsync_logs_and_the_sync_ioctl_commits() {
+    let name = "dir-fsync";
+    if !(require_root(name) && require_fuse(name)) {
+        return;
+    }
+    let dir = TempDir::new("fuse-dir-fsync").unwrap();
+    let image = dir.join("image");
+    let copy = dir.join("copy");
+    let mnt = dir.subdir("mnt").unwrap();
+    let kmnt = dir.subdir("kmnt").unwrap();
+    std::fs::File::create(&image)
+        .unwrap()
+        .set_len(1 << 30)
+        .unwrap();
+    assert!(Command::new("mkfs.btrfs")
+        .args(["-q", "-f"])
+        .arg(&image)
+        .status()
+        .unwrap()
+        .success());
+    let m = OleoMount::mount_rw(Path::new(OLEO), &image, &mnt, &[]).expect("mount");
+    std::fs::create_dir(mnt.join("d")).unwrap();
+    std::fs::write(mnt.join("d/old"), b"committed").unwrap();
+    mount::btrfs_sync(&mnt).unwrap();
+    let generation = superblock_generation(&image).unwrap();
+    assert_eq!(
+        superblock_log_root(&image).unwrap(),
+        0,
+        "a commit drops the log"
+    );
+
+    std::fs::write(mnt.join("d/new"), b"").unwrap();
+    std::fs::remove_file(mnt.join("d/old")).unwrap();
+    std::fs::File::open(mnt.join("d"))
+        .unwrap()
+        .sync_all()
+        .unwrap();
+    assert_ne!(
+        superblock_log_root(&image).unwrap(),
+        0,
+        "no log after the fsync"
+    );
+    assert_eq!(
+        superblock_generation(&image).unwrap(),
+        generation,
+        "the directory's fsync committed"
+    );
+    std::fs::copy(&image, &copy).unwrap();
+
+    mount::btrfs_sync(&mnt).unwrap();
+    assert!(
+        superblock_generation(&image).unwrap() > generation,
+        "no commit"
+    );
+    assert_eq!(superblock_log_root(&image).unwrap(), 0);
+    m.unmount().unwrap();
+
+    let k = KernelMount::mount(&copy, &kmnt, &["rw"]).expect("kernel mount of the copy");
+    let names: Vec<_> = std::fs::read_dir(kmnt.join("d"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    k.unmount().unwrap();
+    assert_eq!(names, ["new"], "the kernel's replay");
+    assert_btrfs_check(&copy, "after the kernel's replay");
 }

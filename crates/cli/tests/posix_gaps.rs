@@ -266,8 +266,8 @@ fn used(p: &Path) -> u64 {
     (st.f_blocks - st.f_bfree) * st.f_frsize
 }
 
-fn syncfs(p: &Path) {
-    std::fs::File::open(p).unwrap().sync_all().unwrap();
+fn commit(p: &Path) {
+    oleo_testkit::mount::btrfs_sync(p).unwrap();
 }
 
 #[test]
@@ -284,7 +284,7 @@ fn o_tmpfile_makes_unnamed_files_that_linkat_can_name() {
     // A set-group-ID directory: the new file takes its group, as any new file would.
     std::os::unix::fs::chown(&d, None, Some(4242)).unwrap();
     std::fs::set_permissions(&d, std::os::unix::fs::PermissionsExt::from_mode(0o2775)).unwrap();
-    syncfs(m.path());
+    commit(m.path());
     let before = used(m.path());
 
     // Named later: written, read back, committed while unnamed, then linked in.
@@ -325,7 +325,7 @@ fn o_tmpfile_makes_unnamed_files_that_linkat_can_name() {
     drop(gone);
     let t0 = std::time::Instant::now();
     loop {
-        syncfs(m.path());
+        commit(m.path());
         if used(m.path()) < before + (8 << 20) {
             break;
         }
@@ -380,7 +380,7 @@ fn an_unnamed_file_of_a_killed_server_is_deleted_at_the_next_mount() {
         assert!(t0.elapsed().as_secs() < 10, "mount did not appear");
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
-    syncfs(&mnt);
+    commit(&mnt);
     let before = used(&mnt);
     let mut f = open_tmpfile(&mnt, 0);
     f.write_all(&vec![3u8; 16 << 20]).unwrap();
@@ -391,7 +391,7 @@ fn an_unnamed_file_of_a_killed_server_is_deleted_at_the_next_mount() {
     let _ = Command::new("umount").arg("-l").arg(&mnt).status();
     assert_btrfs_check(&image, "killed with an unnamed file open");
     let m = OleoMount::mount_rw(Path::new(OLEO), &image, &mnt, &[]).unwrap();
-    syncfs(m.path());
+    commit(m.path());
     assert!(
         used(m.path()) < before + (4 << 20),
         "the unnamed file was not deleted at mount"

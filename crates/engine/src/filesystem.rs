@@ -334,11 +334,12 @@ impl Filesystem {
         }
     }
 
-    /// fsync(2) or fdatasync(2) of `id`: its data and metadata are durable when this
-    /// returns. A file's changes since its last fsync go to its subvolume's log tree and
-    /// one log sync writes them, shared with the fsyncs of other threads that arrive
-    /// meanwhile; where the log cannot describe the change (`tree_log::log_inode`), the
-    /// transaction commits instead. A file with nothing new costs no IO.
+    /// fsync(2) or fdatasync(2) of `id`: its data and metadata (for a directory, the
+    /// entries it gained or lost) are durable when this returns. Its changes since its
+    /// last fsync go to its subvolume's log tree and one log sync writes them, shared with
+    /// the fsyncs of other threads that arrive meanwhile; where the log cannot describe the
+    /// change (`tree_log::log_inode`, `tree_log::log_dir`), the transaction commits
+    /// instead. An inode with nothing new costs no IO.
     pub fn fsync(&self, id: InodeId, _datasync: bool) -> Result<()> {
         let plan = {
             // This file's writes in flight finish first: their items must be in.

@@ -436,11 +436,13 @@ impl<'a> Transaction<'a> {
         if !crate::tree_log::is_subvolume(tree) {
             return;
         }
-        if key.item_type == item::EXTENT_DATA {
-            let range = crate::tree_log::extent_range(key, body);
-            self.log.note(tree, key, &[range]);
-        } else {
-            self.log.note(tree, key, &[]);
+        match key.item_type {
+            item::EXTENT_DATA => {
+                let range = crate::tree_log::extent_range(key, body);
+                self.log.note(tree, key, &[range]);
+            }
+            item::DIR_INDEX => self.log.note(tree, key, &[index_range(key)]),
+            _ => self.log.note(tree, key, &[]),
         }
     }
 
@@ -463,6 +465,24 @@ impl<'a> Transaction<'a> {
                 None => ranges.push((key.offset, u64::MAX)),
             }
         }
+        if key.item_type == item::DIR_INDEX {
+            // The directory's fsync must know where the entry led.
+            let body = self.lookup(tree, key)?.unwrap_or_default();
+            let mut any = false;
+            for e in oleo_format::items::DirEntryIter::new(&body) {
+                let target = e
+                    .ok()
+                    .filter(|e| e.location.item_type == item::INODE_ITEM)
+                    .map(|e| e.location.objectid);
+                self.log.note_unlinked(tree, key.objectid, target);
+                any = true;
+            }
+            if !any {
+                self.log.note_unlinked(tree, key.objectid, None);
+            }
+            ranges.push(index_range(key));
+            ranges.extend(new_key.map(index_range));
+        }
         self.log.note(tree, key, &ranges);
         Ok(())
     }
@@ -474,7 +494,9 @@ impl<'a> Transaction<'a> {
         key: &Key,
         f: impl FnOnce(&mut [u8]) -> R,
     ) -> Result<R> {
-        if crate::tree_log::is_subvolume(tree) {
+        if key.item_type == item::DIR_INDEX {
+            self.note_removal(tree, key, None)?;
+        } else if crate::tree_log::is_subvolume(tree) {
             // The new body is not known here: a file extent may now reach anywhere after.
             let ranges = [(key.offset, u64::MAX)];
             self.log.note(tree, key, &ranges);
@@ -1000,4 +1022,9 @@ impl FsCore {
         }
         self.start_transaction()?.close().map(Some)
     }
+}
+
+/// The DIR_INDEX number a change of the item at `key` touches, as a range.
+fn index_range(key: &Key) -> (u64, u64) {
+    (key.offset, key.offset.saturating_add(1))
 }

@@ -1,10 +1,11 @@
 //! fsync through the log tree, under the crash simulator: a seeded workload of writes,
 //! appends, truncates, punched holes, xattrs, creations, renames (over other files too),
-//! links and unlinks across three directories, with fsyncs of random files and a rare full
-//! commit, while the device records every write and flush. At each crash point (a prefix
-//! of the stream, writes after its last flush each lost or kept), every file whose last
-//! fsync returned before the crash and that was not changed after it must have exactly its
-//! fsynced content, xattrs and names: after oleo's replay (read-only, in memory), after
+//! links and unlinks across three directories, with fsyncs of random files and of the
+//! directories and a rare full commit, while the device records every write and flush. At
+//! each crash point (a prefix of the stream, writes after its last flush each lost or
+//! kept), every file whose last fsync returned before the crash and that was not changed
+//! after it must have exactly its fsynced content, xattrs and names, and every directory
+//! so fsynced exactly the entries it had: after oleo's replay (read-only, in memory), after
 //! oleo's replay committed (`btrfs check` clean after), and after the kernel's replay of
 //! the same state. `btrfs check` must pass on every crash state before replay too.
 //!
@@ -42,10 +43,20 @@ struct Tracked {
     fsyncs: Vec<(usize, usize, Durable)>,
 }
 
+/// One directory of the workload: its entries (name, inode) as each fsync saw them.
+#[derive(Default)]
+struct TrackedDir {
+    changes: Vec<(usize, usize)>,
+    fsyncs: Vec<(usize, usize, Listing)>,
+}
+
+type Listing = BTreeMap<Vec<u8>, u64>;
+
 struct Workload {
     fs: Filesystem,
     rng: Rng,
     files: BTreeMap<u64, Tracked>,
+    dirs: BTreeMap<Vec<u8>, TrackedDir>,
     events: Vec<IoEvent>,
     op: usize,
     fsyncs: usize,
@@ -87,6 +98,13 @@ impl Workload {
     fn changed(&mut self, ino: u64) {
         let at = (self.op, self.events.len());
         self.files.entry(ino).or_default().changes.push(at);
+    }
+
+    /// An entry of the directory holding `p` comes or goes.
+    fn entry_changed(&mut self, p: &[u8]) {
+        let at = (self.op, self.events.len());
+        let d = split(p).0.to_vec();
+        self.dirs.entry(d).or_default().changes.push(at);
     }
 
     /// The file now named `p`, if any.
@@ -143,6 +161,7 @@ impl Workload {
             let p = self.random_name();
             let (d, n) = split(&p);
             let dir = self.dir(d);
+            self.entry_changed(&p);
             if let Ok(a) = self.fs.mknod(dir, n, &oleo::NewInode::file(0o644)) {
                 self.files.entry(a.id.ino).or_default().names.insert(p);
                 self.changed(a.id.ino);
@@ -223,6 +242,8 @@ impl Workload {
             let (td, tnm) = split(&to);
             let (fdir, tdir) = (self.dir(fd), self.dir(td));
             self.changed(ino);
+            self.entry_changed(&from);
+            self.entry_changed(&to);
             if let Some(v) = victim {
                 self.changed(v);
             }
@@ -246,6 +267,7 @@ impl Workload {
             let (td, tnm) = split(&to);
             let tdir = self.dir(td);
             self.changed(ino);
+            self.entry_changed(&to);
             self.fs.link(self.id(ino), tdir, tnm).unwrap();
             self.files.get_mut(&ino).unwrap().names.insert(to);
         } else if kind < 64 {
@@ -256,11 +278,21 @@ impl Workload {
             let (d, n) = split(&p);
             let dir = self.dir(d);
             self.changed(ino);
+            self.entry_changed(&p);
             self.fs.unlink(dir, n).unwrap();
             self.files.get_mut(&ino).unwrap().names.remove(&p);
         } else if kind < 66 {
             self.fs.sync().unwrap();
             self.commits += 1;
+        } else if kind < 72 {
+            let d = DIRS[self.rng.below(3) as usize];
+            let id = self.dir(d);
+            let want = fs_listing(&self.fs, d).unwrap();
+            self.fs.fsync(id, self.rng.chance(30)).unwrap();
+            self.events.extend(self.fs.take_io_recording());
+            let at = (self.op, self.events.len(), want);
+            self.dirs.entry(d.to_vec()).or_default().fsyncs.push(at);
+            self.fsyncs += 1;
         } else {
             let Some(ino) = self.random_file() else {
                 return;
@@ -279,11 +311,14 @@ impl Workload {
     /// `first`, where recording began): read before a change and after an fsync returns,
     /// they can only err towards checking fewer crash states.
     fn threads(&mut self, threads: usize, rounds: usize, first: u64) {
+        // After the step that ran with this operation's number.
+        self.op += 1;
         let mut mine = Vec::new();
         for t in 0..threads {
             let p = path(DIRS[t % 3], format!("t{t}-{}", self.op).as_bytes());
             let (d, n) = split(&p);
             let dir = self.dir(d);
+            self.entry_changed(&p);
             let a = self.fs.mknod(dir, n, &oleo::NewInode::file(0o600)).unwrap();
             self.changed(a.id.ino);
             self.files.entry(a.id.ino).or_default().names.insert(p);
@@ -349,6 +384,69 @@ impl Workload {
             out.push((ino, d.clone()));
         }
         out
+    }
+
+    /// Directories that a crash after `events[..n]` must show as fsynced.
+    fn expected_dirs(&self, n: usize) -> Vec<(Vec<u8>, Listing)> {
+        let mut out = Vec::new();
+        for (d, t) in &self.dirs {
+            let Some((op, _, l)) = t.fsyncs.iter().rev().find(|(_, at, _)| *at <= n) else {
+                continue;
+            };
+            if t.changes.iter().any(|&(o, at)| o > *op && at < n) {
+                continue;
+            }
+            out.push((d.clone(), l.clone()));
+        }
+        out
+    }
+}
+
+/// The entries of directory `d` (a path from the top), by name.
+fn fs_listing(fs: &Filesystem, d: &[u8]) -> Option<Listing> {
+    let mut id = fs.root();
+    if !d.is_empty() {
+        for c in d.split(|&b| b == b'/') {
+            id = fs.lookup(id, c).ok()?;
+        }
+    }
+    let mut out = Listing::new();
+    fs.readdir(id, 0, &mut |e| {
+        if e.name != b"." && e.name != b".." {
+            out.insert(e.name, e.id.ino);
+        }
+        true
+    })
+    .ok()?;
+    Some(out)
+}
+
+fn kernel_listing(top: &Path, d: &[u8]) -> Option<Listing> {
+    use std::os::unix::ffi::{OsStrExt, OsStringExt};
+    use std::os::unix::fs::DirEntryExt;
+    let mut out = Listing::new();
+    for e in std::fs::read_dir(top.join(std::ffi::OsStr::from_bytes(d))).ok()? {
+        let e = e.ok()?;
+        out.insert(e.file_name().into_vec(), e.ino());
+    }
+    Some(out)
+}
+
+fn check_dirs(what: &str, want: &[(Vec<u8>, Listing)], got: impl Fn(&[u8]) -> Option<Listing>) {
+    for (d, l) in want {
+        let g = got(d);
+        assert!(
+            g.as_ref() == Some(l),
+            "{what}: directory {:?} fsynced with {:?}, found {:?}",
+            String::from_utf8_lossy(d),
+            l.iter()
+                .map(|(n, i)| (String::from_utf8_lossy(n), i))
+                .collect::<Vec<_>>(),
+            g.map(|g| g
+                .into_iter()
+                .map(|(n, i)| (String::from_utf8_lossy(&n).into_owned(), i))
+                .collect::<Vec<_>>())
+        );
     }
 }
 
@@ -549,6 +647,7 @@ fn run_seed(name: &str, mkfs_args: &[&str], ops: usize, seed: u64) -> usize {
         fs,
         rng: Rng::new(seed),
         files: BTreeMap::new(),
+        dirs: BTreeMap::new(),
         events: Vec::new(),
         op: 0,
         fsyncs: 0,
@@ -612,6 +711,7 @@ fn run_seed(name: &str, mkfs_args: &[&str], ops: usize, seed: u64) -> usize {
     }
     let crash = scratch.0.join("crash.img");
     let mut files_checked = 0;
+    let mut dirs_checked = 0;
     for (k, &n) in cuts.iter().enumerate() {
         let dropped = crash_image(&base, &crash, &events, n, &mut rng);
         let what = format!(
@@ -619,16 +719,18 @@ fn run_seed(name: &str, mkfs_args: &[&str], ops: usize, seed: u64) -> usize {
             events.len()
         );
         let want = w.expected(n);
+        let want_dirs = w.expected_dirs(n);
         files_checked += want.len();
+        dirs_checked += want_dirs.len();
         if let Err(text) = oleo_testkit::btrfs_check(&crash, false) {
             panic!("{what}: btrfs check before replay:\n{text}");
         }
         let ro = Filesystem::open(&crash, OpenOptions::default())
             .unwrap_or_else(|e| panic!("{what}: oleo cannot open: {e}"));
         let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            check(&format!("{what}, oleo read-only"), &want, |names| {
-                fs_durable(&ro, names)
-            })
+            let what = format!("{what}, oleo read-only");
+            check(&what, &want, |names| fs_durable(&ro, names));
+            check_dirs(&what, &want_dirs, |d| fs_listing(&ro, d));
         }));
         drop(ro);
         let kimg = scratch.0.join("kernel.img");
@@ -646,9 +748,9 @@ fn run_seed(name: &str, mkfs_args: &[&str], ops: usize, seed: u64) -> usize {
             assert!(st, "{what}: the kernel cannot mount it either");
             let top = mnt.clone();
             let k = std::panic::catch_unwind(|| {
-                check(&format!("{what}, kernel replayed"), &want, |names| {
-                    kernel_durable(&top, names)
-                })
+                let what = format!("{what}, kernel replayed");
+                check(&what, &want, |names| kernel_durable(&top, names));
+                check_dirs(&what, &want_dirs, |d| kernel_listing(&top, d));
             });
             kernel_unmount(&mnt, &kimg);
             eprintln!(
@@ -663,9 +765,9 @@ fn run_seed(name: &str, mkfs_args: &[&str], ops: usize, seed: u64) -> usize {
         sparse_copy(&crash, &kimg);
         let rw = Filesystem::open_rw(&crash, OpenOptions::default())
             .unwrap_or_else(|e| panic!("{what}: oleo cannot replay: {e}"));
-        check(&format!("{what}, oleo replayed"), &want, |names| {
-            fs_durable(&rw, names)
-        });
+        let replayed = format!("{what}, oleo replayed");
+        check(&replayed, &want, |names| fs_durable(&rw, names));
+        check_dirs(&replayed, &want_dirs, |d| fs_listing(&rw, d));
         rw.close().unwrap();
         if let Err(text) = oleo_testkit::btrfs_check(&crash, true) {
             panic!("{what}: btrfs check after oleo's replay:\n{text}");
@@ -683,9 +785,9 @@ fn run_seed(name: &str, mkfs_args: &[&str], ops: usize, seed: u64) -> usize {
         assert!(st, "{what}: the kernel cannot mount it");
         let top = mnt.clone();
         let r = std::panic::catch_unwind(|| {
-            check(&format!("{what}, kernel replayed"), &want, |names| {
-                kernel_durable(&top, names)
-            })
+            let what = format!("{what}, kernel replayed");
+            check(&what, &want, |names| kernel_durable(&top, names));
+            check_dirs(&what, &want_dirs, |d| kernel_listing(&top, d));
         });
         kernel_unmount(&mnt, &kimg);
         if let Err(e) = r {
@@ -693,7 +795,7 @@ fn run_seed(name: &str, mkfs_args: &[&str], ops: usize, seed: u64) -> usize {
         }
     }
     eprintln!(
-        "{name} seed {seed}: {} crash states, {files_checked} fsynced files checked",
+        "{name} seed {seed}: {} crash states, {files_checked} fsynced files and {dirs_checked} fsynced directories checked",
         cuts.len()
     );
     cuts.len()
@@ -989,9 +1091,9 @@ fn crash_case(
             let g = got(p);
             assert!(
                 g.as_ref() == Some(c),
-                "{name}, {who}: {p}: {} bytes expected, found {:?}",
-                c.len(),
-                g.map(|g| g.len())
+                "{name}, {who}: {p}: {:?} expected, found {:?}",
+                String::from_utf8_lossy(&c[..c.len().min(32)]),
+                g.map(|g| String::from_utf8_lossy(&g[..g.len().min(32)]).into_owned())
             );
         }
         for p in absent {
@@ -1014,7 +1116,23 @@ fn crash_case(
     );
     let top = mnt.clone();
     let r = std::panic::catch_unwind(|| {
-        verify("kernel replayed", &|p| std::fs::read(top.join(p)).ok())
+        verify("kernel replayed", &|p| {
+            // An empty directory reads as empty and a symlink as its target, as
+            // `content` has them.
+            use std::os::unix::ffi::OsStringExt;
+            let q = top.join(p);
+            if q.is_symlink() {
+                std::fs::read_link(&q)
+                    .ok()
+                    .map(|t| t.into_os_string().into_vec())
+            } else if q.is_dir() {
+                std::fs::read_dir(&q)
+                    .ok()
+                    .and_then(|mut d| d.next().is_none().then(Vec::new))
+            } else {
+                std::fs::read(q).ok()
+            }
+        })
     });
     kernel_unmount(&mnt, &kimg);
     if let Err(e) = r {
@@ -1033,7 +1151,7 @@ fn fsync_path(fs: &Filesystem, p: &str) {
 fn case_fsync_after_rename_across_directories() {
     crash_case(
         "rename",
-        false,
+        true,
         |fs| {
             mk(fs, "a/f", b"renamed file");
         },
@@ -1051,7 +1169,7 @@ fn case_fsync_after_rename_across_directories() {
 fn case_fsync_after_link() {
     crash_case(
         "link",
-        false,
+        true,
         |fs| {
             mk(fs, "a/f", b"linked file");
         },
@@ -1204,5 +1322,111 @@ fn case_fsync_after_preallocating_past_the_end() {
         },
         &["f"],
         &[],
+    );
+}
+
+fn rename_path(fs: &Filesystem, from: &str, to: &str) {
+    let (fd, fname) = from.rsplit_once('/').unwrap_or(("", from));
+    let (td, tname) = to.rsplit_once('/').unwrap_or(("", to));
+    fs.rename(
+        dir_of(fs, fd),
+        fname.as_bytes(),
+        dir_of(fs, td),
+        tname.as_bytes(),
+        RenameFlags::default(),
+    )
+    .unwrap();
+}
+
+#[test]
+fn case_fsync_of_a_directory_with_new_entries() {
+    crash_case(
+        "dir-new-entries",
+        true,
+        |_| {},
+        |fs| {
+            mk(fs, "a/x", b"");
+            mk(fs, "a/y", b"");
+            let a = dir_of(fs, "a");
+            fs.mkdir(a, b"sub", &oleo::NewInode::dir(0o755)).unwrap();
+            fs.symlink(a, b"s", b"x", 0, 0).unwrap();
+            fsync_path(fs, "a");
+        },
+        &["a/x", "a/y", "a/sub", "a/s"],
+        &[],
+    );
+}
+
+#[test]
+fn case_fsync_of_a_directory_after_unlink() {
+    crash_case(
+        "dir-unlink",
+        true,
+        |fs| {
+            mk(fs, "a/x", b"unlinked");
+            mk(fs, "a/y", b"kept");
+        },
+        |fs| {
+            fs.unlink(dir_of(fs, "a"), b"x").unwrap();
+            fsync_path(fs, "a");
+        },
+        &["a/y"],
+        &["a/x"],
+    );
+}
+
+#[test]
+fn case_fsync_of_a_directory_after_rename_within_it() {
+    crash_case(
+        "dir-rename-within",
+        true,
+        |fs| {
+            mk(fs, "a/x", b"renamed");
+            mk(fs, "a/y", b"renamed over");
+        },
+        |fs| {
+            rename_path(fs, "a/x", "a/z");
+            mk(fs, "a/w", b"");
+            rename_path(fs, "a/w", "a/y");
+            fsync_path(fs, "a");
+        },
+        &["a/z", "a/y"],
+        &["a/x", "a/w"],
+    );
+}
+
+#[test]
+fn case_fsync_of_a_directory_after_moving_a_file_out() {
+    crash_case(
+        "dir-rename-out",
+        true,
+        |fs| {
+            mk(fs, "a/x", b"moved out");
+        },
+        |fs| {
+            rename_path(fs, "a/x", "b/x");
+            fsync_path(fs, "a");
+        },
+        &["b/x"],
+        &["a/x"],
+    );
+}
+
+#[test]
+fn case_replace_by_rename_then_fsync_of_the_directory() {
+    crash_case(
+        "rename-replace",
+        false,
+        |fs| {
+            mk(fs, "a/final", b"old content");
+        },
+        |fs| {
+            mk(fs, "a/tmp", b"new content");
+            fsync_path(fs, "a/tmp");
+            rename_path(fs, "a/tmp", "a/final");
+            fsync_path(fs, "a");
+        },
+        &["a/final"],
+        &["a/tmp"],
     );
 }

@@ -9,6 +9,9 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
+/// `_IO(0x94, 8)` in the kernel's uapi/linux/btrfs.h.
+const BTRFS_IOC_SYNC: u32 = 0x9408;
+
 /// Answers with `ok` or the error.
 fn answer<T>(r: Result<T, Errno>, reply: Reply<'_>, ok: impl FnOnce(T, Reply<'_>)) {
     match r {
@@ -131,16 +134,26 @@ impl Handler for OleoFuse {
                 self.space.released(arg.fh);
                 empty(self.id(node).and_then(|id| self.unpin(id)), reply)
             }
-            // A file's fsync logs it (or commits where the log cannot say the change); a
-            // directory's fsync and syncfs commit the transaction.
+            // fsync of a file or a directory logs it (or commits where the log cannot say
+            // the change); syncfs commits the transaction.
             // On a read-only mount there is nothing to make durable: success, as in the
-            // kernel (the engine does no IO for a file with nothing new).
-            Op::Fsync { datasync, .. } => empty(
+            // kernel (the engine does no IO for an inode with nothing new).
+            Op::Fsync { datasync, .. } | Op::Fsyncdir { datasync, .. } => empty(
                 self.id(node)
                     .and_then(|id| self.fs.fsync(id, datasync).map_err(errno)),
                 reply,
             ),
-            Op::Fsyncdir { .. } | Op::Syncfs => empty(self.mutate(|fs| fs.sync().map(drop)), reply),
+            Op::Syncfs => empty(self.mutate(|fs| fs.sync().map(drop)), reply),
+            Op::Ioctl { arg, .. } => match arg.cmd {
+                // `btrfs filesystem sync`: commit the transaction. The only way a FUSE
+                // client has to ask for one (syncfs(2) reaches no FUSE server).
+                // On a read-only mount there is nothing to commit.
+                BTRFS_IOC_SYNC if !self.settings.writable => reply.ioctl(0, &[]),
+                BTRFS_IOC_SYNC => answer(self.mutate(|fs| fs.sync().map(drop)), reply, |(), r| {
+                    r.ioctl(0, &[])
+                }),
+                _ => reply.error(Errno::ENOTTY),
+            },
             Op::Setxattr { flags, name, value } => {
                 empty(self.setxattr(node, name, value, flags), reply)
             }

@@ -23,6 +23,18 @@ pub(crate) struct InodeChanges {
     /// Where the file ended (sector-aligned) when it was last logged: a replay of that
     /// log cuts the file there, so once it grows, the log must describe what lies past.
     pub logged_eof: u64,
+    /// A directory's DIR_INDEX numbers added or removed in this transaction (sorted,
+    /// disjoint, half-open): kept across loggings, each logging states them all again.
+    pub indexes: Vec<(u64, u64)>,
+    /// Inodes whose entries in this directory went away in this transaction.
+    pub unlinked: Vec<u64>,
+    /// Entries went away without the log learning where they led (a range deletion, a
+    /// subvolume's entry): the directory's fsync commits.
+    pub unknown_unlinks: bool,
+    /// Directories where this inode got or lost a name (INODE_REF) in this transaction.
+    pub parents: Vec<u64>,
+    /// An INODE_EXTREF of it changed (its key names no directory).
+    pub extrefs: bool,
 }
 
 /// The running transaction's log: the changes, the log trees, their blocks.
@@ -52,6 +64,12 @@ pub(crate) fn extent_range(key: &Key, body: &[u8]) -> (u64, u64) {
         .map(|fe| fe.file_len())
         .unwrap_or(u64::MAX);
     (key.offset, key.offset.saturating_add(len.max(1)))
+}
+
+/// Whether `x` is in the sorted set of disjoint ranges `set`.
+pub(crate) fn in_ranges(set: &[(u64, u64)], x: u64) -> bool {
+    let i = set.partition_point(|&(_, e)| e <= x);
+    set.get(i).is_some_and(|&(a, _)| a <= x)
 }
 
 /// Adds `[a, b)` to a sorted set of disjoint ranges.
@@ -96,6 +114,9 @@ impl TxnLog {
         if min.objectid == max.objectid && min.item_type == max.item_type {
             // Items of one type of one inode: a file extent starting before `min` stays.
             self.note(subvol, min, &[(min.offset, u64::MAX)]);
+            if min.item_type == item::DIR_INDEX {
+                self.note_unlinked(subvol, min.objectid, None);
+            }
             return;
         }
         if max.objectid.saturating_sub(min.objectid) > 64 {
@@ -107,11 +128,23 @@ impl TxnLog {
             for t in [item::INODE_ITEM, item::INODE_REF, item::EXTENT_DATA] {
                 self.note(subvol, &Key::new(ino, t, 0), &[(0, u64::MAX)]);
             }
+            self.note_unlinked(subvol, ino, None);
+        }
+    }
+
+    /// Records that an entry of directory `dir` leading to `target` (None: unknown or not
+    /// an inode of this subvolume) went away.
+    pub(crate) fn note_unlinked(&mut self, subvol: u64, dir: u64, target: Option<u64>) {
+        let c = self.inodes.entry(InodeId { subvol, ino: dir }).or_default();
+        match target {
+            Some(t) if !c.unlinked.contains(&t) => c.unlinked.push(t),
+            Some(_) => {}
+            None => c.unknown_unlinks = true,
         }
     }
 
     /// Records an edit of `key` in subvolume `subvol`: `ranges` are the file ranges of the
-    /// EXTENT_DATA items it removes or adds.
+    /// EXTENT_DATA items it removes or adds, or the DIR_INDEX numbers.
     pub(crate) fn note(&mut self, subvol: u64, key: &Key, ranges: &[(u64, u64)]) {
         if !(objectid::FIRST_FREE..=objectid::LAST_FREE).contains(&key.objectid) {
             return;
@@ -127,6 +160,11 @@ impl TxnLog {
         match key.item_type {
             item::INODE_REF | item::INODE_EXTREF => {
                 c.names = true;
+                if key.item_type == item::INODE_EXTREF {
+                    c.extrefs = true;
+                } else if !c.parents.contains(&key.offset) {
+                    c.parents.push(key.offset);
+                }
                 if c.logged.is_some() && self.full_commit.is_none() {
                     // The log has this inode under names it may no longer have: replaying
                     // them could bring back a name that was renamed over or removed.
@@ -139,6 +177,11 @@ impl TxnLog {
             item::EXTENT_DATA => {
                 for &(a, b) in ranges {
                     add_range(&mut c.ranges, a, b);
+                }
+            }
+            item::DIR_INDEX => {
+                for &(a, b) in ranges {
+                    add_range(&mut c.indexes, a, b);
                 }
             }
             _ => {}
@@ -163,5 +206,7 @@ mod tests {
         assert_eq!(missing_from(&s, 0, 100), vec![(0, 5), (40, 50), (60, 100)]);
         assert_eq!(missing_from(&s, 6, 39), vec![]);
         assert_eq!(missing_from(&s, 38, 52), vec![(40, 50)]);
+        assert!(in_ranges(&s, 5) && in_ranges(&s, 39) && in_ranges(&s, 59));
+        assert!(!in_ranges(&s, 4) && !in_ranges(&s, 40) && !in_ranges(&s, 60));
     }
 }

@@ -9,14 +9,16 @@
 //!   and everything past EOF (a replay cuts the file there, preallocated tails included)
 //!   or past the EOF of its last logging (a later replay no longer cuts there);
 //! - checksums of the extents written in this transaction;
-//! - for a file created in this transaction, its names (the replay makes the entries).
+//! - for a file created in this transaction, its names (the replay makes the entries);
+//!   for an older file that was renamed, linked or unlinked in it, the entries of every
+//!   directory where its names changed (`log_dir`).
 //!
-//! fsync commits the transaction instead where this log cannot describe the change:
-//! directories, symlinks and special files; a file that existed before this transaction
-//! and got or lost a name in it (rename, link, unlink); a new file named in a directory
-//! that is new too, or with an INODE_EXTREF; any name change of a file after it was logged
-//! (until the commit: replaying the old name could undo a rename over it); filesystems
-//! without NO_HOLES; a log past `LOG_BLOCKS_MAX` blocks or without metadata space.
+//! Directories go to `log_dir`. fsync commits the transaction instead where this log
+//! cannot describe the change: symlinks and special files; a new file named in a directory
+//! that is new too, or with an INODE_EXTREF; any name change of an inode after it was
+//! logged (until the commit: replaying the old name could undo a rename over it; the
+//! kernel edits its log at the rename instead); filesystems without NO_HOLES; a log past
+//! `LOG_BLOCKS_MAX` blocks or without metadata space.
 
 use super::changes::{add_range, missing_from};
 use super::sync::{Gathered, LogBatch};
@@ -30,7 +32,7 @@ use oleo_format::superblock::incompat;
 use std::ops::ControlFlow;
 
 /// A log this large commits instead (the replay refuses logs past 8192 blocks).
-const LOG_BLOCKS_MAX: usize = 2048;
+pub(super) const LOG_BLOCKS_MAX: usize = 2048;
 
 /// What an fsync does after logging.
 pub(crate) enum FsyncPlan {
@@ -66,6 +68,9 @@ impl crate::fs::FsCore {
             .map(|batch| Gathered::Batch { seq, batch })
     }
 }
+
+/// Items to copy into the log.
+pub(super) type Items = Vec<(Key, Vec<u8>)>;
 
 /// A file extent item with the end of the range it covers.
 type Extent = (Key, Vec<u8>, u64);
@@ -125,33 +130,32 @@ impl Transaction<'_> {
         };
         let mut inode = InodeItem::parse(&body)
             .map_err(|e| Error::corrupt(0, format!("inode {}: {e}", id.ino)))?;
-        if FileKind::from_mode(inode.mode) != Some(FileKind::File) {
-            return Ok(Some("only regular files are logged".into()));
-        }
         if inode.nlink == 0 {
-            return Ok(Some("the file has no name".into()));
+            return Ok(Some("the inode has no name".into()));
         }
-        let names = self.log.inodes.get(&id).is_some_and(|c| c.names);
+        match FileKind::from_mode(inode.mode) {
+            Some(FileKind::File) => {}
+            Some(FileKind::Dir) => return self.log_dirs(id.subvol, &[id.ino], seq),
+            _ => return Ok(Some("only regular files and directories are logged".into())),
+        }
+        let (names, extrefs, parents) = match self.log.inodes.get(&id) {
+            Some(c) => (c.names, c.extrefs, c.parents.clone()),
+            None => (false, false, Vec::new()),
+        };
         let mut refs = Vec::new();
-        if names {
-            if inode.generation != transid {
-                return Ok(Some("the file's names changed in this transaction".into()));
+        // An older file's new and lost names go through the logs of the directories
+        // where they changed, after its own items.
+        let mut dirs = Vec::new();
+        if names && inode.generation == transid {
+            match self.new_inode_refs(id, &inode)? {
+                Ok(r) => refs = r,
+                Err(why) => return Ok(Some(why)),
             }
-            refs = self.items_of(id, item::INODE_REF, item::INODE_EXTREF)?;
-            for (k, _) in &refs {
-                if k.item_type != item::INODE_REF {
-                    return Ok(Some("the file has extended references".into()));
-                }
-                let parent = Key::new(k.offset, item::INODE_ITEM, 0);
-                let Some(p) = self.lookup(id.subvol, &parent)? else {
-                    return Ok(Some("a parent directory is gone".into()));
-                };
-                let p = InodeItem::parse(&p)
-                    .map_err(|e| Error::corrupt(0, format!("inode {}: {e}", k.offset)))?;
-                if p.generation >= transid {
-                    return Ok(Some("a parent directory is new in this transaction".into()));
-                }
+        } else if names {
+            if extrefs {
+                return Ok(Some("the file's extended references changed".into()));
             }
+            dirs = parents;
         }
         let xattrs = self.items_of(id, item::XATTR_ITEM, item::XATTR_ITEM)?;
 
@@ -273,14 +277,59 @@ impl Transaction<'_> {
         let c = st.log.inodes.entry(id).or_default();
         c.ranges.clear();
         c.dirty = false;
-        c.names = false;
         c.logged = Some(seq);
         c.logged_eof = eof;
-        Ok(None)
+        if dirs.is_empty() {
+            c.names = false;
+            return Ok(None);
+        }
+        let why = self.log_dirs(id.subvol, &dirs, seq)?;
+        if why.is_none() {
+            if let Some(c) = self.log.inodes.get_mut(&id) {
+                c.names = false;
+            }
+        }
+        Ok(why)
+    }
+
+    /// The back references of an inode whose names changed in this transaction, for the
+    /// log: a replay makes its entries from them. Why not, where that cannot work: an
+    /// inode older than this transaction (renamed, linked or unlinked: the log would have
+    /// to say what became of its old names), extended references, a parent directory new
+    /// in this transaction (a replay would find no directory to make the entry in).
+    pub(super) fn new_inode_refs(
+        &mut self,
+        id: InodeId,
+        inode: &InodeItem,
+    ) -> Result<std::result::Result<Items, String>> {
+        if inode.generation != self.transid {
+            return Ok(Err("the inode's names changed in this transaction".into()));
+        }
+        let refs = self.items_of(id, item::INODE_REF, item::INODE_EXTREF)?;
+        for (k, _) in &refs {
+            if k.item_type != item::INODE_REF {
+                return Ok(Err("the inode has extended references".into()));
+            }
+            let parent = Key::new(k.offset, item::INODE_ITEM, 0);
+            let Some(p) = self.lookup(id.subvol, &parent)? else {
+                return Ok(Err("a parent directory is gone".into()));
+            };
+            let p = InodeItem::parse(&p)
+                .map_err(|e| Error::corrupt(0, format!("inode {}: {e}", k.offset)))?;
+            if p.generation >= self.transid {
+                return Ok(Err("a parent directory is new in this transaction".into()));
+            }
+        }
+        Ok(Ok(refs))
     }
 
     /// The inode's items of types `from..=to`.
-    fn items_of(&mut self, id: InodeId, from: u8, to: u8) -> Result<Vec<(Key, Vec<u8>)>> {
+    pub(super) fn items_of(
+        &mut self,
+        id: InodeId,
+        from: u8,
+        to: u8,
+    ) -> Result<Vec<(Key, Vec<u8>)>> {
         let (min, max) = type_range(id.ino, from, to);
         let mut out = Vec::new();
         self.for_each_in_range(id.subvol, min, max, |k, v| {
@@ -291,7 +340,7 @@ impl Transaction<'_> {
     }
 
     /// The csum tree's checksums of `[start, end)`, cut to it: (address, sums) runs.
-    fn csums_in(
+    pub(super) fn csums_in(
         &mut self,
         start: u64,
         end: u64,
@@ -387,12 +436,17 @@ fn log_root_item(r: &TreeRoot, nodesize: u32) -> RootItem {
     ri
 }
 
-fn type_range(ino: u64, from: u8, to: u8) -> (Key, Key) {
+pub(super) fn type_range(ino: u64, from: u8, to: u8) -> (Key, Key) {
     (Key::new(ino, from, 0), Key::new(ino, to, u64::MAX))
 }
 
 /// Inserts the item, or replaces the one with its key.
-fn put<S: BlockStore>(store: &mut S, root: &mut TreeRoot, key: Key, body: &[u8]) -> Result<()> {
+pub(super) fn put<S: BlockStore>(
+    store: &mut S,
+    root: &mut TreeRoot,
+    key: Key,
+    body: &[u8],
+) -> Result<()> {
     match ctree::insert_item(store, root, key, body) {
         Err(Error::AlreadyExists) => {
             ctree::resize_item(store, root, &key, body.len())?;
@@ -402,7 +456,7 @@ fn put<S: BlockStore>(store: &mut S, root: &mut TreeRoot, key: Key, body: &[u8])
     }
 }
 
-fn insert_all<S: BlockStore>(
+pub(super) fn insert_all<S: BlockStore>(
     store: &mut S,
     root: &mut TreeRoot,
     items: &[(Key, Vec<u8>)],

@@ -9,13 +9,15 @@
 //! its commit (which writes `log_root` 0) is durable.
 //!
 //! Writing, one module per step of an fsync: `changes` (every edit of a subvolume tree
-//! records what it touched), `log_inode` (copy an inode's changes into its subvolume's log
-//! tree, or decide that only a commit can make them durable), `log_store` (where log
+//! records what it touched), `log_inode` (copy a file's changes into its subvolume's log
+//! tree, or decide that only a commit can make them durable), `log_dir` (the same for a
+//! directory's entries), `log_store` (where log
 //! blocks live) and `sync` (write them, flush, superblock copy 0, flush; group commit).
 //! Reading a pending log (`read`) and replaying it (`replay`, with the names half in
 //! `replay_names`) at mount.
 
 mod changes;
+mod log_dir;
 mod log_inode;
 mod log_store;
 mod replay;

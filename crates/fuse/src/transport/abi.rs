@@ -46,6 +46,7 @@ pub mod opcode {
     pub const CREATE: u32 = 35;
     pub const INTERRUPT: u32 = 36;
     pub const DESTROY: u32 = 38;
+    pub const IOCTL: u32 = 39;
     pub const BATCH_FORGET: u32 = 42;
     pub const FALLOCATE: u32 = 43;
     pub const READDIRPLUS: u32 = 44;
@@ -369,6 +370,24 @@ wire! {
         pub offset: u64,
     }
 
+    /// Without FUSE_IOCTL_UNRESTRICTED (only CUSE gets it) `in_size`/`out_size` come from
+    /// the command's _IOC encoding, and `in_size` bytes of argument follow.
+    pub struct IoctlIn {
+        pub fh: u64,
+        pub flags: u32,
+        pub cmd: u32,
+        pub arg: u64,
+        pub in_size: u32,
+        pub out_size: u32,
+    }
+
+    pub struct IoctlOut {
+        pub result: i32,
+        pub flags: u32,
+        pub in_iovs: u32,
+        pub out_iovs: u32,
+    }
+
     pub struct CopyFileRangeIn {
         pub fh_in: u64,
         pub off_in: u64,
@@ -413,6 +432,8 @@ mod tests {
         assert_eq!(size_of::<WriteIn>(), 40);
         assert_eq!(size_of::<StatfsOut>(), 80);
         assert_eq!(size_of::<CopyFileRangeIn>(), 56);
+        assert_eq!(size_of::<IoctlIn>(), 32);
+        assert_eq!(size_of::<IoctlOut>(), 16);
         assert_eq!(size_of::<DirentHead>(), 24);
         assert_eq!(DEV_IOC_CLONE, 0x8004_e500);
     }

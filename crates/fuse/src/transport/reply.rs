@@ -23,6 +23,7 @@ impl Errno {
     pub const EROFS: Errno = Errno(libc::EROFS);
     pub const ERANGE: Errno = Errno(libc::ERANGE);
     pub const ENOSYS: Errno = Errno(libc::ENOSYS);
+    pub const ENOTTY: Errno = Errno(libc::ENOTTY);
     pub const EOPNOTSUPP: Errno = Errno(libc::EOPNOTSUPP);
     pub const ESTALE: Errno = Errno(libc::ESTALE);
     pub const EOVERFLOW: Errno = Errno(libc::EOVERFLOW);
@@ -188,6 +189,17 @@ impl<'a> Reply<'a> {
             padding: 0,
         };
         self.send(0, &[g.as_bytes()])
+    }
+
+    /// An ioctl's result and what it writes back to the caller's argument.
+    pub fn ioctl(self, result: i32, out: &[u8]) {
+        let o = abi::IoctlOut {
+            result,
+            flags: 0,
+            in_iovs: 0,
+            out_iovs: 0,
+        };
+        self.send(0, &[o.as_bytes(), out])
     }
 
     pub fn offset(self, offset: u64) {

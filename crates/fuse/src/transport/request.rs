@@ -112,6 +112,10 @@ pub enum Op<'a> {
     Lseek(abi::LseekIn),
     CopyFileRange(abi::CopyFileRangeIn),
     Syncfs,
+    Ioctl {
+        arg: abi::IoctlIn,
+        data: &'a [u8],
+    },
     /// An opcode we do not serve: answered ENOSYS, so the kernel stops asking.
     Unknown(u32),
 }
@@ -310,6 +314,13 @@ fn op<'a>(code: u32, c: &mut Cursor<'a>) -> Result<Op<'a>, Malformed> {
         opcode::LSEEK => Op::Lseek(c.get()?),
         opcode::COPY_FILE_RANGE => Op::CopyFileRange(c.get()?),
         opcode::SYNCFS => Op::Syncfs,
+        opcode::IOCTL => {
+            let arg: abi::IoctlIn = c.get()?;
+            Op::Ioctl {
+                arg,
+                data: c.bytes(arg.in_size as usize)?,
+            }
+        }
         other => Op::Unknown(other),
     })
 }

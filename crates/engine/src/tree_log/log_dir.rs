@@ -1,0 +1,332 @@
+//! A directory's fsync (the kernel's log_directory_changes): the entries it gained or lost
+//! in this transaction go to the log, so that a replay makes them or removes them.
+//!
+//! Logged, as ../shared/docs/btrfs-format.md 12.3 shows the kernel doing it:
+//! - the directory's inode item (nbytes 0), its xattrs, and its names if it is new;
+//! - a DIR_LOG_INDEX range over every entry number added or removed in this transaction
+//!   (a replay removes the entries in a range that the log does not list) and the
+//!   DIR_INDEX items now in those ranges (a replay adds them);
+//! - every inode such an entry leads to that a replay would not find (new in this
+//!   transaction and not logged yet): files and directories "exist only" (generation 0,
+//!   size 0: their content is their own fsync's business), symlinks and special files
+//!   whole. Directories new in this transaction get their own entries from their own fsync,
+//!   not recursively as the kernel does.
+//!
+//! An inode that left a logged directory for another one in this transaction would lose
+//! its only name at replay (the first log removes the entry, nothing adds the new one):
+//! the directory it went to is logged along (up to `DIRS_MAX` directories in one go, all
+//! or none). Commits instead: a directory older than this transaction that was renamed,
+//! a new directory in a new directory, subvolume entries, entries that went in bulk.
+
+use super::changes::in_ranges;
+use super::log_inode::{insert_all, put, type_range, Items, LOG_BLOCKS_MAX};
+use super::replay_names::names_in_ref;
+use crate::ctree::{self, BlockStore};
+use crate::error::{Error, Result};
+use crate::fs::{FileKind, InodeId};
+use crate::transaction::Transaction;
+use oleo_format::items::{DirEntryIter, FileExtent, FileExtentBody, InodeItem};
+use oleo_format::key::{item, objectid, Key};
+use std::ops::ControlFlow;
+
+/// Directories one fsync may log together before it commits instead.
+const DIRS_MAX: usize = 8;
+
+/// What the log gets for one directory.
+struct DirPlan {
+    id: InodeId,
+    inode: InodeItem,
+    /// Its back references, when it is new and they changed.
+    refs: Option<Items>,
+    xattrs: Items,
+    /// DIR_LOG_INDEX ranges, then the DIR_INDEX items in them.
+    entries: Items,
+    /// Inodes entries lead to that a replay would not find, with their items.
+    targets: Vec<(InodeId, Items)>,
+}
+
+/// Whether a directory can be logged alone.
+enum Planned {
+    Ready(Box<DirPlan>),
+    /// Only with this directory logged too: an inode that left the first for it would
+    /// otherwise lose its only name at replay.
+    Needs(u64),
+    Commit(String),
+}
+
+impl Transaction<'_> {
+    /// Logs the entry changes of directories `dirs` of subvolume `subvol`, and of any
+    /// other directory they need; why not, when the log cannot say them. Either all of
+    /// them go to the log or none.
+    pub(super) fn log_dirs(
+        &mut self,
+        subvol: u64,
+        dirs: &[u64],
+        seq: u64,
+    ) -> Result<Option<String>> {
+        let mut set: Vec<u64> = dirs.to_vec();
+        let plans = 'plan: loop {
+            let mut plans = Vec::new();
+            for &d in &set {
+                let id = InodeId { subvol, ino: d };
+                match self.plan_dir(id, &set)? {
+                    Planned::Ready(p) => plans.push(*p),
+                    Planned::Needs(q) if set.len() < DIRS_MAX && !set.contains(&q) => {
+                        set.push(q);
+                        continue 'plan;
+                    }
+                    Planned::Needs(q) => {
+                        return Ok(Some(format!(
+                            "an inode moved from directory {d} to {q} in this transaction"
+                        )))
+                    }
+                    Planned::Commit(why) => return Ok(Some(why)),
+                }
+            }
+            break plans;
+        };
+        let mut bytes = 0;
+        for p in &plans {
+            let lists = [p.refs.as_ref(), Some(&p.xattrs), Some(&p.entries)];
+            let targets = p.targets.iter().map(|(_, i)| Some(i));
+            for items in lists.into_iter().chain(targets).flatten() {
+                bytes += items.iter().map(|(_, v)| v.len() + 25).sum::<usize>();
+            }
+        }
+        if self.log.blocks.count() > LOG_BLOCKS_MAX || !self.log_fits(4 * bytes as u64) {
+            return Ok(Some(
+                "the log tree is large or metadata space is low".into(),
+            ));
+        }
+        for p in plans {
+            self.write_dir(p, seq)?;
+        }
+        Ok(None)
+    }
+
+    /// What logging directory `id` takes, with the directories `with` logged alongside.
+    fn plan_dir(&mut self, id: InodeId, with: &[u64]) -> Result<Planned> {
+        let key = Key::new(id.ino, item::INODE_ITEM, 0);
+        let Some(body) = self.lookup(id.subvol, &key)? else {
+            return Ok(Planned::Commit(format!("directory {} is gone", id.ino)));
+        };
+        let inode = InodeItem::parse(&body)
+            .map_err(|e| Error::corrupt(0, format!("inode {}: {e}", id.ino)))?;
+        if FileKind::from_mode(inode.mode) != Some(FileKind::Dir) || inode.nlink == 0 {
+            return Ok(Planned::Commit(format!("inode {} is no directory", id.ino)));
+        }
+        let c = self.log.inodes.get(&id);
+        if c.is_some_and(|c| c.unknown_unlinks) {
+            return Ok(Planned::Commit(
+                "entries of the directory went without a trace".into(),
+            ));
+        }
+        let names = c.is_some_and(|c| c.names);
+        let indexes = c.map(|c| c.indexes.clone()).unwrap_or_default();
+        let unlinked = c.map(|c| c.unlinked.clone()).unwrap_or_default();
+        let refs = if names {
+            match self.new_inode_refs(id, &inode)? {
+                Ok(r) => Some(r),
+                Err(why) => return Ok(Planned::Commit(why)),
+            }
+        } else {
+            None
+        };
+        for ino in unlinked {
+            if let Some(q) = self.new_name_elsewhere(id, ino, with)? {
+                return Ok(Planned::Needs(q));
+            }
+        }
+        let xattrs = self.items_of(id, item::XATTR_ITEM, item::XATTR_ITEM)?;
+
+        // The entries in the changed ranges, and the inodes they lead to that a replay
+        // would not find.
+        let mut entries: Items = indexes
+            .iter()
+            .map(|&(a, b)| {
+                let key = Key::new(id.ino, item::DIR_LOG_INDEX, a);
+                (key, (b - 1).to_le_bytes().to_vec())
+            })
+            .collect();
+        let first_entry = entries.len();
+        for &(a, b) in &indexes {
+            self.for_each_in_range(
+                id.subvol,
+                Key::new(id.ino, item::DIR_INDEX, a),
+                Key::new(id.ino, item::DIR_INDEX, b - 1),
+                |k, v| {
+                    entries.push((k, v.to_vec()));
+                    Ok(ControlFlow::Continue(()))
+                },
+            )?;
+        }
+        let mut targets: Vec<(InodeId, Items)> = Vec::new();
+        for (k, v) in &entries[first_entry..] {
+            let e = DirEntryIter::new(v)
+                .next()
+                .ok_or_else(|| Error::corrupt(0, format!("empty dir index {k:?}")))?
+                .map_err(|e| Error::corrupt(0, format!("dir index {k:?}: {e}")))?;
+            if e.location.item_type != item::INODE_ITEM {
+                return Ok(Planned::Commit(
+                    "the directory has a new subvolume entry".into(),
+                ));
+            }
+            let t = InodeId {
+                subvol: id.subvol,
+                ino: e.location.objectid,
+            };
+            let logged = self.log.inodes.get(&t).is_some_and(|c| c.logged.is_some());
+            if logged || t == id || targets.iter().any(|(x, _)| *x == t) {
+                continue;
+            }
+            match self.target_items(t)? {
+                Ok(Some(items)) => targets.push((t, items)),
+                Ok(None) => {}
+                Err(why) => return Ok(Planned::Commit(why)),
+            }
+        }
+        Ok(Planned::Ready(Box::new(DirPlan {
+            id,
+            inode,
+            refs,
+            xattrs,
+            entries,
+            targets,
+        })))
+    }
+
+    fn write_dir(&mut self, p: DirPlan, seq: u64) -> Result<()> {
+        let DirPlan {
+            id,
+            mut inode,
+            refs,
+            xattrs,
+            entries,
+            targets,
+        } = p;
+        let fsid = BlockStore::fsid(&*self);
+        let synced = self.filesystem().pipe.log.synced();
+        let log_root = self.log.trees.get(&id.subvol).copied();
+        let st = &mut **self;
+        let mut store = st.log_store(fsid, synced);
+        let mut root = match log_root {
+            Some(r) => r,
+            None => ctree::new_tree(&mut store, objectid::TREE_LOG)?,
+        };
+        inode.nbytes = 0;
+        put(
+            &mut store,
+            &mut root,
+            Key::new(id.ino, item::INODE_ITEM, 0),
+            &inode.to_bytes(),
+        )?;
+        let replace = |store: &mut _, root: &mut _, ino, from, to, items: &Items| {
+            let (min, max) = type_range(ino, from, to);
+            ctree::delete_range(store, root, min, max)?;
+            insert_all(store, root, items)
+        };
+        if let Some(refs) = &refs {
+            let (a, b) = (item::INODE_REF, item::INODE_EXTREF);
+            replace(&mut store, &mut root, id.ino, a, b, refs)?;
+        }
+        let (a, b) = (item::XATTR_ITEM, item::XATTR_ITEM);
+        replace(&mut store, &mut root, id.ino, a, b, &xattrs)?;
+        let (a, b) = (item::DIR_LOG_ITEM, item::DIR_INDEX);
+        replace(&mut store, &mut root, id.ino, a, b, &entries)?;
+        for (t, items) in &targets {
+            let (a, b) = (item::INODE_ITEM, item::EXTENT_DATA);
+            replace(&mut store, &mut root, t.ino, a, b, items)?;
+        }
+        st.log.trees.insert(id.subvol, root);
+        for (t, _) in targets {
+            // Logged: a rename of it from now on must commit (changes::note), and its own
+            // fsync logs it whole (its size here was 0).
+            let c = st.log.inodes.entry(t).or_default();
+            c.logged = Some(seq);
+            c.logged_eof = 0;
+        }
+        let c = st.log.inodes.entry(id).or_default();
+        c.dirty = false;
+        c.names = false;
+        c.logged = Some(seq);
+        Ok(())
+    }
+
+    /// What the log needs of inode `t`, which a new entry leads to, so that a replay
+    /// finds it: nothing if it is older than this transaction; why not, if the log cannot
+    /// hold it.
+    fn target_items(&mut self, t: InodeId) -> Result<std::result::Result<Option<Items>, String>> {
+        let Some(body) = self.lookup(t.subvol, &Key::new(t.ino, item::INODE_ITEM, 0))? else {
+            return Ok(Err(format!("inode {} of a new entry is gone", t.ino)));
+        };
+        let mut ti = InodeItem::parse(&body)
+            .map_err(|e| Error::corrupt(0, format!("inode {}: {e}", t.ino)))?;
+        if ti.generation < self.transid {
+            return Ok(Ok(None));
+        }
+        ti.nbytes = 0;
+        let mut items = Vec::new();
+        let whole = !matches!(
+            FileKind::from_mode(ti.mode),
+            Some(FileKind::File | FileKind::Dir)
+        );
+        if !whole {
+            // Exists only: the replay creates it empty if it must.
+            ti.generation = 0;
+            ti.size = 0;
+        }
+        items.push((Key::new(t.ino, item::INODE_ITEM, 0), ti.to_bytes()));
+        // A replay deletes the xattrs of a logged inode that its log lacks.
+        items.extend(self.items_of(t, item::XATTR_ITEM, item::XATTR_ITEM)?);
+        if whole {
+            for (k, v) in self.items_of(t, item::EXTENT_DATA, item::EXTENT_DATA)? {
+                let inline = FileExtent::parse(&v)
+                    .is_ok_and(|fe| matches!(fe.body, FileExtentBody::Inline { .. }));
+                if !inline {
+                    return Ok(Err(format!("new inode {} has extents on disk", t.ino)));
+                }
+                items.push((k, v));
+            }
+        }
+        Ok(Ok(Some(items)))
+    }
+
+    /// A directory, not in `with`, where `ino` (whose entry in `dir` went away) got a
+    /// name in this transaction: a replay that removes the entry in `dir` would lose
+    /// `ino` unless that directory's log names it. Names in older entries survive a replay
+    /// as they are.
+    fn new_name_elsewhere(&mut self, dir: InodeId, ino: u64, with: &[u64]) -> Result<Option<u64>> {
+        let t = InodeId {
+            subvol: dir.subvol,
+            ino,
+        };
+        let Some(body) = self.lookup(t.subvol, &Key::new(ino, item::INODE_ITEM, 0))? else {
+            return Ok(None);
+        };
+        let ti =
+            InodeItem::parse(&body).map_err(|e| Error::corrupt(0, format!("inode {ino}: {e}")))?;
+        if ti.nlink == 0 {
+            return Ok(None);
+        }
+        for (k, v) in self.items_of(t, item::INODE_REF, item::INODE_EXTREF)? {
+            for (parent, _, index) in names_in_ref(&k, &v)? {
+                if parent == dir.ino || with.contains(&parent) {
+                    continue;
+                }
+                let p = InodeId {
+                    subvol: dir.subvol,
+                    ino: parent,
+                };
+                let new = self
+                    .log
+                    .inodes
+                    .get(&p)
+                    .is_some_and(|c| in_ranges(&c.indexes, index));
+                if new {
+                    return Ok(Some(parent));
+                }
+            }
+        }
+        Ok(None)
+    }
+}
