@@ -688,9 +688,9 @@ fn readers_and_writers_at_once() {
     assert_btrfs_check(&image, "concurrent readers and writers");
 }
 
-/// An fsync of a directory through the mount writes the log tree (no commit) and the
-/// kernel's replay of a copy taken then has the new entries; BTRFS_IOC_SYNC (`btrfs
-/// filesystem sync`) commits.
+/// An fsync of a directory and an O_SYNC write through the mount write the log tree (no
+/// commit), and the kernel's replay of a copy taken then has the new entries and the
+/// written data; BTRFS_IOC_SYNC (`btrfs filesystem sync`) commits.
 #[test]
 fn directory_fsync_logs_and_the_sync_ioctl_commits() {
     let name = "dir-fsync";
@@ -739,7 +739,19 @@ fn directory_fsync_logs_and_the_sync_ioctl_commits() {
         generation,
         "the directory's fsync committed"
     );
-    std::fs::copy(&image, &copy).unwrap();
+    {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        let mut f = std::fs::OpenOptions::new()
+            .create(true)
+            .write(true)
+            .custom_flags(libc::O_SYNC)
+            .open(mnt.join("d/sync"))
+            .unwrap();
+        f.write_all(&[7u8; 100_000]).unwrap();
+        // No close, no fsync: O_SYNC made it durable.
+        std::fs::copy(&image, &copy).unwrap();
+    }
 
     mount::btrfs_sync(&mnt).unwrap();
     assert!(
@@ -750,11 +762,17 @@ fn directory_fsync_logs_and_the_sync_ioctl_commits() {
     m.unmount().unwrap();
 
     let k = KernelMount::mount(&copy, &kmnt, &["rw"]).expect("kernel mount of the copy");
-    let names: Vec<_> = std::fs::read_dir(kmnt.join("d"))
+    let mut names: Vec<_> = std::fs::read_dir(kmnt.join("d"))
         .unwrap()
         .map(|e| e.unwrap().file_name())
         .collect();
+    names.sort();
+    let data = std::fs::read(kmnt.join("d/sync")).unwrap();
     k.unmount().unwrap();
-    assert_eq!(names, ["new"], "the kernel's replay");
+    assert_eq!(names, ["new", "sync"], "the kernel's replay");
+    assert!(
+        data == [7u8; 100_000],
+        "O_SYNC data after the kernel's replay"
+    );
     assert_btrfs_check(&copy, "after the kernel's replay");
 }

@@ -217,6 +217,11 @@ impl Transaction<'_> {
         }
         let plan = self.plan(flags)?;
         self.create(&plan)?;
+        // The committed chunk tree knows nothing of it: a log replay could not reach data
+        // or log blocks placed there (the kernel's btrfs_make_block_group does the same).
+        self.log.full_commit.get_or_insert_with(|| {
+            format!("block group {} was made in this transaction", plan.logical)
+        });
         Ok(plan.logical)
     }
 

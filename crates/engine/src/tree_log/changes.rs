@@ -43,6 +43,9 @@ pub(crate) struct TxnLog {
     pub inodes: HashMap<InodeId, InodeChanges>,
     /// Why fsyncs in this transaction must commit it (the kernel's "log full commit").
     pub full_commit: Option<String>,
+    /// Logged inodes whose names changed since: the log must say their new names (or
+    /// that they are gone) before it is synced again (`Transaction::settle`).
+    pub stale: Vec<InodeId>,
     /// Each subvolume's log tree.
     pub trees: BTreeMap<u64, TreeRoot>,
     /// The log root tree, once a log sync built it.
@@ -162,16 +165,25 @@ impl TxnLog {
                 c.names = true;
                 if key.item_type == item::INODE_EXTREF {
                     c.extrefs = true;
-                } else if !c.parents.contains(&key.offset) {
+                } else if key.offset != 0 && !c.parents.contains(&key.offset) {
+                    // (Offset 0: all of a deleted inode's references, removed one by one
+                    // before.)
                     c.parents.push(key.offset);
                 }
-                if c.logged.is_some() && self.full_commit.is_none() {
+                if c.logged.is_some() {
                     // The log has this inode under names it may no longer have: replaying
                     // them could bring back a name that was renamed over or removed.
-                    self.full_commit = Some(format!(
-                        "the names of inode {} changed after it was logged",
-                        key.objectid
-                    ));
+                    let id = InodeId {
+                        subvol,
+                        ino: key.objectid,
+                    };
+                    if c.extrefs {
+                        self.full_commit.get_or_insert_with(|| {
+                            format!("the extended references of inode {} changed", id.ino)
+                        });
+                    } else if !self.stale.contains(&id) {
+                        self.stale.push(id);
+                    }
                 }
             }
             item::EXTENT_DATA => {

@@ -77,7 +77,7 @@ impl Transaction<'_> {
                     }
                     Planned::Needs(q) => {
                         return Ok(Some(format!(
-                            "an inode moved from directory {d} to {q} in this transaction"
+                            "directory {d} needs {q} logged too, past {DIRS_MAX} directories"
                         )))
                     }
                     Planned::Commit(why) => return Ok(Some(why)),
@@ -125,8 +125,9 @@ impl Transaction<'_> {
         let indexes = c.map(|c| c.indexes.clone()).unwrap_or_default();
         let unlinked = c.map(|c| c.unlinked.clone()).unwrap_or_default();
         let refs = if names {
-            match self.new_inode_refs(id, &inode)? {
-                Ok(r) => Some(r),
+            match self.new_inode_refs(id, &inode, with)? {
+                Ok((_, missing)) if !missing.is_empty() => return Ok(Planned::Needs(missing[0])),
+                Ok((r, _)) => Some(r),
                 Err(why) => return Ok(Planned::Commit(why)),
             }
         } else {
@@ -176,8 +177,12 @@ impl Transaction<'_> {
                 ino: e.location.objectid,
             };
             let logged = self.log.inodes.get(&t).is_some_and(|c| c.logged.is_some());
-            if logged || t == id || targets.iter().any(|(x, _)| *x == t) {
+            if logged || t == id || with.contains(&t.ino) || targets.iter().any(|(x, _)| *x == t) {
                 continue;
+            }
+            if e.kind() == oleo_format::items::FileType::Dir && self.is_new(t)? {
+                // Logged whole, its entries too, as the kernel does.
+                return Ok(Planned::Needs(t.ino));
             }
             match self.target_items(t)? {
                 Ok(Some(items)) => targets.push((t, items)),
@@ -250,6 +255,16 @@ impl Transaction<'_> {
         c.names = false;
         c.logged = Some(seq);
         Ok(())
+    }
+
+    /// Whether inode `t` was made in this transaction.
+    fn is_new(&mut self, t: InodeId) -> Result<bool> {
+        let Some(body) = self.lookup(t.subvol, &Key::new(t.ino, item::INODE_ITEM, 0))? else {
+            return Ok(false);
+        };
+        let i = InodeItem::parse(&body)
+            .map_err(|e| Error::corrupt(0, format!("inode {}: {e}", t.ino)))?;
+        Ok(i.generation >= self.transid)
     }
 
     /// What the log needs of inode `t`, which a new entry leads to, so that a replay

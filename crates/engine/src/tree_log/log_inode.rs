@@ -13,11 +13,14 @@
 //!   for an older file that was renamed, linked or unlinked in it, the entries of every
 //!   directory where its names changed (`log_dir`).
 //!
+//! An inode renamed, linked or unlinked after it was logged is logged again before the log
+//! is synced next (`settle`: replaying its old names could undo a rename over it; the
+//! kernel edits its log at the rename instead), or taken out of the log with the
+//! directories it left logged if it is gone.
+//!
 //! Directories go to `log_dir`. fsync commits the transaction instead where this log
 //! cannot describe the change: symlinks and special files; a new file named in a directory
-//! that is new too, or with an INODE_EXTREF; any name change of an inode after it was
-//! logged (until the commit: replaying the old name could undo a rename over it; the
-//! kernel edits its log at the rename instead); filesystems without NO_HOLES; a log past
+//! that is new too; INODE_EXTREFs that changed; filesystems without NO_HOLES; a log past
 //! `LOG_BLOCKS_MAX` blocks or without metadata space.
 
 use super::changes::{add_range, missing_from};
@@ -86,6 +89,16 @@ impl Transaction<'_> {
         if let Some(why) = &self.log.full_commit {
             return Ok(FsyncPlan::Commit(why.clone()));
         }
+        let seq = self.filesystem().pipe.log.next();
+        match self.settle(seq) {
+            Ok(None) => {}
+            Ok(Some(why)) => return Ok(FsyncPlan::Commit(why)),
+            Err(e) => {
+                let why = format!("logging renamed inodes again failed: {e}");
+                self.log.full_commit = Some(why.clone());
+                return Ok(FsyncPlan::Commit(why));
+            }
+        }
         let (dirty, logged) = match self.log.inodes.get(&id) {
             Some(c) => (c.dirty, c.logged),
             None => (false, None),
@@ -96,7 +109,6 @@ impl Transaction<'_> {
                 seq: logged,
             });
         }
-        let seq = self.filesystem().pipe.log.next();
         match self.copy_inode(id, seq) {
             Ok(None) => Ok(FsyncPlan::Log {
                 transid,
@@ -147,10 +159,24 @@ impl Transaction<'_> {
         // where they changed, after its own items.
         let mut dirs = Vec::new();
         if names && inode.generation == transid {
-            match self.new_inode_refs(id, &inode)? {
-                Ok(r) => refs = r,
+            let missing;
+            match self.new_inode_refs(id, &inode, &[])? {
+                Ok(r) => (refs, missing) = r,
                 Err(why) => return Ok(Some(why)),
             }
+            // A logged directory may still list a name it had before; a new directory
+            // must be in the log for the replay to make the name in it.
+            dirs = parents
+                .into_iter()
+                .filter(|&p| {
+                    let p = InodeId {
+                        subvol: id.subvol,
+                        ino: p,
+                    };
+                    self.log.inodes.get(&p).is_some_and(|c| c.logged.is_some())
+                })
+                .collect();
+            dirs.extend(missing);
         } else if names {
             if extrefs {
                 return Ok(Some("the file's extended references changed".into()));
@@ -283,29 +309,92 @@ impl Transaction<'_> {
             c.names = false;
             return Ok(None);
         }
-        let why = self.log_dirs(id.subvol, &dirs, seq)?;
-        if why.is_none() {
-            if let Some(c) = self.log.inodes.get_mut(&id) {
-                c.names = false;
+        match self.log_dirs(id.subvol, &dirs, seq)? {
+            None => {
+                if let Some(c) = self.log.inodes.get_mut(&id) {
+                    c.names = false;
+                }
+                Ok(None)
+            }
+            Some(why) => {
+                // The file's items are in: without its directories the log may name it
+                // where a replay finds no directory.
+                self.log.full_commit = Some(why.clone());
+                Ok(Some(why))
             }
         }
-        Ok(why)
+    }
+
+    /// Logs again the inodes whose names changed after they were logged, so that the log
+    /// says their names as they are; why not (the transaction's fsyncs then commit).
+    fn settle(&mut self, seq: u64) -> Result<Option<String>> {
+        while let Some(id) = self.log.stale.pop() {
+            let why = match self.relog(id, seq) {
+                Ok(why) => why,
+                Err(e) => Some(format!("logging inode {} again failed: {e}", id.ino)),
+            };
+            if let Some(why) = why {
+                self.log.full_commit = Some(why.clone());
+                return Ok(Some(why));
+            }
+        }
+        Ok(None)
+    }
+
+    fn relog(&mut self, id: InodeId, seq: u64) -> Result<Option<String>> {
+        let key = Key::new(id.ino, item::INODE_ITEM, 0);
+        let alive = match self.lookup(id.subvol, &key)? {
+            Some(b) => InodeItem::parse(&b).is_ok_and(|i| i.nlink > 0),
+            None => false,
+        };
+        if alive {
+            if let Some(c) = self.log.inodes.get_mut(&id) {
+                c.dirty = true;
+            }
+            return self.copy_inode(id, seq);
+        }
+        // Gone: it leaves the log, and the directories it left say so.
+        let parents = self
+            .log
+            .inodes
+            .get(&id)
+            .map(|c| c.parents.clone())
+            .unwrap_or_default();
+        if let Some(mut root) = self.log.trees.get(&id.subvol).copied() {
+            let fsid = BlockStore::fsid(&*self);
+            let synced = self.filesystem().pipe.log.synced();
+            let st = &mut **self;
+            let mut store = st.log_store(fsid, synced);
+            let (min, max) = (Key::new(id.ino, 0, 0), Key::new(id.ino, u8::MAX, u64::MAX));
+            ctree::delete_range(&mut store, &mut root, min, max)?;
+            st.log.trees.insert(id.subvol, root);
+        }
+        if let Some(c) = self.log.inodes.get_mut(&id) {
+            c.logged = None;
+        }
+        if parents.is_empty() {
+            return Ok(None);
+        }
+        self.log_dirs(id.subvol, &parents, seq)
     }
 
     /// The back references of an inode whose names changed in this transaction, for the
-    /// log: a replay makes its entries from them. Why not, where that cannot work: an
-    /// inode older than this transaction (renamed, linked or unlinked: the log would have
-    /// to say what became of its old names), extended references, a parent directory new
-    /// in this transaction (a replay would find no directory to make the entry in).
+    /// log: a replay makes its entries from them; with the parent directories new in this
+    /// transaction that are neither logged nor in `with` (a replay would find no directory
+    /// to make the entry in unless they are logged too). Why not, where that cannot work:
+    /// an inode older than this transaction (renamed, linked or unlinked: the log would
+    /// have to say what became of its old names), extended references.
     pub(super) fn new_inode_refs(
         &mut self,
         id: InodeId,
         inode: &InodeItem,
-    ) -> Result<std::result::Result<Items, String>> {
+        with: &[u64],
+    ) -> Result<std::result::Result<(Items, Vec<u64>), String>> {
         if inode.generation != self.transid {
             return Ok(Err("the inode's names changed in this transaction".into()));
         }
         let refs = self.items_of(id, item::INODE_REF, item::INODE_EXTREF)?;
+        let mut missing = Vec::new();
         for (k, _) in &refs {
             if k.item_type != item::INODE_REF {
                 return Ok(Err("the inode has extended references".into()));
@@ -316,11 +405,24 @@ impl Transaction<'_> {
             };
             let p = InodeItem::parse(&p)
                 .map_err(|e| Error::corrupt(0, format!("inode {}: {e}", k.offset)))?;
-            if p.generation >= self.transid {
-                return Ok(Err("a parent directory is new in this transaction".into()));
+            let pid = InodeId {
+                subvol: id.subvol,
+                ino: k.offset,
+            };
+            let logged = self
+                .log
+                .inodes
+                .get(&pid)
+                .is_some_and(|c| c.logged.is_some());
+            if p.generation >= self.transid
+                && !logged
+                && !with.contains(&k.offset)
+                && !missing.contains(&k.offset)
+            {
+                missing.push(k.offset);
             }
         }
-        Ok(Ok(refs))
+        Ok(Ok((refs, missing)))
     }
 
     /// The inode's items of types `from..=to`.
@@ -386,6 +488,13 @@ impl Transaction<'_> {
     }
 
     fn try_log_batch(&mut self, seq: u64) -> Result<LogBatch> {
+        if let Some(why) = self.settle(seq)? {
+            return Err(Error::Unsupported(why));
+        }
+        if let Some(why) = &self.log.full_commit {
+            // Half changed: the commit makes this transaction's fsyncs durable.
+            return Err(Error::Unsupported(why.clone()));
+        }
         let nodesize = self.filesystem().sb.nodesize;
         let csum = self.filesystem().sb.csum_type();
         let fsid = BlockStore::fsid(&*self);
