@@ -11,7 +11,7 @@
 //!
 //! Needs root and btrfs-progs. `OLEO_TEST_SEED` replays a seed, `OLEO_TEST_SEEDS=N` runs N
 //! workloads per test; `OLEO_FSYNC_CRASH_POINTS` sets crash points per workload (default
-//! 400; a nightly run: `OLEO_TEST_SEEDS=20 OLEO_FSYNC_CRASH_POINTS=1000`, 60,000 states).
+//! 800; a nightly run: `OLEO_TEST_SEEDS=20 OLEO_FSYNC_CRASH_POINTS=1000`, 60,000 states).
 
 mod common;
 
@@ -716,7 +716,7 @@ fn run_seed(name: &str, mkfs_args: &[&str], ops: usize, seed: u64) -> usize {
     let points: usize = std::env::var("OLEO_FSYNC_CRASH_POINTS")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(400);
+        .unwrap_or(800);
     let mut rng = Rng::new(seed ^ 0x5eed);
     let mut cuts: Vec<usize> = Vec::new();
     for (i, e) in events.iter().enumerate() {
