@@ -20,8 +20,9 @@
 //!
 //! Directories go to `log_dir`. fsync commits the transaction instead where this log
 //! cannot describe the change: symlinks and special files; a new file named in a directory
-//! that is new too; INODE_EXTREFs that changed; filesystems without NO_HOLES; a log past
-//! `LOG_BLOCKS_MAX` blocks or without metadata space.
+//! that is new too; INODE_EXTREFs that changed; a log past `LOG_BLOCKS_MAX` blocks or
+//! without metadata space. (Without NO_HOLES the file's own hole items are copied like
+//! any other extent.)
 
 use super::changes::{add_range, missing_from};
 use super::sync::{Gathered, LogBatch};
@@ -31,7 +32,6 @@ use crate::fs::{FileKind, InodeId};
 use crate::transaction::Transaction;
 use oleo_format::items::{Compression, FileExtent, FileExtentBody, InodeItem, RootItem};
 use oleo_format::key::{item, objectid, Key};
-use oleo_format::superblock::incompat;
 use std::ops::ControlFlow;
 
 /// A log this large commits instead (the replay refuses logs past 8192 blocks).
@@ -129,9 +129,6 @@ impl Transaction<'_> {
     fn copy_inode(&mut self, id: InodeId, seq: u64) -> Result<Option<String>> {
         let transid = self.transid;
         let sb = &self.filesystem().sb;
-        if !sb.has_incompat(incompat::NO_HOLES) {
-            return Ok(Some("the filesystem has no NO_HOLES feature".into()));
-        }
         let sector = u64::from(sb.sectorsize);
         let csum_size = sb.csum_type().size();
         if self.log.blocks.count() > LOG_BLOCKS_MAX {
