@@ -928,6 +928,19 @@ fn fsync_flush_discipline() {
         "a clean file's fsync wrote"
     );
 
+    // A directory's fsync: one log sync; with nothing new since, no IO.
+    let root = fs.root();
+    fs.mknod(root, b"h", &oleo::NewInode::file(0o644)).unwrap();
+    fs.fsync(root, false).unwrap();
+    let ev = fs.take_io_recording();
+    let flushes = ev.iter().filter(|e| **e == IoEvent::Flush).count();
+    assert_eq!(flushes, 2, "a directory's fsync: one log sync");
+    fs.fsync(root, false).unwrap();
+    assert!(
+        fs.take_io_recording().is_empty(),
+        "a clean directory's fsync wrote"
+    );
+
     // A commit: two flushes, every superblock copy that fits.
     fs.write(f, 0, &[3u8; 100]).unwrap();
     fs.sync().unwrap();
