@@ -260,16 +260,7 @@ fn unlinked_open_files_live_until_closed() {
     let dir = TempDir::new("fuse-orphans").unwrap();
     let image = dir.join("image");
     let mnt = dir.subdir("mnt").unwrap();
-    std::fs::File::create(&image)
-        .unwrap()
-        .set_len(1 << 30)
-        .unwrap();
-    assert!(Command::new("mkfs.btrfs")
-        .args(["-q", "-f"])
-        .arg(&image)
-        .status()
-        .unwrap()
-        .success());
+    mkfs_gib(&image);
     let m = OleoMount::mount_rw(Path::new(OLEO), &image, &mnt, &[]).expect("mount");
     let used = |p: &Path| {
         let st = nix_statvfs(p);
@@ -375,16 +366,7 @@ fn copy_file_range_shares_extents() {
     let dir = TempDir::new("fuse-cfr").unwrap();
     let image = dir.join("image");
     let mnt = dir.subdir("mnt").unwrap();
-    std::fs::File::create(&image)
-        .unwrap()
-        .set_len(1 << 30)
-        .unwrap();
-    assert!(Command::new("mkfs.btrfs")
-        .args(["-q", "-f"])
-        .arg(&image)
-        .status()
-        .unwrap()
-        .success());
+    mkfs_gib(&image);
     let m = OleoMount::mount_rw(Path::new(OLEO), &image, &mnt, &[]).expect("mount");
     let data: Vec<u8> = (0..(24u32 << 20) + 1234)
         .map(|i| (i / 4096) as u8 ^ (i as u8))
@@ -623,16 +605,7 @@ fn readers_and_writers_at_once() {
     let dir = TempDir::new("fuse-rw-concurrent").unwrap();
     let image = dir.join("image");
     let mnt = dir.subdir("mnt").unwrap();
-    std::fs::File::create(&image)
-        .unwrap()
-        .set_len(1 << 30)
-        .unwrap();
-    assert!(Command::new("mkfs.btrfs")
-        .args(["-q", "-f"])
-        .arg(&image)
-        .status()
-        .unwrap()
-        .success());
+    mkfs_gib(&image);
     let m = OleoMount::mount_rw(Path::new(OLEO), &image, &mnt, &["threads=8"]).expect("mount");
     let big = mnt.join("big");
     std::fs::create_dir(&big).unwrap();
@@ -702,16 +675,7 @@ fn directory_fsync_logs_and_the_sync_ioctl_commits() {
     let copy = dir.join("copy");
     let mnt = dir.subdir("mnt").unwrap();
     let kmnt = dir.subdir("kmnt").unwrap();
-    std::fs::File::create(&image)
-        .unwrap()
-        .set_len(1 << 30)
-        .unwrap();
-    assert!(Command::new("mkfs.btrfs")
-        .args(["-q", "-f"])
-        .arg(&image)
-        .status()
-        .unwrap()
-        .success());
+    mkfs_gib(&image);
     let m = OleoMount::mount_rw(Path::new(OLEO), &image, &mnt, &[]).expect("mount");
     std::fs::create_dir(mnt.join("d")).unwrap();
     std::fs::write(mnt.join("d/old"), b"committed").unwrap();
@@ -775,4 +739,18 @@ fn directory_fsync_logs_and_the_sync_ioctl_commits() {
         "O_SYNC data after the kernel's replay"
     );
     assert_btrfs_check(&copy, "after the kernel's replay");
+}
+
+/// A fresh 1 GiB image with mkfs.btrfs's defaults.
+fn mkfs_gib(image: &Path) {
+    std::fs::File::create(image)
+        .unwrap()
+        .set_len(1 << 30)
+        .unwrap();
+    assert!(Command::new("mkfs.btrfs")
+        .args(["-q", "-f"])
+        .arg(image)
+        .status()
+        .unwrap()
+        .success());
 }

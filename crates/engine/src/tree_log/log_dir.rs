@@ -19,14 +19,14 @@
 //! a new directory in a new directory, subvolume entries, entries that went in bulk.
 
 use super::changes::in_ranges;
-use super::log_inode::{insert_all, put, type_range, Items, LOG_BLOCKS_MAX};
+use super::log_inode::{insert_all, put_inode, type_range, Items, LOG_BLOCKS_MAX};
 use super::replay_names::names_in_ref;
-use crate::ctree::{self, BlockStore};
+use crate::ctree;
 use crate::error::{Error, Result};
 use crate::fs::{FileKind, InodeId};
 use crate::transaction::Transaction;
 use oleo_format::items::{DirEntryIter, FileExtent, FileExtentBody, InodeItem};
-use oleo_format::key::{item, objectid, Key};
+use oleo_format::key::{item, Key};
 use std::ops::ControlFlow;
 
 /// Directories one fsync may log together before it commits instead.
@@ -209,22 +209,8 @@ impl Transaction<'_> {
             entries,
             targets,
         } = p;
-        let fsid = BlockStore::fsid(&*self);
-        let synced = self.filesystem().pipe.log.synced();
-        let log_root = self.log.trees.get(&id.subvol).copied();
-        let st = &mut **self;
-        let mut store = st.log_store(fsid, synced);
-        let mut root = match log_root {
-            Some(r) => r,
-            None => ctree::new_tree(&mut store, objectid::TREE_LOG)?,
-        };
-        inode.nbytes = 0;
-        put(
-            &mut store,
-            &mut root,
-            Key::new(id.ino, item::INODE_ITEM, 0),
-            &inode.to_bytes(),
-        )?;
+        let (mut store, mut root) = self.open_log(id.subvol)?;
+        put_inode(&mut store, &mut root, id.ino, &mut inode)?;
         let replace = |store: &mut _, root: &mut _, ino, from, to, items: &Items| {
             let (min, max) = type_range(ino, from, to);
             ctree::delete_range(store, root, min, max)?;
@@ -242,15 +228,15 @@ impl Transaction<'_> {
             let (a, b) = (item::INODE_ITEM, item::EXTENT_DATA);
             replace(&mut store, &mut root, t.ino, a, b, items)?;
         }
-        st.log.trees.insert(id.subvol, root);
+        self.log.trees.insert(id.subvol, root);
         for (t, _) in targets {
             // Logged: a rename of it from now on must commit (changes::note), and its own
             // fsync logs it whole (its size here was 0).
-            let c = st.log.inodes.entry(t).or_default();
+            let c = self.log.inodes.entry(t).or_default();
             c.logged = Some(seq);
             c.logged_eof = 0;
         }
-        let c = st.log.inodes.entry(id).or_default();
+        let c = self.log.inodes.entry(id).or_default();
         c.dirty = false;
         c.names = false;
         c.logged = Some(seq);

@@ -25,6 +25,7 @@
 //! any other extent.)
 
 use super::changes::{add_range, missing_from};
+use super::log_store::LogStore;
 use super::sync::{Gathered, LogBatch};
 use crate::ctree::{self, BlockSource, BlockStore, TreeRoot};
 use crate::error::{Error, Result};
@@ -254,21 +255,8 @@ impl Transaction<'_> {
             return Ok(Some("metadata space is low".into()));
         }
         let per_item = (nodesize as usize / 2 / csum_size).max(1);
-        let fsid = BlockStore::fsid(&*self);
-        let synced = self.filesystem().pipe.log.synced();
-        let st = &mut **self;
-        let mut store = st.log_store(fsid, synced);
-        let mut root = match log_root {
-            Some(r) => r,
-            None => ctree::new_tree(&mut store, objectid::TREE_LOG)?,
-        };
-        inode.nbytes = 0;
-        put(
-            &mut store,
-            &mut root,
-            Key::new(id.ino, item::INODE_ITEM, 0),
-            &inode.to_bytes(),
-        )?;
+        let (mut store, mut root) = self.open_log(id.subvol)?;
+        put_inode(&mut store, &mut root, id.ino, &mut inode)?;
         if names {
             let (min, max) = type_range(id.ino, item::INODE_REF, item::INODE_EXTREF);
             ctree::delete_range(&mut store, &mut root, min, max)?;
@@ -295,9 +283,9 @@ impl Transaction<'_> {
                 ctree::insert_item(&mut store, &mut root, key, chunk)?;
             }
         }
-        st.log.trees.insert(id.subvol, root);
-        st.log.csummed.insert(id.subvol, csummed);
-        let c = st.log.inodes.entry(id).or_default();
+        self.log.trees.insert(id.subvol, root);
+        self.log.csummed.insert(id.subvol, csummed);
+        let c = self.log.inodes.entry(id).or_default();
         c.ranges.clear();
         c.dirty = false;
         c.logged = Some(seq);
@@ -357,14 +345,11 @@ impl Transaction<'_> {
             .get(&id)
             .map(|c| c.parents.clone())
             .unwrap_or_default();
-        if let Some(mut root) = self.log.trees.get(&id.subvol).copied() {
-            let fsid = BlockStore::fsid(&*self);
-            let synced = self.filesystem().pipe.log.synced();
-            let st = &mut **self;
-            let mut store = st.log_store(fsid, synced);
+        if self.log.trees.contains_key(&id.subvol) {
+            let (mut store, mut root) = self.open_log(id.subvol)?;
             let (min, max) = (Key::new(id.ino, 0, 0), Key::new(id.ino, u8::MAX, u64::MAX));
             ctree::delete_range(&mut store, &mut root, min, max)?;
-            st.log.trees.insert(id.subvol, root);
+            self.log.trees.insert(id.subvol, root);
         }
         if let Some(c) = self.log.inodes.get_mut(&id) {
             c.logged = None;
@@ -420,6 +405,21 @@ impl Transaction<'_> {
             }
         }
         Ok(Ok((refs, missing)))
+    }
+
+    /// The log tree of `subvol` (a new one if it has none yet) and the store to change it
+    /// in; the caller records the new root in `log.trees`.
+    pub(super) fn open_log(&mut self, subvol: u64) -> Result<(LogStore<'_>, TreeRoot)> {
+        let fsid = BlockStore::fsid(&*self);
+        let synced = self.filesystem().pipe.log.synced();
+        let root = self.log.trees.get(&subvol).copied();
+        let st = &mut **self;
+        let mut store = st.log_store(fsid, synced);
+        let root = match root {
+            Some(r) => r,
+            None => ctree::new_tree(&mut store, objectid::TREE_LOG)?,
+        };
+        Ok((store, root))
     }
 
     /// The inode's items of types `from..=to`.
@@ -544,6 +544,22 @@ fn log_root_item(r: &TreeRoot, nodesize: u32) -> RootItem {
 
 pub(super) fn type_range(ino: u64, from: u8, to: u8) -> (Key, Key) {
     (Key::new(ino, from, 0), Key::new(ino, to, u64::MAX))
+}
+
+/// Puts an inode item into a log tree, with nbytes 0 (a replay counts it).
+pub(super) fn put_inode<S: BlockStore>(
+    store: &mut S,
+    root: &mut TreeRoot,
+    ino: u64,
+    inode: &mut InodeItem,
+) -> Result<()> {
+    inode.nbytes = 0;
+    put(
+        store,
+        root,
+        Key::new(ino, item::INODE_ITEM, 0),
+        &inode.to_bytes(),
+    )
 }
 
 /// Inserts the item, or replaces the one with its key.
