@@ -1491,3 +1491,25 @@ fn case_fsync_in_and_of_new_directory_trees() {
         &[],
     );
 }
+
+#[test]
+fn case_fsync_of_a_directory_twice() {
+    crash_case(
+        "dir-twice",
+        true,
+        |fs| {
+            mk(fs, "a/x", b"renamed after the first fsync");
+        },
+        |fs| {
+            mk(fs, "a/n1", b"");
+            mk(fs, "a/n3", b"");
+            fsync_path(fs, "a");
+            fs.unlink(dir_of(fs, "a"), b"n1").unwrap();
+            mk(fs, "a/n2", b"");
+            rename_path(fs, "a/x", "a/y");
+            fsync_path(fs, "a");
+        },
+        &["a/n2", "a/n3", "a/y"],
+        &["a/n1", "a/x"],
+    );
+}

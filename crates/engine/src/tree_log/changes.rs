@@ -24,8 +24,11 @@ pub(crate) struct InodeChanges {
     /// log cuts the file there, so once it grows, the log must describe what lies past.
     pub logged_eof: u64,
     /// A directory's DIR_INDEX numbers added or removed in this transaction (sorted,
-    /// disjoint, half-open): kept across loggings, each logging states them all again.
+    /// disjoint, half-open).
     pub indexes: Vec<(u64, u64)>,
+    /// Those of them changed since the directory's entries were last logged: the next
+    /// logging states these again (the log still holds the others as they are).
+    pub unlogged: Vec<(u64, u64)>,
     /// Inodes whose entries in this directory went away in this transaction.
     pub unlinked: Vec<u64>,
     /// Entries went away without the log learning where they led (a range deletion, a
@@ -194,6 +197,7 @@ impl TxnLog {
             item::DIR_INDEX => {
                 for &(a, b) in ranges {
                     add_range(&mut c.indexes, a, b);
+                    add_range(&mut c.unlogged, a, b);
                 }
             }
             _ => {}

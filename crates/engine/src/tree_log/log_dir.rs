@@ -3,9 +3,11 @@
 //!
 //! Logged, as ../shared/docs/btrfs-format.md 12.3 shows the kernel doing it:
 //! - the directory's inode item (nbytes 0), its xattrs, and its names if it is new;
-//! - a DIR_LOG_INDEX range over every entry number added or removed in this transaction
-//!   (a replay removes the entries in a range that the log does not list) and the
-//!   DIR_INDEX items now in those ranges (a replay adds them);
+//! - a DIR_LOG_INDEX range over every entry number added or removed since the directory
+//!   was last logged in this transaction (a replay removes the entries in a range that the
+//!   log does not list) and the DIR_INDEX items now in those ranges (a replay adds them);
+//!   what earlier loggings put in the log stands, so an fsync costs what changed since
+//!   the last one, not the transaction's whole history;
 //! - every inode such an entry leads to that a replay would not find (new in this
 //!   transaction and not logged yet): files and directories "exist only" (generation 0,
 //!   size 0: their content is their own fsync's business), symlinks and special files
@@ -19,7 +21,7 @@
 //! a new directory in a new directory, subvolume entries, entries that went in bulk.
 
 use super::changes::in_ranges;
-use super::log_inode::{insert_all, put_inode, type_range, Items, LOG_BLOCKS_MAX};
+use super::log_inode::{insert_all, put, put_inode, type_range, Items, LOG_BLOCKS_MAX};
 use super::replay_names::names_in_ref;
 use crate::ctree;
 use crate::error::{Error, Result};
@@ -39,7 +41,8 @@ struct DirPlan {
     /// Its back references, when it is new and they changed.
     refs: Option<Items>,
     xattrs: Items,
-    /// DIR_LOG_INDEX ranges, then the DIR_INDEX items in them.
+    /// The DIR_INDEX ranges changed since the last logging, and the items now in them.
+    ranges: Vec<(u64, u64)>,
     entries: Items,
     /// Inodes entries lead to that a replay would not find, with their items.
     targets: Vec<(InodeId, Items)>,
@@ -122,7 +125,7 @@ impl Transaction<'_> {
             ));
         }
         let names = c.is_some_and(|c| c.names);
-        let indexes = c.map(|c| c.indexes.clone()).unwrap_or_default();
+        let ranges = c.map(|c| c.unlogged.clone()).unwrap_or_default();
         let unlinked = c.map(|c| c.unlinked.clone()).unwrap_or_default();
         let refs = if names {
             match self.new_inode_refs(id, &inode, with)? {
@@ -142,15 +145,8 @@ impl Transaction<'_> {
 
         // The entries in the changed ranges, and the inodes they lead to that a replay
         // would not find.
-        let mut entries: Items = indexes
-            .iter()
-            .map(|&(a, b)| {
-                let key = Key::new(id.ino, item::DIR_LOG_INDEX, a);
-                (key, (b - 1).to_le_bytes().to_vec())
-            })
-            .collect();
-        let first_entry = entries.len();
-        for &(a, b) in &indexes {
+        let mut entries: Items = Vec::new();
+        for &(a, b) in &ranges {
             self.for_each_in_range(
                 id.subvol,
                 Key::new(id.ino, item::DIR_INDEX, a),
@@ -162,7 +158,7 @@ impl Transaction<'_> {
             )?;
         }
         let mut targets: Vec<(InodeId, Items)> = Vec::new();
-        for (k, v) in &entries[first_entry..] {
+        for (k, v) in &entries {
             let e = DirEntryIter::new(v)
                 .next()
                 .ok_or_else(|| Error::corrupt(0, format!("empty dir index {k:?}")))?
@@ -195,6 +191,7 @@ impl Transaction<'_> {
             inode,
             refs,
             xattrs,
+            ranges,
             entries,
             targets,
         })))
@@ -206,6 +203,7 @@ impl Transaction<'_> {
             mut inode,
             refs,
             xattrs,
+            ranges,
             entries,
             targets,
         } = p;
@@ -222,8 +220,25 @@ impl Transaction<'_> {
         }
         let (a, b) = (item::XATTR_ITEM, item::XATTR_ITEM);
         replace(&mut store, &mut root, id.ino, a, b, &xattrs)?;
-        let (a, b) = (item::DIR_LOG_ITEM, item::DIR_INDEX);
-        replace(&mut store, &mut root, id.ino, a, b, &entries)?;
+        // Each changed range: the log's entries in it give way to the directory's, and a
+        // DIR_LOG_INDEX item covers it (a replay takes the union of them all).
+        for &(a, b) in &ranges {
+            let (min, max) = (
+                Key::new(id.ino, item::DIR_INDEX, a),
+                Key::new(id.ino, item::DIR_INDEX, b - 1),
+            );
+            ctree::delete_range(&mut store, &mut root, min, max)?;
+            let key = Key::new(id.ino, item::DIR_LOG_INDEX, a);
+            let end = match ctree::lookup(&*store.blocks, &root, &key)? {
+                Some(v) => v
+                    .get(..8)
+                    .and_then(|e| e.try_into().ok())
+                    .map_or(b - 1, |e| (b - 1).max(u64::from_le_bytes(e))),
+                _ => b - 1,
+            };
+            put(&mut store, &mut root, key, &end.to_le_bytes())?;
+        }
+        insert_all(&mut store, &mut root, &entries)?;
         for (t, items) in &targets {
             let (a, b) = (item::INODE_ITEM, item::EXTENT_DATA);
             replace(&mut store, &mut root, t.ino, a, b, items)?;
@@ -240,6 +255,7 @@ impl Transaction<'_> {
         c.dirty = false;
         c.names = false;
         c.logged = Some(seq);
+        c.unlogged.clear();
         Ok(())
     }
 
