@@ -9,16 +9,16 @@
 //!   what earlier loggings put in the log stands, so an fsync costs what changed since
 //!   the last one, not the transaction's whole history;
 //! - every inode such an entry leads to that a replay would not find (new in this
-//!   transaction and not logged yet): files and directories "exist only" (generation 0,
-//!   size 0: their content is their own fsync's business), symlinks and special files
-//!   whole. Directories new in this transaction get their own entries from their own fsync,
-//!   not recursively as the kernel does.
+//!   transaction and not logged yet): files "exist only" (generation 0, size 0: their
+//!   content is their own fsync's business), symlinks and special files whole, new
+//!   directories whole with their own entries, as the kernel does.
 //!
 //! An inode that left a logged directory for another one in this transaction would lose
 //! its only name at replay (the first log removes the entry, nothing adds the new one):
-//! the directory it went to is logged along (up to `DIRS_MAX` directories in one go, all
-//! or none). Commits instead: a directory older than this transaction that was renamed,
-//! a new directory in a new directory, subvolume entries, entries that went in bulk.
+//! the directory it went to is logged along, as is a new directory a logged name is in
+//! (up to `DIRS_MAX` directories in one go, all or none). Commits instead: a directory
+//! older than this transaction that was renamed, more directories than `DIRS_MAX`,
+//! subvolume entries, entries that went in bulk.
 
 use super::changes::in_ranges;
 use super::log_inode::{insert_all, put, put_inode, type_range, Items, LOG_BLOCKS_MAX};
