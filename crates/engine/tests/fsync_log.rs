@@ -877,6 +877,49 @@ fn new_file(fs: &Filesystem, name: &[u8], data: &[u8]) -> InodeId {
     a.id
 }
 
+/// Data placed in a block group made in the running transaction: the committed chunk tree
+/// cannot reach it, so the fsync commits (as the kernel's does) instead of logging it.
+#[test]
+fn fsync_into_a_new_block_group_commits() {
+    if !oleo_testkit::require_root("fsync_into_a_new_block_group_commits") {
+        return;
+    }
+    let scratch =
+        Scratch(std::env::temp_dir().join(format!("oleo-fsync-newbg-{}", std::process::id())));
+    std::fs::create_dir_all(&scratch.0).unwrap();
+    let (img, fs) = fresh(&scratch.0, "newbg");
+    fs.sync().unwrap();
+    let generation = fs.superblock().generation;
+    let chunks = |img: &Path| {
+        let out = Command::new("btrfs")
+            .args(["inspect-internal", "dump-tree", "-t", "chunk"])
+            .arg(img)
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout)
+            .matches("CHUNK_ITEM")
+            .count()
+    };
+    let before = chunks(&img);
+    let f = new_file(&fs, b"big", &vec![9u8; 24 << 20]);
+    fs.fsync(f, false).unwrap();
+    assert_eq!(
+        fs.log_sync_counts().0,
+        0,
+        "a log sync with a new block group"
+    );
+    assert!(
+        fs.superblock().generation > generation,
+        "the fsync did not commit"
+    );
+    assert!(
+        chunks(&img) > before,
+        "no block group was made: the test proves nothing"
+    );
+    fs.close().unwrap();
+    oleo_testkit::assert_btrfs_check(&img, "after the fsync");
+}
+
 /// Flushes and superblocks are counted: one log sync per fsync (data and log blocks, a
 /// flush, superblock copy 0, a flush), nothing for a clean file, two flushes per commit.
 #[test]
