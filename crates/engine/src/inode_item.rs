@@ -47,6 +47,15 @@ impl Transaction<'_> {
         })
     }
 
+    /// `read_inode`, with None for an inode that does not exist.
+    pub(crate) fn find_inode(&mut self, id: InodeId) -> Result<Option<InodeItem>> {
+        match self.read_inode(id) {
+            Ok(i) => Ok(Some(i)),
+            Err(Error::NotFound) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Writes the inode item back, stamped with this transaction.
     pub(crate) fn write_inode(&mut self, id: InodeId, inode: &mut InodeItem) -> Result<()> {
         inode.transid = self.transid;

@@ -633,6 +633,21 @@ fn kernel_unmount(mnt: &Path, image: &Path) {
 
 struct Scratch(PathBuf);
 
+impl Scratch {
+    /// An empty scratch directory `oleo-fsync-TAG-PID` with a `mnt` in it, for test
+    /// `test`; None when the test must skip (no root, loop devices or kernel btrfs).
+    fn for_test(test: &str, tag: &str) -> Option<Scratch> {
+        oleo_testkit::require_root(test).then(|| Scratch::new(tag))
+    }
+
+    fn new(tag: &str) -> Scratch {
+        let dir = std::env::temp_dir().join(format!("oleo-fsync-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("mnt")).unwrap();
+        Scratch(dir)
+    }
+}
+
 impl Drop for Scratch {
     fn drop(&mut self) {
         let _ = Command::new("umount").arg(self.0.join("mnt")).output();
@@ -653,10 +668,7 @@ fn run(name: &str, mkfs_args: &[&str], ops: usize) {
 
 /// One workload and its crash states; how many were checked.
 fn run_seed(name: &str, mkfs_args: &[&str], ops: usize, seed: u64) -> usize {
-    let scratch =
-        Scratch(std::env::temp_dir().join(format!("oleo-fsync-{name}-{}", std::process::id())));
-    let _ = std::fs::remove_dir_all(&scratch.0);
-    std::fs::create_dir_all(scratch.0.join("mnt")).unwrap();
+    let scratch = Scratch::new(name);
     let base = scratch.0.join("base.img");
     let work = scratch.0.join("work.img");
     mkfs(&base, mkfs_args);
@@ -881,12 +893,9 @@ fn new_file(fs: &Filesystem, name: &[u8], data: &[u8]) -> InodeId {
 /// cannot reach it, so the fsync commits (as the kernel's does) instead of logging it.
 #[test]
 fn fsync_into_a_new_block_group_commits() {
-    if !oleo_testkit::require_root("fsync_into_a_new_block_group_commits") {
+    let Some(scratch) = Scratch::for_test("fsync_into_a_new_block_group_commits", "newbg") else {
         return;
-    }
-    let scratch =
-        Scratch(std::env::temp_dir().join(format!("oleo-fsync-newbg-{}", std::process::id())));
-    std::fs::create_dir_all(&scratch.0).unwrap();
+    };
     let (img, fs) = fresh(&scratch.0, "newbg");
     fs.sync().unwrap();
     let generation = fs.superblock().generation;
@@ -924,12 +933,9 @@ fn fsync_into_a_new_block_group_commits() {
 /// flush, superblock copy 0, a flush), nothing for a clean file, two flushes per commit.
 #[test]
 fn fsync_flush_discipline() {
-    if !oleo_testkit::require_root("fsync_flush_discipline") {
+    let Some(scratch) = Scratch::for_test("fsync_flush_discipline", "flush") else {
         return;
-    }
-    let scratch =
-        Scratch(std::env::temp_dir().join(format!("oleo-fsync-flush-{}", std::process::id())));
-    std::fs::create_dir_all(&scratch.0).unwrap();
+    };
     let (img, fs) = fresh(&scratch.0, "flush");
     let f = new_file(&fs, b"f", &[1u8; 4096]);
     fs.sync().unwrap();
@@ -1025,12 +1031,10 @@ fn fsync_flush_discipline() {
 /// oleo takes X's old inode out of the log and logs the directory's new entry).
 #[test]
 fn rename_over_a_logged_file_keeps_the_name() {
-    if !oleo_testkit::require_root("rename_over_a_logged_file_keeps_the_name") {
+    let Some(scratch) = Scratch::for_test("rename_over_a_logged_file_keeps_the_name", "rename")
+    else {
         return;
-    }
-    let scratch =
-        Scratch(std::env::temp_dir().join(format!("oleo-fsync-rename-{}", std::process::id())));
-    std::fs::create_dir_all(scratch.0.join("mnt")).unwrap();
+    };
     let (img, fs) = fresh(&scratch.0, "rename");
     let x = new_file(&fs, b"x", b"old x");
     let _y = new_file(&fs, b"y", b"new content of y");
@@ -1130,13 +1134,9 @@ fn crash_case(
     present: &[&str],
     absent: &[&str],
 ) {
-    if !oleo_testkit::require_root(name) {
+    let Some(scratch) = Scratch::for_test(name, &format!("case-{name}")) else {
         return;
-    }
-    let scratch = Scratch(
-        std::env::temp_dir().join(format!("oleo-fsync-case-{name}-{}", std::process::id())),
-    );
-    std::fs::create_dir_all(scratch.0.join("mnt")).unwrap();
+    };
     let (img, fs) = fresh(&scratch.0, name);
     fs.mkdir(fs.root(), b"a", &oleo::NewInode::dir(0o755))
         .unwrap();

@@ -29,7 +29,8 @@ pub(crate) struct InodeChanges {
     /// Those of them changed since the directory's entries were last logged: the next
     /// logging states these again (the log still holds the others as they are).
     pub unlogged: Vec<(u64, u64)>,
-    /// Inodes whose entries in this directory went away in this transaction.
+    /// Inodes whose entries in this directory went away since the directory was last
+    /// logged (a logging checks that each keeps a name a replay knows).
     pub unlinked: Vec<u64>,
     /// Entries went away without the log learning where they led (a range deletion, a
     /// subvolume's entry): the directory's fsync commits.

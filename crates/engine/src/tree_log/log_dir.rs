@@ -109,12 +109,9 @@ impl Transaction<'_> {
 
     /// What logging directory `id` takes, with the directories `with` logged alongside.
     fn plan_dir(&mut self, id: InodeId, with: &[u64]) -> Result<Planned> {
-        let key = Key::new(id.ino, item::INODE_ITEM, 0);
-        let Some(body) = self.lookup(id.subvol, &key)? else {
+        let Some(inode) = self.find_inode(id)? else {
             return Ok(Planned::Commit(format!("directory {} is gone", id.ino)));
         };
-        let inode = InodeItem::parse(&body)
-            .map_err(|e| Error::corrupt(0, format!("inode {}: {e}", id.ino)))?;
         if FileKind::from_mode(inode.mode) != Some(FileKind::Dir) || inode.nlink == 0 {
             return Ok(Planned::Commit(format!("inode {} is no directory", id.ino)));
         }
@@ -256,28 +253,23 @@ impl Transaction<'_> {
         c.names = false;
         c.logged = Some(seq);
         c.unlogged.clear();
+        c.unlinked.clear();
         Ok(())
     }
 
     /// Whether inode `t` was made in this transaction.
     fn is_new(&mut self, t: InodeId) -> Result<bool> {
-        let Some(body) = self.lookup(t.subvol, &Key::new(t.ino, item::INODE_ITEM, 0))? else {
-            return Ok(false);
-        };
-        let i = InodeItem::parse(&body)
-            .map_err(|e| Error::corrupt(0, format!("inode {}: {e}", t.ino)))?;
-        Ok(i.generation >= self.transid)
+        let transid = self.transid;
+        Ok(self.find_inode(t)?.is_some_and(|i| i.generation >= transid))
     }
 
     /// What the log needs of inode `t`, which a new entry leads to, so that a replay
     /// finds it: nothing if it is older than this transaction; why not, if the log cannot
     /// hold it.
     fn target_items(&mut self, t: InodeId) -> Result<std::result::Result<Option<Items>, String>> {
-        let Some(body) = self.lookup(t.subvol, &Key::new(t.ino, item::INODE_ITEM, 0))? else {
+        let Some(mut ti) = self.find_inode(t)? else {
             return Ok(Err(format!("inode {} of a new entry is gone", t.ino)));
         };
-        let mut ti = InodeItem::parse(&body)
-            .map_err(|e| Error::corrupt(0, format!("inode {}: {e}", t.ino)))?;
         if ti.generation < self.transid {
             return Ok(Ok(None));
         }
@@ -317,12 +309,7 @@ impl Transaction<'_> {
             subvol: dir.subvol,
             ino,
         };
-        let Some(body) = self.lookup(t.subvol, &Key::new(ino, item::INODE_ITEM, 0))? else {
-            return Ok(None);
-        };
-        let ti =
-            InodeItem::parse(&body).map_err(|e| Error::corrupt(0, format!("inode {ino}: {e}")))?;
-        if ti.nlink == 0 {
+        if self.find_inode(t)?.is_none_or(|i| i.nlink == 0) {
             return Ok(None);
         }
         for (k, v) in self.items_of(t, item::INODE_REF, item::INODE_EXTREF)? {

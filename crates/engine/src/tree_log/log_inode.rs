@@ -135,11 +135,9 @@ impl Transaction<'_> {
         if self.log.blocks.count() > LOG_BLOCKS_MAX {
             return Ok(Some("the log tree is large".into()));
         }
-        let Some(body) = self.lookup(id.subvol, &Key::new(id.ino, item::INODE_ITEM, 0))? else {
+        let Some(mut inode) = self.find_inode(id)? else {
             return Ok(Some(format!("inode {} is gone", id.ino)));
         };
-        let mut inode = InodeItem::parse(&body)
-            .map_err(|e| Error::corrupt(0, format!("inode {}: {e}", id.ino)))?;
         if inode.nlink == 0 {
             return Ok(Some("the inode has no name".into()));
         }
@@ -327,12 +325,7 @@ impl Transaction<'_> {
     }
 
     fn relog(&mut self, id: InodeId, seq: u64) -> Result<Option<String>> {
-        let key = Key::new(id.ino, item::INODE_ITEM, 0);
-        let alive = match self.lookup(id.subvol, &key)? {
-            Some(b) => InodeItem::parse(&b).is_ok_and(|i| i.nlink > 0),
-            None => false,
-        };
-        if alive {
+        if self.find_inode(id)?.is_some_and(|i| i.nlink > 0) {
             if let Some(c) = self.log.inodes.get_mut(&id) {
                 c.dirty = true;
             }
@@ -381,15 +374,12 @@ impl Transaction<'_> {
             if k.item_type != item::INODE_REF {
                 return Ok(Err("the inode has extended references".into()));
             }
-            let parent = Key::new(k.offset, item::INODE_ITEM, 0);
-            let Some(p) = self.lookup(id.subvol, &parent)? else {
-                return Ok(Err("a parent directory is gone".into()));
-            };
-            let p = InodeItem::parse(&p)
-                .map_err(|e| Error::corrupt(0, format!("inode {}: {e}", k.offset)))?;
             let pid = InodeId {
                 subvol: id.subvol,
                 ino: k.offset,
+            };
+            let Some(p) = self.find_inode(pid)? else {
+                return Ok(Err("a parent directory is gone".into()));
             };
             let logged = self
                 .log

@@ -293,11 +293,7 @@ impl Transaction<'_> {
         }
         let logged_dir = log.inode.mode & 0o170000 == 0o040000;
         let is_reg = log.inode.mode & 0o170000 == 0o100000;
-        let old = match self.read_inode(id) {
-            Ok(i) => Some(i),
-            Err(Error::NotFound) => None,
-            Err(e) => return Err(e),
-        };
+        let old = self.find_inode(id)?;
         if logged_dir && old.is_some() {
             self.replay_dir_deletes(subvol, log.ino, &log.names, touched)?;
         }
