@@ -33,8 +33,11 @@ class Params:
     # seed 001: fs_mark -S 0 -s 0 -k, one thread per directory
     fsmark_threads: int = 2
     # fuse2fs slows down with directory size (20000 x 5 per thread took it over 30 minutes)
-    fsmark_files: int = 20000        # files per thread per loop (fs_mark -n)
-    fsmark_loops: int = 2            # fs_mark -L
+    fsmark_files: int = 50000        # files per thread per loop (fs_mark -n)
+    fsmark_loops: int = 4            # fs_mark -L
+    # fs_mark -S 1: an fsync per file, so fewer of them
+    fsmark_sync_files: int = 2000
+    fsmark_sync_loops: int = 3
 
     # seed 002: fio randrw, O_DIRECT, io_uring, one preallocated shared file
     uring_jobs: int = 2
@@ -70,7 +73,7 @@ PRESETS = {
         reps=1, timeout_s=300,
         fsync_jobs=[1, 4, 16], fsync_runtime_s=2, fsync_job_mib=64,
         seqw_file_mib=256, seqw_max_runtime_s=60,
-        fsmark_files=500, fsmark_loops=2,
+        fsmark_files=500, fsmark_loops=2, fsmark_sync_files=100, fsmark_sync_loops=2,
         uring_file_mib=128, uring_runtime_s=2,
         dbench_clients=[1, 8, 32], dbench_runtime_s=2,
         snap_delay_s=2.0, snap_file_mib=512, snap_max_runtime_s=30,

@@ -180,12 +180,21 @@ class SeqWrite(Workload):
 
 
 class FsmarkCreate(Workload):
+    """fs_mark as seed 001 runs it: empty files, one thread per directory, no sync; each
+    loop's rate is reported, so a rate that falls as the filesystem fills shows."""
     name, seed = "fsmark-create", "001"
-    metrics = [Metric("files_per_s", "files/s (all loops)")]
+    sync = 0                    # fs_mark -S: 0 no sync, 1 fsync before close
+    metrics = [Metric("files_per_s", "files/s (all loops)"),
+               # host block device counters, as fsync-write: the same ruler for all targets
+               Metric("flushes_per_kfile", "disk flushes per 1000 files", higher_is_better=False)]
+
+    def shape(self):
+        return self.p.fsmark_threads, self.p.fsmark_files, self.p.fsmark_loops
 
     def describe(self):
-        return {"threads": self.p.fsmark_threads, "files_per_thread": self.p.fsmark_files,
-                "loops": self.p.fsmark_loops, "tool": "fs_mark -S 0 -s 0 -k"}
+        threads, files, loops = self.shape()
+        return {"threads": threads, "files_per_thread": files, "loops": loops,
+                "tool": f"fs_mark -S {self.sync} -s 0 -k"}
 
     def check(self, target):
         r = super().check(target)
@@ -194,27 +203,30 @@ class FsmarkCreate(Workload):
         return r
 
     def image_bytes(self):
-        files = self.p.fsmark_threads * self.p.fsmark_files * self.p.fsmark_loops
-        return max(4 * GiB, files * 16 * 1024)
+        threads, files, loops = self.shape()
+        return max(4 * GiB, threads * files * loops * 16 * 1024)
 
     def run(self, ctx, m, _):
+        threads, files, loops = self.shape()
         # Relative directory names, run from the mount: fs_mark refuses directory
         # paths of 40 bytes or more.
         dirs = []
-        for i in range(1, self.p.fsmark_threads + 1):
+        for i in range(1, threads + 1):
             dirs += ["-d", f"d{i}"]
-        argv = ["fs_mark", "-S", "0", "-s", "0", "-k", "-t", self.p.fsmark_threads,
-                "-n", self.p.fsmark_files, "-L", self.p.fsmark_loops,
+        argv = ["fs_mark", "-S", self.sync, "-s", "0", "-k", "-t", threads,
+                "-n", files, "-L", loops,
                 "-l", os.path.join(m.scratch, "fs_mark.log")] + dirs
+        before = disk_counters(m.scratch)
         r = run(argv, cwd=m.path, timeout=ctx.remaining())
+        after = disk_counters(m.scratch)
         rows = tools.parse_fs_mark(r.stdout)
-        if len(rows) != self.p.fsmark_loops:
-            raise CmdError(argv, r.returncode, r.stdout, f"expected {self.p.fsmark_loops} result rows, "
+        if len(rows) != loops:
+            raise CmdError(argv, r.returncode, r.stdout, f"expected {loops} result rows, "
                            f"got {len(rows)}: {r.stderr.strip()[-200:]}")
+        want = threads * files * loops
         if self.p.verify_writes:
             # the files are kept (-k): after sync + drop_caches they must all be there
             drop_caches()
-            want = self.p.fsmark_threads * self.p.fsmark_files * self.p.fsmark_loops
             f = run(["find"] + dirs[1::2] + ["-type", "f"], cwd=m.path, timeout=ctx.remaining(),
                     check=False)
             have = f.stdout.count("\n")
@@ -223,9 +235,21 @@ class FsmarkCreate(Workload):
                                     f"drop_caches{': ' + f.stderr.strip()[:200] if f.returncode else ''}")
         res = {f"loop{i + 1}_files_per_s": rate for i, (_, rate) in enumerate(rows)}
         # Overall rate = all files over the summed loop times.
-        per_loop = self.p.fsmark_threads * self.p.fsmark_files
+        per_loop = threads * files
         res["files_per_s"] = per_loop * len(rows) / sum(per_loop / rate for _, rate in rows)
+        if before and after:
+            res["flushes_per_kfile"] = (after[1] - before[1]) * 1000 / want
         return res
+
+
+class FsmarkFsync(FsmarkCreate):
+    """fs_mark -S 1: the same, with an fsync of each file before its close (seed 001's
+    other mode): the log tree's cost per new file and its directory entry."""
+    name, seed = "fsmark-fsync", "001"
+    sync = 1
+
+    def shape(self):
+        return self.p.fsmark_threads, self.p.fsmark_sync_files, self.p.fsmark_sync_loops
 
 
 class UringRandrw(Workload):
@@ -260,7 +284,8 @@ class UringRandrw(Workload):
 
 class Dbench(Workload):
     name, seed, variant_name = "dbench", "003", "clients"
-    metrics = [Metric("MB_s", "MB/s"), Metric("max_latency_ms", "max latency ms", False)]
+    metrics = [Metric("MB_s", "MB/s"), Metric("max_latency_ms", "max latency ms", False),
+               Metric("flushes_per_s", "disk flushes/s", False)]
 
     def variants(self):
         return list(self.p.dbench_clients)
@@ -284,15 +309,20 @@ class Dbench(Workload):
             argv += ["-c", lf]
         # dbench runs for runtime_s and cleans up within seconds (everywhere in the
         # 2026-11-21 run); a minute more means a hung target
+        before = disk_counters(m.scratch)
         r = run(argv + [clients], cwd=m.scratch, check=False,
                 timeout=min(ctx.remaining(), self.p.dbench_runtime_s + 60))
+        after = disk_counters(m.scratch)
         try:
             mbs, lat = tools.parse_dbench(r.stdout)
         except ValueError:
             raise CmdError(r.args, r.returncode, r.stdout, r.stderr) from None
         if r.returncode != 0:
             raise CmdError(r.args, r.returncode, r.stdout, r.stderr)
-        return {"MB_s": mbs, "max_latency_ms": lat}
+        out = {"MB_s": mbs, "max_latency_ms": lat}
+        if before and after:
+            out["flushes_per_s"] = (after[1] - before[1]) / self.p.dbench_runtime_s
+        return out
 
 
 class SnapshotUnderWrite(Workload):
@@ -462,7 +492,7 @@ class MetaWalk(Workload):
         return {"files_per_s": n / took, "elapsed_s": took}
 
 
-ALL = [FsyncWrite, SeqWrite, FsmarkCreate, UringRandrw, Dbench, SnapshotUnderWrite, ReadWhileWrite,
+ALL = [FsyncWrite, SeqWrite, FsmarkCreate, FsmarkFsync, UringRandrw, Dbench, SnapshotUnderWrite, ReadWhileWrite,
        SeqRead, RandRead, MetaWalk]
 NAMES = [w.name for w in ALL]
 

@@ -19,7 +19,43 @@ use std::sync::Arc;
 
 /// Space freed by transactions whose commit is not durable yet: start -> (length,
 /// generation). Shared with the commits, which release their part once on disk.
-pub(crate) type CommitPins = Arc<Mutex<BTreeMap<u64, (u64, u64)>>>;
+pub(crate) type CommitPins = Arc<Mutex<PinSet>>;
+
+/// Pinned ranges and their total length (an upper bound of what they take from the free
+/// space, read on every operation's reservation without walking them).
+#[derive(Default)]
+pub(crate) struct PinSet {
+    map: BTreeMap<u64, (u64, u64)>,
+    bytes: u64,
+}
+
+impl PinSet {
+    pub(crate) fn insert(&mut self, start: u64, (len, generation): (u64, u64)) {
+        if let Some((old, _)) = self.map.insert(start, (len, generation)) {
+            self.bytes -= old;
+        }
+        self.bytes += len;
+    }
+
+    /// Keeps the ranges freed in generation `keep_from` or later.
+    pub(crate) fn retain_from(&mut self, keep_from: u64) {
+        let bytes = &mut self.bytes;
+        self.map.retain(|_, &mut (len, g)| {
+            let keep = g >= keep_from;
+            if !keep {
+                *bytes -= len;
+            }
+            keep
+        });
+    }
+}
+
+impl std::ops::Deref for PinSet {
+    type Target = BTreeMap<u64, (u64, u64)>;
+    fn deref(&self) -> &Self::Target {
+        &self.map
+    }
+}
 
 /// Where the kernel never puts an extent: a superblock copy (a 64 KiB stripe each) and the
 /// first MiB of the device.
@@ -46,6 +82,8 @@ pub(crate) struct BlockGroups {
     groups: BTreeMap<u64, BlockGroup>,
     /// Freed in this transaction: start -> length. Never reused before the commit.
     pinned: BTreeMap<u64, u64>,
+    /// Total length of `pinned`.
+    pinned_bytes: u64,
     /// Freed by earlier transactions whose commit is still being written.
     committing: CommitPins,
     /// Data extents reserved for writes whose data is on its way to the device (ordered
@@ -92,6 +130,7 @@ impl BlockGroups {
         Ok(BlockGroups {
             groups,
             pinned: BTreeMap::new(),
+            pinned_bytes: 0,
             committing,
             reserved: BTreeMap::new(),
             cursor: BTreeMap::new(),
@@ -106,6 +145,7 @@ impl BlockGroups {
         for (start, len) in std::mem::take(&mut self.pinned) {
             committing.insert(start, (len, transid));
         }
+        self.pinned_bytes = 0;
         self.used_delta = 0;
     }
 
@@ -279,7 +319,7 @@ impl BlockGroups {
             .ok_or_else(|| Error::corrupt(bytenr, "block group used would go below zero"))?;
         g.free.add(bytenr, len)?;
         self.used_delta -= len as i128;
-        self.pinned.insert(bytenr, len);
+        self.pin_range(bytenr, len);
         Ok(())
     }
 
@@ -289,7 +329,7 @@ impl BlockGroups {
     pub(crate) fn pin(&mut self, bytenr: u64, len: u64) -> Result<()> {
         // Inside a block group: the end does not overflow.
         self.group_of(bytenr, len)?;
-        self.pinned.insert(bytenr, len);
+        self.pin_range(bytenr, len);
         Ok(())
     }
 
@@ -312,6 +352,29 @@ impl BlockGroups {
         g.used += len;
         self.used_delta += len as i128;
         Ok(())
+    }
+
+    fn pin_range(&mut self, bytenr: u64, len: u64) {
+        if let Some(old) = self.pinned.insert(bytenr, len) {
+            self.pinned_bytes -= old;
+        }
+        self.pinned_bytes += len;
+    }
+
+    /// True if allocations of type `kind` can still get `bytes` (`available(kind) >=
+    /// bytes`), answered from running totals when there is room to spare: every
+    /// operation asks, and `available` walks every pinned range.
+    pub(crate) fn has_available(&self, kind: u64, bytes: u64) -> bool {
+        let mut free = 0u64;
+        for g in self.groups.values() {
+            if g.flags & kind == 0 || !g.allocatable {
+                continue;
+            }
+            let avoided: u64 = g.avoid.iter().map(|&(_, l)| l).sum();
+            free += g.free.total().saturating_sub(g.reserved + avoided);
+        }
+        let pinned = self.pinned_bytes + self.committing.lock().bytes;
+        free.saturating_sub(pinned) >= bytes || self.available(kind) >= bytes
     }
 
     /// Bytes that allocations of type `kind` can still get in this transaction: free

@@ -222,7 +222,7 @@ impl CommitPipe {
     /// or later).
     pub(crate) fn release_pins(&self, durable: u64) {
         let free_below = (durable + 1).min(self.reads.oldest().unwrap_or(u64::MAX));
-        self.pins.lock().retain(|_, &mut (_, g)| g >= free_below);
+        self.pins.lock().retain_from(free_below);
     }
 
     /// Starts a read that looks in running transaction `transid` (see `ReadPins`); call

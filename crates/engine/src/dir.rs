@@ -127,6 +127,8 @@ impl FsCore {
 
     /// Lists entries whose DIR_INDEX is >= `from` (0 and 1 are `.` and `..`, which the
     /// caller adds). `f` returns false to stop; each entry's `next_offset` resumes after it.
+    /// Entries still queued in the running transaction (`delayed_inode`) are listed in
+    /// their place, deletions queued there are left out.
     pub fn readdir(
         &self,
         dir: InodeId,
@@ -138,27 +140,68 @@ impl FsCore {
         }
         self.require_dir(dir)?;
         let tree = self.tree_of(dir)?;
-        let min = Key::new(dir.ino, item::DIR_INDEX, from.max(2));
+        let from = from.max(2);
+        let queue = self.running.as_deref().and_then(|t| t.delayed.dir(&dir));
+        let mut queued = queue
+            .into_iter()
+            .flat_map(|q| q.insert.range(from..))
+            .peekable();
+        let min = Key::new(dir.ino, item::DIR_INDEX, from);
         let max = Key::new(dir.ino, item::DIR_INDEX, u64::MAX);
+        let mut more = true;
         for_each_in_range(self, &tree, min, max, |key, body| {
-            for e in DirEntryIter::new(body) {
-                let e = e.map_err(|e| Error::corrupt(0, format!("dir index {key:?}: {e}")))?;
-                let Some(kind) = kind_of(e.kind()) else {
-                    continue;
-                };
-                let id = self.entry_target(dir, &e)?;
-                let entry = DirEntry {
-                    name: e.name.to_vec(),
-                    id,
-                    kind,
-                    next_offset: key.offset.saturating_add(1),
-                };
-                if !f(entry) {
+            while let Some((&i, b)) = queued.next_if(|(&i, _)| i < key.offset) {
+                if !self.list_entries(dir, i, b, f)? {
+                    more = false;
                     return Ok(ControlFlow::Break(()));
                 }
             }
+            if queue.is_some_and(|q| q.delete.contains(&key.offset)) {
+                return Ok(ControlFlow::Continue(()));
+            }
+            if !self.list_entries(dir, key.offset, body, f)? {
+                more = false;
+                return Ok(ControlFlow::Break(()));
+            }
             Ok(ControlFlow::Continue(()))
-        })
+        })?;
+        if more {
+            for (&i, b) in queued {
+                if !self.list_entries(dir, i, b, f)? {
+                    break;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Hands the entries of one DIR_INDEX item (`index`, `body`) to `f`; false once `f`
+    /// asks to stop.
+    fn list_entries(
+        &self,
+        dir: InodeId,
+        index: u64,
+        body: &[u8],
+        f: &mut dyn FnMut(DirEntry) -> bool,
+    ) -> Result<bool> {
+        for e in DirEntryIter::new(body) {
+            let e =
+                e.map_err(|e| Error::corrupt(0, format!("dir index {index} of {}: {e}", dir.ino)))?;
+            let Some(kind) = kind_of(e.kind()) else {
+                continue;
+            };
+            let id = self.entry_target(dir, &e)?;
+            let entry = DirEntry {
+                name: e.name.to_vec(),
+                id,
+                kind,
+                next_offset: index.saturating_add(1),
+            };
+            if !f(entry) {
+                return Ok(false);
+            }
+        }
+        Ok(true)
     }
 }
 

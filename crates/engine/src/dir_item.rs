@@ -45,6 +45,11 @@ impl Transaction<'_> {
         entry: &[u8],
         name: &[u8],
     ) -> Result<()> {
+        // Most names have a hash of their own: try the insertion first, one descent.
+        match self.insert_item(tree, key, entry) {
+            Err(Error::AlreadyExists) => {}
+            r => return r,
+        }
         match self.lookup(tree, &key)? {
             None => self.insert_item(tree, key, entry),
             Some(mut body) => {
@@ -144,21 +149,24 @@ impl Transaction<'_> {
             &entry,
             name,
         )?;
-        self.insert_item(
-            dir.subvol,
-            Key::new(dir.ino, item::DIR_INDEX, index),
-            &entry,
-        )
+        self.queue_dir_index(dir, index, entry)
     }
 
-    /// Removes `name` (at `index`) from directory `dir`.
-    pub(crate) fn remove_dir_entry(&mut self, dir: InodeId, name: &[u8], index: u64) -> Result<()> {
+    /// Removes `name` (at `index`, leading to inode `target` of this subvolume, None if
+    /// elsewhere) from directory `dir`.
+    pub(crate) fn remove_dir_entry(
+        &mut self,
+        dir: InodeId,
+        name: &[u8],
+        index: u64,
+        target: Option<u64>,
+    ) -> Result<()> {
         self.remove_hashed_entry(
             dir.subvol,
             Key::new(dir.ino, item::DIR_ITEM, name_hash(name)),
             name,
         )?;
-        self.delete_item(dir.subvol, &Key::new(dir.ino, item::DIR_INDEX, index))
+        self.queue_dir_index_deletion(dir, index, target)
     }
 }
 

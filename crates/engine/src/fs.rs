@@ -179,6 +179,9 @@ pub struct FsCore {
     /// write, so they stay valid across commits).
     pub(crate) next_ino: Mutex<HashMap<u64, u64>>,
     pub(crate) next_index: Mutex<HashMap<InodeId, u64>>,
+    /// Directories' default ACLs (None: none), read on every create in them
+    /// (`FsCore::default_acl`); forgotten when the directory's xattrs change.
+    pub(crate) default_acls: Mutex<HashMap<InodeId, Option<Arc<[u8]>>>>,
     /// Whether each subvolume met so far is read-only (ROOT_ITEM flag; we never change it).
     pub(crate) readonly_subvols: Mutex<HashMap<u64, bool>>,
     /// Direct-IO-aligned buffers reused by writes (see `ordered_extent`): one per writer
@@ -319,6 +322,7 @@ impl FsCore {
             dirty_limit: (cache_bytes / 2).max(4 << 20),
             next_ino: Mutex::new(HashMap::new()),
             next_index: Mutex::new(HashMap::new()),
+            default_acls: Mutex::new(HashMap::new()),
             open_inodes: Mutex::new(HashMap::new()),
             readonly_subvols: Mutex::new(HashMap::new()),
             staging: Mutex::new(Vec::new()),
@@ -463,6 +467,7 @@ impl FsCore {
             self.next_index.lock().clear();
         }
         self.subvol_roots.write().clear();
+        self.default_acls.lock().clear();
         self.inodes.clear();
         self.extents.clear();
     }

@@ -28,6 +28,9 @@ pub(crate) fn disk_rdev_to_user(raw: u64) -> u64 {
 
 impl FsCore {
     pub(crate) fn inode_item(&self, id: InodeId) -> Result<Arc<InodeItem>> {
+        if let Some(i) = self.running.as_deref().and_then(|t| t.delayed.inode(&id)) {
+            return Ok(Arc::clone(i));
+        }
         if let Some(i) = self.inodes.get(&id) {
             return Ok(i);
         }

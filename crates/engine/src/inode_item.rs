@@ -36,6 +36,9 @@ fn ref_item_budget(nodesize: u32) -> usize {
 impl Transaction<'_> {
     /// The inode item as this transaction sees it.
     pub(crate) fn read_inode(&mut self, id: InodeId) -> Result<InodeItem> {
+        if let Some(inode) = self.delayed.inode(&id) {
+            return Ok(InodeItem::clone(inode));
+        }
         let body = self
             .lookup(id.subvol, &Key::new(id.ino, item::INODE_ITEM, 0))?
             .ok_or(Error::NotFound)?;
@@ -56,16 +59,13 @@ impl Transaction<'_> {
         }
     }
 
-    /// Writes the inode item back, stamped with this transaction.
+    /// Writes the inode item back, stamped with this transaction: a delayed item, written
+    /// to the tree once however often it changes (`delayed_inode`).
     pub(crate) fn write_inode(&mut self, id: InodeId, inode: &mut InodeItem) -> Result<()> {
         inode.transid = self.transid;
         inode.sequence = inode.sequence.wrapping_add(1);
-        let body = inode.to_bytes();
-        self.update_item(id.subvol, &Key::new(id.ino, item::INODE_ITEM, 0), |b| {
-            b[..body.len()].copy_from_slice(&body)
-        })?;
         self.filesystem().inodes.remove(&id);
-        Ok(())
+        self.queue_inode(id, inode)
     }
 
     pub(crate) fn insert_inode(&mut self, id: InodeId, inode: &InodeItem) -> Result<()> {
@@ -122,12 +122,15 @@ impl Transaction<'_> {
             index,
             name: name.to_vec(),
         };
+        // Most inodes have one name in a directory: try the insertion first, one descent.
+        let body = InodeRef::to_bytes_all(std::slice::from_ref(&entry))
+            .map_err(|e| Error::InvalidArgument(e.to_string()))?;
+        match self.insert_item(id.subvol, key, &body) {
+            Err(Error::AlreadyExists) => {}
+            r => return r,
+        }
         match self.lookup(id.subvol, &key)? {
-            None => {
-                let body = InodeRef::to_bytes_all(&[entry])
-                    .map_err(|e| Error::InvalidArgument(e.to_string()))?;
-                self.insert_item(id.subvol, key, &body)
-            }
+            None => self.insert_item(id.subvol, key, &body),
             Some(old) => {
                 let mut refs = InodeRef::parse_all(&old)
                     .map_err(|e| Error::corrupt(0, format!("inode ref of {}: {e}", id.ino)))?;
@@ -247,6 +250,8 @@ impl Transaction<'_> {
 
     /// Deletes every item of inode `id` (its data extents dropped first) and its orphan item.
     pub(crate) fn delete_inode(&mut self, id: InodeId) -> Result<()> {
+        self.forget_delayed(id);
+        self.filesystem().default_acls.lock().remove(&id);
         self.drop_extents(id, 0, u64::MAX)?;
         let min = Key::new(id.ino, 0, 0);
         let max = Key::new(id.ino, u8::MAX, u64::MAX);

@@ -153,7 +153,7 @@ impl Transaction<'_> {
         target: InodeId,
     ) -> Result<()> {
         let index = self.remove_inode_ref(target, dir.ino, name)?;
-        self.remove_dir_entry(dir, name, index)?;
+        self.remove_dir_entry(dir, name, index, Some(target.ino))?;
         dir_inode.size = dir_inode.size.saturating_sub(2 * name.len() as u64);
         let t = now();
         dir_inode.mtime = t;
@@ -278,11 +278,7 @@ impl Transaction<'_> {
         let default_acl = if symlink.is_some() {
             None
         } else {
-            match self.filesystem().getxattr(parent, acl::DEFAULT) {
-                Ok(v) => Some(v),
-                Err(Error::NoXattr) => None,
-                Err(e) => return Err(e),
-            }
+            self.filesystem().default_acl(parent)?
         };
         let mut access_acl = None;
         match default_acl.as_deref().map(Acl::parse).transpose() {
@@ -568,6 +564,7 @@ impl Transaction<'_> {
             return Err(Error::NameTooLong);
         }
         let mut inode = self.read_inode(id)?;
+        self.filesystem().default_acls.lock().remove(&id);
         let exists = match self.filesystem().getxattr(id, name) {
             Ok(_) => true,
             Err(Error::NoXattr) => false,
@@ -605,6 +602,7 @@ impl Transaction<'_> {
 
     fn remove_xattr(&mut self, id: InodeId, name: &[u8]) -> Result<()> {
         let mut inode = self.read_inode(id)?;
+        self.filesystem().default_acls.lock().remove(&id);
         let key = Key::new(id.ino, item::XATTR_ITEM, name_hash(name));
         match self.remove_hashed_entry(id.subvol, key, name) {
             Err(Error::NotFound) => return Err(Error::NoXattr),

@@ -12,6 +12,7 @@ mod chunk_alloc;
 pub mod claim;
 mod commit_pipe;
 pub mod ctree;
+mod delayed_inode;
 mod delayed_ref;
 pub mod device;
 mod dir;

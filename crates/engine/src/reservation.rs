@@ -51,8 +51,11 @@ impl Transaction<'_> {
     /// Metadata the commit itself needs for this transaction's bookkeeping (extent items of
     /// new blocks, free space tree, block group and root items).
     fn commit_reserve(&self) -> u64 {
-        let ns = u64::from(self.filesystem().sb.nodesize);
-        self.dirty.len() as u64 * ns / 8 + 32 * ns
+        let nodesize = self.filesystem().sb.nodesize;
+        let ns = u64::from(nodesize);
+        // Delayed items are written before the commit, into blocks not allocated yet.
+        let delayed = self.delayed.reserved_blocks(nodesize) * ns;
+        self.dirty.len() as u64 * ns / 8 + 32 * ns + delayed
     }
 
     fn metadata_needed(&self, r: &Reserve) -> u64 {
@@ -72,7 +75,7 @@ impl Transaction<'_> {
     }
 
     fn ensure_available(&mut self, kind: u64, bytes: u64) -> Result<()> {
-        while self.block_groups.available(kind) < bytes {
+        while !self.block_groups.has_available(kind, bytes) {
             if !self.try_alloc_chunk(kind)? {
                 log::debug!(
                     "no space: {} bytes of type {kind:#x} wanted, {} available",
@@ -99,7 +102,7 @@ impl Transaction<'_> {
     pub(crate) fn log_fits(&self, bytes: u64) -> bool {
         let ns = u64::from(self.filesystem().sb.nodesize);
         let need = self.commit_reserve() + bytes + 64 * ns;
-        self.block_groups.available(bg::METADATA) >= need
+        self.block_groups.has_available(bg::METADATA, need)
     }
 
     /// True if a commit would give back space of type `kind` freed in this transaction.

@@ -107,6 +107,8 @@ pub struct TxnState {
     last_snapshots: BTreeMap<u64, u64>,
     /// What fsyncs logged, and what changed since (`tree_log`).
     pub(crate) log: crate::tree_log::TxnLog,
+    /// Directory index and inode items not in their trees yet (`delayed_inode`).
+    pub(crate) delayed: crate::delayed_inode::DelayedItems,
 }
 
 /// A handle on the running transaction (generation T = last committed + 1). Dropping it
@@ -317,6 +319,7 @@ impl TxnState {
             shared_cow: Default::default(),
             last_snapshots: BTreeMap::new(),
             log: Default::default(),
+            delayed: Default::default(),
         })
     }
 }
@@ -429,6 +432,32 @@ impl<'a> Transaction<'a> {
     pub fn delete_item(&mut self, tree: u64, key: &Key) -> Result<()> {
         self.note_removal(tree, key, None)?;
         self.with_root(tree, |s, r| ctree::delete_item(s, r, key))
+    }
+
+    /// `insert_items` without telling the log: delayed items, noted when queued.
+    pub(crate) fn tree_insert_items(&mut self, tree: u64, items: &[(Key, &[u8])]) -> Result<()> {
+        self.with_root(tree, |s, r| ctree::insert_items(s, r, items))
+    }
+
+    /// `delete_item` without telling the log (see `tree_insert_items`).
+    pub(crate) fn tree_delete_item(&mut self, tree: u64, key: &Key) -> Result<()> {
+        self.with_root(tree, |s, r| ctree::delete_item(s, r, key))
+    }
+
+    /// `update_item` without telling the log (see `tree_insert_items`).
+    pub(crate) fn tree_update_item(
+        &mut self,
+        tree: u64,
+        key: &Key,
+        f: impl FnOnce(&mut [u8]),
+    ) -> Result<()> {
+        self.with_root(tree, |s, r| ctree::update_item(s, r, key, f))
+    }
+
+    /// Counts a change held outside the trees (a delayed item): an operation failing after
+    /// it aborts the transaction, as after a tree change.
+    pub(crate) fn count_change(&mut self) {
+        self.changes += 1;
     }
 
     /// Tells the log about an item going in (see `tree_log::changes`).
@@ -633,6 +662,7 @@ impl<'a> Transaction<'a> {
 
     fn try_close(&mut self) -> Result<CommitIo> {
         self.usable()?;
+        self.run_delayed_items()?;
         // The root tree is copied in every commit: its root carries the new generation.
         let (_, ext_key) = self.recorded_key(objectid::EXTENT_TREE)?;
         self.update_item(objectid::ROOT_TREE, &ext_key, |_| ())?;

@@ -7,6 +7,7 @@ use oleo_format::csum::name_hash;
 use oleo_format::items::DirEntryIter;
 use oleo_format::key::{item, objectid, Key};
 use std::ops::ControlFlow;
+use std::sync::Arc;
 
 impl FsCore {
     pub fn getxattr(&self, id: InodeId, name: &[u8]) -> Result<Vec<u8>> {
@@ -29,6 +30,26 @@ impl FsCore {
             }
         }
         Err(Error::NoXattr)
+    }
+
+    /// The default ACL of directory `dir` (its `system.posix_acl_default`), if it has one.
+    pub(crate) fn default_acl(&self, dir: InodeId) -> Result<Option<Vec<u8>>> {
+        /// Directories remembered; past this the cache starts again.
+        const CACHED_MAX: usize = 65536;
+        if let Some(a) = self.default_acls.lock().get(&dir) {
+            return Ok(a.as_deref().map(<[u8]>::to_vec));
+        }
+        let acl = match self.getxattr(dir, crate::acl::DEFAULT) {
+            Ok(v) => Some(v),
+            Err(Error::NoXattr) => None,
+            Err(e) => return Err(e),
+        };
+        let mut cache = self.default_acls.lock();
+        if cache.len() >= CACHED_MAX {
+            cache.clear();
+        }
+        cache.insert(dir, acl.as_deref().map(Arc::from));
+        Ok(acl)
     }
 
     pub fn listxattr(&self, id: InodeId) -> Result<Vec<Vec<u8>>> {

@@ -311,6 +311,8 @@ impl Transaction<'_> {
     /// Logs again the inodes whose names changed after they were logged, so that the log
     /// says their names as they are; why not (the transaction's fsyncs then commit).
     fn settle(&mut self, seq: u64) -> Result<Option<String>> {
+        // The log copies items from the subvolume trees: the delayed ones go there first.
+        self.run_delayed_items()?;
         while let Some(id) = self.log.stale.pop() {
             let why = match self.relog(id, seq) {
                 Ok(why) => why,

@@ -188,6 +188,8 @@ impl FsCore {
 
 impl Transaction<'_> {
     fn replay(&mut self, log: &Log) -> Result<usize> {
+        // The replay reads back the items it writes.
+        self.delayed.bypass = true;
         let nodesize = u64::from(self.filesystem().sb.nodesize);
         let mut plans = Vec::new();
         for sub in &log.subvols {

@@ -87,7 +87,7 @@ impl Transaction<'_> {
             )));
         }
         let ino = target.location.objectid;
-        self.remove_dir_entry(d, name, index)?;
+        self.remove_dir_entry(d, name, index, Some(ino))?;
         self.remove_inode_ref(InodeId { subvol, ino }, dir, name)?;
         touched.inodes.insert(ino);
         touched.dirs.insert(dir);
