@@ -323,6 +323,19 @@ impl BlockGroups {
         Ok(())
     }
 
+    /// Returns `[bytenr, bytenr + len)`, allocated in this transaction and never written,
+    /// to its block group, reusable at once.
+    pub(crate) fn free_unpinned(&mut self, bytenr: u64, len: u64) -> Result<()> {
+        let (_, g) = self.group_of(bytenr, len)?;
+        g.used = g
+            .used
+            .checked_sub(len)
+            .ok_or_else(|| Error::corrupt(bytenr, "block group used would go below zero"))?;
+        g.free.add(bytenr, len)?;
+        self.used_delta -= len as i128;
+        Ok(())
+    }
+
     /// Keeps `[bytenr, bytenr + len)` from being allocated until this transaction's commit
     /// is durable, without counting it used: space the committed state calls free but
     /// something on disk still needs (a pending log's blocks).

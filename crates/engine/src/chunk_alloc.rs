@@ -44,6 +44,10 @@ pub(crate) struct PendingChunks {
 }
 
 impl PendingChunks {
+    pub(crate) fn is_empty(&self) -> bool {
+        self.dev_bytes_used.is_none() && self.sys_chunks.is_empty()
+    }
+
     fn sys_array_bytes(&self) -> usize {
         self.sys_chunks
             .iter()

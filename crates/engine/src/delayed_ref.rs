@@ -60,14 +60,14 @@ impl DelayedRefs {
     }
 
     /// Queues the removal of the block's item; a block whose item was never inserted just
-    /// loses its queued insertion.
-    pub(crate) fn drop_tree_block(&mut self, bytenr: u64, level: u8) -> Result<()> {
+    /// loses its queued insertion (true: nothing about it reaches the extent tree).
+    pub(crate) fn drop_tree_block(&mut self, bytenr: u64, level: u8) -> Result<bool> {
         match self.tree.remove(&bytenr) {
-            Some(TreeRefOp::Add { .. }) => Ok(()),
+            Some(TreeRefOp::Add { .. }) => Ok(true),
             Some(TreeRefOp::Drop { .. }) => Err(Error::corrupt(bytenr, "tree block freed twice")),
             None => {
                 self.tree.insert(bytenr, TreeRefOp::Drop { level });
-                Ok(())
+                Ok(false)
             }
         }
     }
@@ -166,7 +166,7 @@ mod tests {
     fn tree_block_freed_in_its_transaction_leaves_nothing() {
         let mut q = DelayedRefs::default();
         q.add_tree_block(4 << 20, 5, 0).unwrap();
-        q.drop_tree_block(4 << 20, 0).unwrap();
+        assert!(q.drop_tree_block(4 << 20, 0).unwrap());
         assert!(q.is_empty());
         q.drop_tree_block(8 << 20, 1).unwrap();
         assert!(q.drop_tree_block(8 << 20, 1).is_err());

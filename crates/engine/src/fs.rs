@@ -499,7 +499,7 @@ impl FsCore {
 
     /// True while changes are waiting for a commit.
     pub fn has_uncommitted_changes(&self) -> bool {
-        self.running.is_some()
+        self.running.as_deref().is_some_and(|t| !t.is_idle())
     }
 
     /// Makes a closed transaction's superblock the in-memory state (its blocks are served

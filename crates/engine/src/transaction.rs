@@ -72,8 +72,11 @@ fn now() -> (u64, u32) {
         .unwrap_or((0, 0))
 }
 
-/// Rounds of the commit fixpoint before we call it a bug rather than slow convergence.
-const MAX_COMMIT_ROUNDS: usize = 64;
+/// Rounds of the commit fixpoint before we call it a bug rather than slow convergence,
+/// beyond one per block of the bookkeeping trees: on a nearly full filesystem every block
+/// a round copies frees one whose extent item sits in a leaf not copied yet, and the rounds
+/// go on until most of the extent tree is copied (each block is copied once per commit).
+const MAX_COMMIT_ROUNDS: u64 = 64;
 
 /// The running transaction's state. It lives in `FsCore::running` between operations,
 /// so every operation joins it and reads see its changes until it is committed.
@@ -109,6 +112,9 @@ pub struct TxnState {
     pub(crate) log: crate::tree_log::TxnLog,
     /// Directory index and inode items not in their trees yet (`delayed_inode`).
     pub(crate) delayed: crate::delayed_inode::DelayedItems,
+    /// Blocks of the extent, free space and block group trees when T started: the most
+    /// the commit's bookkeeping can copy of them.
+    pub(crate) bookkeeping_blocks: u64,
 }
 
 /// A handle on the running transaction (generation T = last committed + 1). Dropping it
@@ -291,6 +297,17 @@ impl TxnState {
             }
         };
         let nodesize = fs.sb.nodesize;
+        // What the commit's bookkeeping may have to copy, at most (`reservation`).
+        let mut bookkeeping_blocks = 0;
+        for tree in [
+            objectid::EXTENT_TREE,
+            objectid::FREE_SPACE_TREE,
+            bg_items_tree,
+        ] {
+            if let Some((_, ri)) = fs.read_root_item(tree)? {
+                bookkeeping_blocks += ri.bytes_used / u64::from(nodesize);
+            }
+        }
         // New blocks carry the chunk tree uuid every existing header has.
         let chunk_tree_uuid = {
             let rt = fs.root_tree;
@@ -320,6 +337,7 @@ impl TxnState {
             last_snapshots: BTreeMap::new(),
             log: Default::default(),
             delayed: Default::default(),
+            bookkeeping_blocks,
         })
     }
 }
@@ -667,7 +685,7 @@ impl<'a> Transaction<'a> {
         let (_, ext_key) = self.recorded_key(objectid::EXTENT_TREE)?;
         self.update_item(objectid::ROOT_TREE, &ext_key, |_| ())?;
         let mut settled = false;
-        for _ in 0..MAX_COMMIT_ROUNDS {
+        for _ in 0..MAX_COMMIT_ROUNDS + self.bookkeeping_blocks {
             let mut changed = extent_tree::run_delayed_refs(self)?;
             let bg_tree = self.bg_items_tree;
             changed |= block_group::sync(self, bg_tree)?;
@@ -995,10 +1013,17 @@ impl BlockStore for Transaction<'_> {
         }
         let st = &mut **self;
         let size = u64::from(st.nodesize);
-        st.dirty.remove(&bytenr);
+        let born_here = st.dirty.remove(&bytenr).is_some();
         *st.used_delta.entry(tree).or_default() -= size as i64;
-        st.block_groups.free(bytenr, size)?;
-        st.refs.drop_tree_block(bytenr, level)
+        let unrecorded = st.refs.drop_tree_block(bytenr, level)?;
+        if born_here && unrecorded {
+            // Allocated in T and never written, nothing on disk refers to it: free for
+            // reuse at once (as the kernel's btrfs_free_tree_block), so that splits and
+            // merges churning through a big transaction do not pin the space it needs.
+            st.block_groups.free_unpinned(bytenr, size)
+        } else {
+            st.block_groups.free(bytenr, size)
+        }
     }
 
     fn on_cow(&mut self, tree: u64, old: &[u8], _new_bytenr: u64) -> Result<()> {
@@ -1034,6 +1059,20 @@ impl BlockStore for Transaction<'_> {
     }
 }
 
+impl TxnState {
+    /// True if T changed nothing yet (operations that failed before changing anything,
+    /// fsyncs of clean files): committing it would only write a new root tree and the
+    /// superblocks, two flushes for nothing.
+    pub(crate) fn is_idle(&self) -> bool {
+        self.changes == 0
+            && self.dirty.is_empty()
+            && self.refs.is_empty()
+            && self.delayed.is_empty()
+            && self.log.blocks.count() == 0
+            && self.new_chunks.is_empty()
+    }
+}
+
 impl FsCore {
     /// Commits the running transaction, if any: everything before is durable after.
     /// Returns the generation on disk.
@@ -1047,7 +1086,16 @@ impl FsCore {
     /// Closes the running transaction, if any, leaving its writing to the caller (which
     /// need not hold the filesystem: see `Filesystem::sync`).
     pub(crate) fn close_running(&mut self) -> Result<Option<crate::transaction::CommitIo>> {
+        if let Some(why) = &self.aborted {
+            // What the aborted transaction held is lost: a sync must not say otherwise.
+            return Err(Error::Aborted(why.clone()));
+        }
         if self.running.is_none() || self.log_in_memory {
+            return Ok(None);
+        }
+        if let Some(st) = self.running.take_if(|st| st.is_idle()) {
+            // Nothing to commit (seed 003: no flush that is not needed).
+            self.block_groups = Some(st.block_groups);
             return Ok(None);
         }
         self.start_transaction()?.close().map(Some)

@@ -316,3 +316,93 @@ fn superblock_copies_are_not_free_space() {
         "writing across a superblock copy",
     );
 }
+
+/// Seed 001's ENOSPC rule: empty files made from many threads (their directory index and
+/// inode items queued, `delayed_inode`) until the metadata runs out. Every create that
+/// returned success is there after the commit, through oleo and the kernel, and the
+/// directory lists exactly those names.
+#[test]
+fn empty_files_from_many_threads_until_full() {
+    if !oleo_testkit::require_root("empty_files_from_many_threads_until_full") {
+        return;
+    }
+    init_log();
+    let s = Scratch::new("threads", 128, &["--nodesize", "4096", "-m", "single"]);
+    let fs = Filesystem::open_rw(s.image(), OpenOptions::default()).unwrap();
+    let root = fs.root();
+    let made: Vec<Vec<Vec<u8>>> = std::thread::scope(|sc| {
+        let handles: Vec<_> = (0..8)
+            .map(|t| {
+                let fs = &fs;
+                sc.spawn(move || {
+                    let mut mine = Vec::new();
+                    for i in 0u64.. {
+                        let name = format!("t{t}-{i:07}").into_bytes();
+                        match fs.mknod(root, &name, &NewInode::file(0o644)) {
+                            Ok(_) => mine.push(name),
+                            Err(e) => {
+                                assert!(is_enospc(&e), "thread {t}: expected ENOSPC, got {e}");
+                                assert!(
+                                    fs.lookup(root, &name).is_err(),
+                                    "a failed create left its name"
+                                );
+                                return mine;
+                            }
+                        }
+                        assert!(i < 2_000_000, "never filled up");
+                    }
+                    unreachable!()
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let mut files: Vec<(Vec<u8>, Vec<u8>)> = made
+        .into_iter()
+        .flatten()
+        .map(|n| (n, Vec::new()))
+        .collect();
+    files.sort();
+    eprintln!("threads: {} empty files before ENOSPC", files.len());
+    assert!(files.len() > 10_000, "filled up too early");
+    // The queued items of the last creates fit in what they reserved.
+    fs.sync().unwrap();
+    let mut listed = Vec::new();
+    fs.readdir(root, 0, &mut |e| {
+        listed.push(e.name);
+        true
+    })
+    .unwrap();
+    listed.sort();
+    let names: Vec<Vec<u8>> = files.iter().map(|(n, _)| n.clone()).collect();
+    if listed != names {
+        let set: std::collections::BTreeSet<&Vec<u8>> = listed.iter().collect();
+        let missing: Vec<&Vec<u8>> = names.iter().filter(|n| !set.contains(n)).collect();
+        let first = missing.first().map(|n| {
+            (
+                String::from_utf8_lossy(n).into_owned(),
+                fs.lookup(root, n).is_ok(),
+            )
+        });
+        eprintln!(
+            "missing {} from {:?} to {:?}",
+            missing.len(),
+            first,
+            missing
+                .last()
+                .map(|n| String::from_utf8_lossy(n).into_owned())
+        );
+        panic!(
+            "the listing ({} names) differs from the creates that succeeded ({}), first at {first:?}",
+            listed.len(),
+            names.len()
+        );
+    }
+    drop(fs);
+    verify(
+        &s.image(),
+        &s.0.join("mnt"),
+        &files,
+        "filling with empty files",
+    );
+}

@@ -997,6 +997,20 @@ fn fsync_flush_discipline() {
     assert_eq!(ev.iter().filter(|e| **e == IoEvent::Flush).count(), 2);
     assert_eq!(fs.superblock().generation, generation + 1);
 
+    // Nothing new: a commit (a sync, the periodic one) writes nothing, not even after an
+    // operation that failed before changing anything, or a clean file's fsync.
+    assert!(!fs.has_uncommitted_changes());
+    fs.sync().unwrap();
+    assert!(fs.unlink(root, b"no such name").is_err());
+    fs.fsync(f, false).unwrap();
+    assert!(
+        !fs.has_uncommitted_changes(),
+        "a failed unlink left something to commit"
+    );
+    fs.sync().unwrap();
+    assert!(fs.take_io_recording().is_empty(), "an idle commit wrote");
+    assert_eq!(fs.superblock().generation, generation + 1, "an idle commit");
+
     // Concurrent fsyncs of different files share log syncs: never more than one each.
     let files: Vec<InodeId> = (0..8)
         .map(|i| new_file(&fs, format!("g{i}").as_bytes(), &[4u8; 4096]))
