@@ -39,6 +39,13 @@ class Params:
     fsmark_sync_files: int = 2000
     fsmark_sync_loops: int = 3
 
+    # unpack a source-like tree, then cp -a it (wall time, each step made durable)
+    untar_files: int = 50000
+    untar_dirs: int = 2500
+    # renames/links/unlinks in a directory of bigdir_entries against one of 100
+    bigdir_entries: int = 100000
+    bigdir_runtime_s: int = 20       # per directory
+
     # seed 002: fio randrw, O_DIRECT, io_uring, one preallocated shared file
     uring_jobs: int = 2
     uring_file_mib: int = 1024
@@ -74,6 +81,7 @@ PRESETS = {
         fsync_jobs=[1, 4, 16], fsync_runtime_s=2, fsync_job_mib=64,
         seqw_file_mib=256, seqw_max_runtime_s=60,
         fsmark_files=500, fsmark_loops=2, fsmark_sync_files=100, fsmark_sync_loops=2,
+        untar_files=2000, untar_dirs=100, bigdir_entries=2000, bigdir_runtime_s=1,
         uring_file_mib=128, uring_runtime_s=2,
         dbench_clients=[1, 8, 32], dbench_runtime_s=2,
         snap_delay_s=2.0, snap_file_mib=512, snap_max_runtime_s=30,

@@ -187,6 +187,7 @@ class FsmarkCreate(Workload):
     metrics = [Metric("files_per_s", "files/s (all loops)"),
                # host block device counters, as fsync-write: the same ruler for all targets
                Metric("flushes_per_kfile", "disk flushes per 1000 files", higher_is_better=False)]
+    goal = ("oleo", "files_per_s", 0.5)    # issue 11: at least half of kernel btrfs
 
     def shape(self):
         return self.p.fsmark_threads, self.p.fsmark_files, self.p.fsmark_loops
@@ -247,6 +248,7 @@ class FsmarkFsync(FsmarkCreate):
     other mode): the log tree's cost per new file and its directory entry."""
     name, seed = "fsmark-fsync", "001"
     sync = 1
+    goal = None
 
     def shape(self):
         return self.p.fsmark_threads, self.p.fsmark_sync_files, self.p.fsmark_sync_loops
@@ -492,8 +494,116 @@ class MetaWalk(Workload):
         return {"files_per_s": n / took, "elapsed_s": took}
 
 
-ALL = [FsyncWrite, SeqWrite, FsmarkCreate, FsmarkFsync, UringRandrw, Dbench, SnapshotUnderWrite, ReadWhileWrite,
-       SeqRead, RandRead, MetaWalk]
+def commit_all(m):
+    """Makes what a write workload wrote durable: sync(2) pushes every page cache (FUSE's
+    writeback cache into its server included), then btrfs's own sync ioctl commits the
+    btrfs targets (syncfs never reaches a FUSE server; oleo answers BTRFS_IOC_SYNC)."""
+    run(["sync"], timeout=600)
+    if m.target.family == "btrfs" and which("btrfs"):
+        run(["btrfs", "filesystem", "sync", m.path], timeout=600)
+
+
+# A source-like tree: directories of small files, sizes skewed small as in a kernel tree.
+_TREE_SCRIPT = r"""
+import os, random, sys, tarfile, io
+files, dirs, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+rng = random.Random(2026)
+with tarfile.open(out + ".tmp", "w") as tar:
+    for d in range(dirs):
+        info = tarfile.TarInfo(f"src/d{d // 50:03d}/s{d:05d}")
+        info.type, info.mode = tarfile.DIRTYPE, 0o755
+        tar.addfile(info)
+    for i in range(files):
+        size = min(int(rng.expovariate(1 / 6000)), 256 * 1024)
+        info = tarfile.TarInfo(f"src/d{(i % dirs) // 50:03d}/s{i % dirs:05d}/f{i:06d}.c")
+        info.size, info.mode = size, 0o644
+        tar.addfile(info, io.BytesIO(rng.randbytes(size)))
+os.rename(out + ".tmp", out)
+"""
+
+
+class UntarCopy(Workload):
+    """Unpack a source-like tree (tens of thousands of small files) from a tarball on the
+    host, then `cp -a` it within the filesystem; each step ends when it is durable
+    (`commit_all`). Wall time of each."""
+    name = "untar-cp"
+    metrics = [Metric("untar_s", "untar s", False), Metric("cp_s", "cp -a s", False)]
+
+    def describe(self):
+        return {"files": self.p.untar_files, "dirs": self.p.untar_dirs,
+                "tool": "tar -xf; cp -a; sync + btrfs filesystem sync"}
+
+    def image_bytes(self):
+        return max(4 * GiB, self.p.untar_files * 64 * 1024)
+
+    def tarball(self, ctx):
+        path = os.path.join(ctx.work_dir, f"tree-{self.p.untar_files}-{self.p.untar_dirs}.tar")
+        if not os.path.exists(path):
+            run(["python3", "-c", _TREE_SCRIPT, self.p.untar_files, self.p.untar_dirs, path],
+                timeout=ctx.remaining())
+        return path
+
+    def run(self, ctx, m, _):
+        tar = self.tarball(ctx)
+        t0 = time.monotonic()
+        run(["tar", "-xf", tar, "-C", m.path], timeout=ctx.remaining())
+        commit_all(m)
+        t1 = time.monotonic()
+        run(["cp", "-a", os.path.join(m.path, "src"), os.path.join(m.path, "copy")],
+            timeout=ctx.remaining())
+        commit_all(m)
+        t2 = time.monotonic()
+        n = run(["find", os.path.join(m.path, "copy"), "-type", "f"],
+                timeout=ctx.remaining()).stdout.count("\n")
+        if n != self.p.untar_files:
+            raise NotApplicable(f"the copy holds {n} files, the tarball {self.p.untar_files}")
+        return {"untar_s": t1 - t0, "cp_s": t2 - t1}
+
+
+_BIGDIR_SCRIPT = r"""
+import json, os, sys, time
+root, entries, runtime = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+out = {}
+for label, n in (("big", entries), ("small", 100)):
+    d = os.path.join(root, label)
+    os.mkdir(d)
+    for i in range(n):
+        os.close(os.open(os.path.join(d, f"entry-{i:07d}"), os.O_CREAT | os.O_WRONLY, 0o644))
+    # Renames, hard links and unlinks of entries spread over the directory.
+    ops, i, t0 = 0, 0, time.monotonic()
+    while time.monotonic() - t0 < runtime:
+        a = os.path.join(d, f"entry-{(i * 7919) % n:07d}")
+        b, c = a + ".renamed", a + ".link"
+        os.rename(a, b); os.link(b, c); os.unlink(c); os.rename(b, a)
+        ops, i = ops + 4, i + 1
+    out[label] = ops / (time.monotonic() - t0)
+print(json.dumps(out))
+"""
+
+
+class BigDirOps(Workload):
+    """Renames, hard links and unlinks in a directory of 100k entries and in one of 100,
+    time based: the cost of one operation must not grow with the directory's size."""
+    name = "bigdir-ops"
+    metrics = [Metric("big_ops_s", "ops/s, big directory"),
+               Metric("small_ops_s", "ops/s, 100 entries"),
+               Metric("big_over_small", "big / small")]
+    goal = ("oleo", "big_over_small", 0.8, "absolute")
+
+    def describe(self):
+        return {"entries": self.p.bigdir_entries, "runtime_s": self.p.bigdir_runtime_s,
+                "ops": "rename, link, unlink, rename back"}
+
+    def run(self, ctx, m, _):
+        r = run(["python3", "-c", _BIGDIR_SCRIPT, m.path, self.p.bigdir_entries,
+                 self.p.bigdir_runtime_s], timeout=ctx.remaining())
+        rates = json.loads(r.stdout)
+        return {"big_ops_s": rates["big"], "small_ops_s": rates["small"],
+                "big_over_small": rates["big"] / rates["small"]}
+
+
+ALL = [FsyncWrite, SeqWrite, FsmarkCreate, FsmarkFsync, UntarCopy, BigDirOps, UringRandrw, Dbench,
+       SnapshotUnderWrite, ReadWhileWrite, SeqRead, RandRead, MetaWalk]
 NAMES = [w.name for w in ALL]
 
 
