@@ -5,6 +5,7 @@ points of a sweep, e.g. fio job counts), which targets it cannot run on and why,
 runs one measurement on a mounted target. Sizes come from Params only.
 """
 
+import json
 import os
 import subprocess
 import time

@@ -74,7 +74,38 @@ impl Transaction<'_> {
             Key::new(id.ino, item::INODE_ITEM, 0),
             &inode.to_bytes(),
         )?;
-        self.filesystem().inodes.remove(&id);
+        // The reply to a create asks for it at once.
+        let cached = std::sync::Arc::new(inode.clone());
+        self.filesystem().inodes.insert(id, cached);
+        Ok(())
+    }
+
+    /// Inserts a new inode's item with its first name (`name` at `index` in `parent`).
+    pub(crate) fn insert_named_inode(
+        &mut self,
+        id: InodeId,
+        inode: &InodeItem,
+        parent: u64,
+        name: &[u8],
+        index: u64,
+    ) -> Result<()> {
+        let entry = InodeRef {
+            index,
+            name: name.to_vec(),
+        };
+        let reference = InodeRef::to_bytes_all(std::slice::from_ref(&entry))
+            .map_err(|e| Error::InvalidArgument(e.to_string()))?;
+        let body = inode.to_bytes();
+        self.insert_items(
+            id.subvol,
+            &[
+                (Key::new(id.ino, item::INODE_ITEM, 0), &body),
+                (Key::new(id.ino, item::INODE_REF, parent), &reference),
+            ],
+        )?;
+        self.filesystem()
+            .inodes
+            .insert(id, std::sync::Arc::new(inode.clone()));
         Ok(())
     }
 

@@ -132,6 +132,20 @@ impl Transaction<'_> {
     ) -> Result<()> {
         let index = self.next_dir_index(dir)?;
         self.add_inode_ref(target, dir.ino, name, index)?;
+        self.enter_name(dir, dir_inode, name, target, file_type, index)
+    }
+
+    /// Adds the entry `name` -> `target` at `index` in `dir` (its back reference is the
+    /// caller's); grows the directory.
+    fn enter_name(
+        &mut self,
+        dir: InodeId,
+        dir_inode: &mut InodeItem,
+        name: &[u8],
+        target: InodeId,
+        file_type: u8,
+        index: u64,
+    ) -> Result<()> {
         let entry = EntryTarget {
             location: Key::new(target.ino, item::INODE_ITEM, 0),
             file_type,
@@ -222,8 +236,9 @@ impl Transaction<'_> {
             uid,
             gid,
         };
-        let (id, file_type) = self.new_inode(parent, &dir, &new, symlink, 1)?;
-        self.link_name(parent, &mut dir, name, id, file_type)?;
+        let index = self.next_dir_index(parent)?;
+        let (id, file_type) = self.new_inode(parent, &dir, &new, symlink, Some((name, index)))?;
+        self.enter_name(parent, &mut dir, name, id, file_type, index)?;
         self.write_inode(parent, &mut dir)?;
         Ok(id)
     }
@@ -236,21 +251,23 @@ impl Transaction<'_> {
             mode: (new.mode & 0o7777) | S_IFREG,
             ..*new
         };
-        let (id, _) = self.new_inode(parent, &dir, &new, None, 0)?;
+        let (id, _) = self.new_inode(parent, &dir, &new, None, None)?;
         self.add_orphan(id)?;
         Ok(id)
     }
 
-    /// Inserts a new inode's items (inode, symlink target, inherited ACLs) with `nlink`
-    /// links; names are the caller's.
+    /// Inserts a new inode's items (inode, its back reference as `name` at `index` in
+    /// `parent` if named, symlink target, inherited ACLs); the directory entry is the
+    /// caller's. Without a name it has no link (O_TMPFILE).
     fn new_inode(
         &mut self,
         parent: InodeId,
         dir: &InodeItem,
         new: &NewInode,
         symlink: Option<&[u8]>,
-        nlink: u32,
+        name: Option<(&[u8], u64)>,
     ) -> Result<(InodeId, u8)> {
+        let nlink = u32::from(name.is_some());
         let NewInode {
             mode,
             umask,
@@ -317,7 +334,12 @@ impl Transaction<'_> {
             inode.size = target.len() as u64;
             inode.nbytes = target.len() as u64;
         }
-        self.insert_inode(id, &inode)?;
+        match name {
+            // The inode item and its reference share a leaf: one insertion (as the
+            // kernel's btrfs_create_new_inode).
+            Some((name, index)) => self.insert_named_inode(id, &inode, parent.ino, name, index)?,
+            None => self.insert_inode(id, &inode)?,
+        }
         if let Some(target) = symlink {
             let body = FileExtent {
                 generation: self.transid,
