@@ -173,3 +173,85 @@ fn a_small_filesystem_caps_the_kernels_dirty_data_and_still_stops_in_write() {
     check_contents(&kmnt.join("fill2"), more);
     k.unmount().unwrap();
 }
+
+/// Seed 001's ENOSPC rule through the mount: empty files from many threads (their directory
+/// index and inode items queued in oleo) until the metadata runs out. Every create that
+/// succeeded is there after unmount, through the kernel, and nothing else is.
+#[test]
+fn empty_files_from_many_threads_fill_and_lose_nothing() {
+    let name = "enospc_empty_files";
+    if !(require_root(name) && require_fuse(name)) {
+        return;
+    }
+    let dir = TempDir::new(name).unwrap();
+    let image = dir.join("image");
+    let mnt = dir.subdir("mnt").unwrap();
+    let kmnt = dir.subdir("kmnt").unwrap();
+    empty_image(&image, 128, &["--nodesize", "4096", "-m", "single"]).unwrap();
+    let m = OleoMount::mount_rw(Path::new(OLEO), &image, &mnt, &[]).unwrap();
+    // Data takes half the device first, so that the metadata fills sooner.
+    let ballast = std::fs::File::create(mnt.join("ballast")).unwrap();
+    for i in 0..56 {
+        ballast.write_all_at(&chunk(i), (i * MIB) as u64).unwrap();
+    }
+    ballast.sync_all().unwrap();
+    drop(ballast);
+    let until = Instant::now() + Duration::from_secs(600);
+    let mut made: Vec<String> = std::thread::scope(|sc| {
+        let handles: Vec<_> = (0..6)
+            .map(|t| {
+                let (mnt, m) = (&mnt, &m);
+                sc.spawn(move || {
+                    let d = mnt.join(format!("d{t}"));
+                    std::fs::create_dir(&d).unwrap();
+                    let mut mine = Vec::new();
+                    for i in 0.. {
+                        assert!(Instant::now() < until, "thread {t}: never filled up");
+                        let rel = format!("d{t}/f{i:07}");
+                        match std::fs::File::create(mnt.join(&rel)) {
+                            Ok(_) => mine.push(rel),
+                            Err(e) => {
+                                assert_eq!(
+                                    e.kind(),
+                                    ErrorKind::StorageFull,
+                                    "{rel}: {e}\n{}",
+                                    m.log_text()
+                                );
+                                return mine;
+                            }
+                        }
+                    }
+                    unreachable!()
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().unwrap())
+            .collect()
+    });
+    made.sort();
+    assert!(made.len() > 5_000, "filled up after {} files", made.len());
+    m.unmount().unwrap();
+
+    btrfs_check(&image, false).unwrap();
+    let k = KernelMount::mount(&image, &kmnt, &["ro"]).unwrap();
+    let mut seen = Vec::new();
+    for t in 0..6 {
+        for e in std::fs::read_dir(kmnt.join(format!("d{t}"))).unwrap() {
+            let e = e.unwrap();
+            seen.push(format!("d{t}/{}", e.file_name().to_string_lossy()));
+        }
+    }
+    k.unmount().unwrap();
+    seen.sort();
+    assert_eq!(
+        seen.len(),
+        made.len(),
+        "the kernel sees another number of files"
+    );
+    assert!(
+        seen == made,
+        "the kernel sees other names than the creates that succeeded"
+    );
+}

@@ -54,17 +54,18 @@ impl Transaction<'_> {
         let nodesize = self.filesystem().sb.nodesize;
         let ns = u64::from(nodesize);
         // Delayed items are written before the commit, into blocks not allocated yet.
-        let delayed = self.delayed.reserved_blocks(nodesize) * ns;
+        let delayed = self.delayed.reserved_blocks(nodesize);
         // Every block changed in T adds an extent item and, if it was copied, drops the
         // old one's, which may sit in any leaf of the extent tree, and frees space the
         // free space tree records anywhere, and each block those changes copy frees another
-        // in turn: never more than those trees hold, and in practice a few per dirty block.
-        // The new items cluster (an eighth). On a full 4 KiB-node filesystem a transaction
-        // that changed 2,100 blocks needed 740 more at commit, one of 140 needed 510
-        // (`empty_files_from_many_threads_until_full`).
-        let dirty = self.dirty.len() as u64;
-        let scattered = (8 * dirty + 512).min(self.bookkeeping_blocks + 2 * 8);
-        (scattered + dirty / 8 + 64) * ns + delayed
+        // in turn: never more than those trees hold, and in practice a few per changed
+        // block. The new items cluster (an eighth). On a full 4 KiB-node filesystem a
+        // transaction that changed 2,100 blocks needed 740 more at commit, one of 140
+        // needed 510, one with only delayed items (250 blocks once written) more than 253
+        // (`empty_files_from_many_threads_until_full`, library and FUSE).
+        let changed = self.dirty.len() as u64 + delayed;
+        let scattered = (8 * changed + 512).min(self.bookkeeping_blocks + 2 * 8);
+        (scattered + changed / 8 + 64 + delayed) * ns
     }
 
     fn metadata_needed(&self, r: &Reserve) -> u64 {
@@ -137,7 +138,15 @@ impl FsCore {
                     if !committed
                         && (txn.commit_frees(bg::METADATA) || txn.commit_frees(bg::DATA)) =>
                 {
-                    txn.commit()?;
+                    if txn.is_idle() {
+                        // Only commits still being written hold the freed space, and
+                        // committing nothing would cost the bookkeeping trees' copies.
+                        drop(txn);
+                        self.pipe.write_deferred()?;
+                        self.pipe.wait_durable(self.sb.generation)?;
+                    } else {
+                        txn.commit()?;
+                    }
                     committed = true;
                     continue;
                 }

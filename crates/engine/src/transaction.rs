@@ -680,26 +680,21 @@ impl<'a> Transaction<'a> {
 
     fn try_close(&mut self) -> Result<CommitIo> {
         self.usable()?;
-        self.run_delayed_items()?;
-        // The root tree is copied in every commit: its root carries the new generation.
-        let (_, ext_key) = self.recorded_key(objectid::EXTENT_TREE)?;
-        self.update_item(objectid::ROOT_TREE, &ext_key, |_| ())?;
-        let mut settled = false;
-        for _ in 0..MAX_COMMIT_ROUNDS + self.bookkeeping_blocks {
-            let mut changed = extent_tree::run_delayed_refs(self)?;
-            let bg_tree = self.bg_items_tree;
-            changed |= block_group::sync(self, bg_tree)?;
-            changed |= free_space::sync(self)?;
-            changed |= self.update_root_items()?;
-            if !changed && self.refs.is_empty() {
-                settled = true;
-                break;
+        let (dirty, available) = (self.dirty.len(), self.block_groups.available(bg::METADATA));
+        match self.settle_bookkeeping() {
+            Err(Error::NoSpace) => {
+                // The reservations promised room for this: say by how much they missed.
+                log::error!(
+                    "commit {} ran out of metadata space: {dirty} blocks changed, {} KiB were \
+                     available for {} bookkeeping blocks, {} changed now",
+                    self.transid,
+                    available / 1024,
+                    self.bookkeeping_blocks,
+                    self.dirty.len()
+                );
+                return Err(Error::NoSpace);
             }
-        }
-        if !settled {
-            return Err(Error::Unsupported(
-                "commit bookkeeping did not reach a fixpoint".into(),
-            ));
+            r => r?,
         }
         let root_tree = self.root(objectid::ROOT_TREE)?;
         if root_tree.generation != self.transid {
@@ -721,6 +716,32 @@ impl<'a> Transaction<'a> {
             std::sync::Arc::clone(&self.fs.io),
             std::sync::Arc::clone(&self.fs.pipe),
         ))
+    }
+
+    /// Delayed items into their trees, then the commit's bookkeeping to a fixpoint.
+    fn settle_bookkeeping(&mut self) -> Result<()> {
+        self.run_delayed_items()?;
+        // The root tree is copied in every commit: its root carries the new generation.
+        let (_, ext_key) = self.recorded_key(objectid::EXTENT_TREE)?;
+        self.update_item(objectid::ROOT_TREE, &ext_key, |_| ())?;
+        let mut settled = false;
+        for _ in 0..MAX_COMMIT_ROUNDS + self.bookkeeping_blocks {
+            let mut changed = extent_tree::run_delayed_refs(self)?;
+            let bg_tree = self.bg_items_tree;
+            changed |= block_group::sync(self, bg_tree)?;
+            changed |= free_space::sync(self)?;
+            changed |= self.update_root_items()?;
+            if !changed && self.refs.is_empty() {
+                settled = true;
+                break;
+            }
+        }
+        if !settled {
+            return Err(Error::Unsupported(
+                "commit bookkeeping did not reach a fixpoint".into(),
+            ));
+        }
+        Ok(())
     }
 
     fn recorded_key(&mut self, tree: u64) -> Result<(TreeRoot, Key)> {
