@@ -312,13 +312,7 @@ impl BlockGroups {
     /// Returns `[bytenr, bytenr + len)` to its block group; it stays pinned (not reusable)
     /// until the transaction ends.
     pub(crate) fn free(&mut self, bytenr: u64, len: u64) -> Result<()> {
-        let (_, g) = self.group_of(bytenr, len)?;
-        g.used = g
-            .used
-            .checked_sub(len)
-            .ok_or_else(|| Error::corrupt(bytenr, "block group used would go below zero"))?;
-        g.free.add(bytenr, len)?;
-        self.used_delta -= len as i128;
+        self.free_unpinned(bytenr, len)?;
         self.pin_range(bytenr, len);
         Ok(())
     }
