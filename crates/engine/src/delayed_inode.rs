@@ -136,8 +136,9 @@ impl Transaction<'_> {
             .note(dir.subvol, &key, &[(index, index.saturating_add(1))]);
         let q = self.delayed.dirs.entry(dir).or_default();
         q.insert_bytes += body.len() as u64 + ITEM_HEADER;
-        if q.insert.insert(index, body).is_none() {
-            self.delayed.count += 1;
+        match q.insert.insert(index, body) {
+            Some(old) => q.insert_bytes -= old.len() as u64 + ITEM_HEADER,
+            None => self.delayed.count += 1,
         }
         self.count_change();
         self.after_queueing()
