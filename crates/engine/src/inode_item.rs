@@ -74,10 +74,14 @@ impl Transaction<'_> {
             Key::new(id.ino, item::INODE_ITEM, 0),
             &inode.to_bytes(),
         )?;
-        // The reply to a create asks for it at once.
+        self.cache_new_inode(id, inode);
+        Ok(())
+    }
+
+    /// The reply to a create asks for the new inode at once: keep it in the cache.
+    fn cache_new_inode(&mut self, id: InodeId, inode: &InodeItem) {
         let cached = std::sync::Arc::new(inode.clone());
         self.filesystem().inodes.insert(id, cached);
-        Ok(())
     }
 
     /// Inserts a new inode's item with its first name (`name` at `index` in `parent`).
@@ -103,9 +107,7 @@ impl Transaction<'_> {
                 (Key::new(id.ino, item::INODE_REF, parent), &reference),
             ],
         )?;
-        self.filesystem()
-            .inodes
-            .insert(id, std::sync::Arc::new(inode.clone()));
+        self.cache_new_inode(id, inode);
         Ok(())
     }
 

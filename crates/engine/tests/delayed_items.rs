@@ -7,33 +7,16 @@
 //! Needs root and btrfs-progs (prints `SKIP: ...` without them; fails under CI=true).
 
 use oleo::{Filesystem, InodeId, NewInode, OpenOptions, RenameFlags};
-use oleo_testkit::assert_btrfs_check;
+use oleo_testkit::{assert_btrfs_check, KernelMount, TempDir};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::process::Command;
 
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new(name: &str) -> Scratch {
-        let dir = std::env::temp_dir().join(format!("oleo-delayed-{name}-{}", std::process::id()));
-        let _ = Command::new("umount").arg(dir.join("mnt")).output();
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(dir.join("mnt")).unwrap();
-        let s = Scratch(dir);
-        oleo_testkit::empty_image(&s.image(), 256, &[]).unwrap();
-        s
-    }
-    fn image(&self) -> PathBuf {
-        self.0.join("image")
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg(self.0.join("mnt")).output();
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
+/// A fresh 256 MiB image in its own temporary directory.
+fn scratch(name: &str) -> (TempDir, PathBuf) {
+    let dir = TempDir::new(name).unwrap();
+    let image = dir.join("image");
+    oleo_testkit::empty_image(&image, 256, &[]).unwrap();
+    (dir, image)
 }
 
 /// (offset, name) of every entry from `from` on.
@@ -65,7 +48,7 @@ fn listing_in_parts(fs: &Filesystem, dir: InodeId, step: usize) -> Vec<(u64, Vec
     }
 }
 
-fn dir_size(names: &BTreeMap<Vec<u8>, ()>) -> u64 {
+fn scratch_dirsize(names: &BTreeMap<Vec<u8>, ()>) -> u64 {
     names.keys().map(|n| 2 * n.len() as u64).sum()
 }
 
@@ -74,8 +57,8 @@ fn queued_entries_list_as_if_inserted() {
     if !oleo_testkit::require_root("queued_entries_list_as_if_inserted") {
         return;
     }
-    let s = Scratch::new("list");
-    let fs = Filesystem::open_rw(s.image(), OpenOptions::default()).unwrap();
+    let (scratch_dir, image) = scratch("delayed_list");
+    let fs = Filesystem::open_rw(&image, OpenOptions::default()).unwrap();
     let root = fs.root();
     let dir = fs.mkdir(root, b"d", &NewInode::dir(0o755)).unwrap().id;
     let mut names = BTreeMap::new();
@@ -129,23 +112,17 @@ fn queued_entries_list_as_if_inserted() {
         listing(&fs, dir, mid),
         before[before.len() / 2 + 1..].to_vec()
     );
-    assert_eq!(fs.getattr(dir).unwrap().size, dir_size(&names));
+    assert_eq!(fs.getattr(dir).unwrap().size, scratch_dirsize(&names));
 
     // After the batch write the same entries at the same offsets.
     fs.sync().unwrap();
     assert_eq!(listing(&fs, dir, 0), before, "the commit moved entries");
-    assert_eq!(fs.getattr(dir).unwrap().size, dir_size(&names));
+    assert_eq!(fs.getattr(dir).unwrap().size, scratch_dirsize(&names));
     fs.close().unwrap();
-    assert_btrfs_check(&s.image(), "after queued entries were committed");
+    assert_btrfs_check(&image, "after queued entries were committed");
 
-    let mnt = s.0.join("mnt");
-    let st = Command::new("mount")
-        .args(["-o", "loop,ro"])
-        .arg(s.image())
-        .arg(&mnt)
-        .status()
-        .unwrap();
-    assert!(st.success(), "kernel mount");
+    let mnt = scratch_dir.subdir("mnt").unwrap();
+    let k = KernelMount::mount(&image, &mnt, &["ro"]).unwrap();
     let mut kernel: Vec<Vec<u8>> = std::fs::read_dir(mnt.join("d"))
         .unwrap()
         .map(|e| {
@@ -155,9 +132,9 @@ fn queued_entries_list_as_if_inserted() {
         .collect();
     kernel.sort();
     let size = std::fs::metadata(mnt.join("d")).unwrap().len();
-    Command::new("umount").arg(&mnt).status().unwrap();
+    k.unmount().unwrap();
     assert_eq!(kernel, names.keys().cloned().collect::<Vec<_>>());
-    assert_eq!(size, dir_size(&names), "the kernel's directory size");
+    assert_eq!(size, scratch_dirsize(&names), "the kernel's directory size");
 }
 
 /// More entries than the queue holds, from several threads into one directory and into
@@ -167,8 +144,8 @@ fn queue_overflows_write_batches() {
     if !oleo_testkit::require_root("queue_overflows_write_batches") {
         return;
     }
-    let s = Scratch::new("batches");
-    let fs = Filesystem::open_rw(s.image(), OpenOptions::default()).unwrap();
+    let (_dir, image) = scratch("delayed_batches");
+    let fs = Filesystem::open_rw(&image, OpenOptions::default()).unwrap();
     let root = fs.root();
     let shared = fs.mkdir(root, b"shared", &NewInode::dir(0o755)).unwrap().id;
     std::thread::scope(|sc| {
@@ -194,8 +171,8 @@ fn queue_overflows_write_batches() {
         assert_eq!(listing(&fs, own, 0).len(), 1200);
     }
     fs.close().unwrap();
-    assert_btrfs_check(&s.image(), "after 10,800 queued creates");
-    let fs = Filesystem::open(s.image(), OpenOptions::default()).unwrap();
+    assert_btrfs_check(&image, "after 10,800 queued creates");
+    let fs = Filesystem::open(&image, OpenOptions::default()).unwrap();
     let shared = fs.lookup(fs.root(), b"shared").unwrap();
     assert_eq!(listing(&fs, shared, 0).len(), 6000, "after reopening");
 }
