@@ -9,10 +9,11 @@
 //! - below it, opens for writing get FOPEN_DIRECT_IO: their writes come to us synchronously
 //!   and fail, or come back short, exactly where space ends, leaving `dirty_limit` free as
 //!   long as a cached writer is open (its dirty pages must still fit);
-//! - a handle opened for writing through the cache before that must not go on: on entering
-//!   low space we invalidate its attributes, the kernel then asks GETATTR (with the handle)
-//!   before its next write(2), and we answer ENOSPC. Reopening the file gives a direct
-//!   handle that writes to the last block.
+//! - a handle opened for writing through the cache before that goes on while its dirty pages
+//!   still fit (free space above `dirty_limit`: the kernel's cap covers all of a mount's
+//!   writers together); below that we invalidate its attributes, the kernel then asks GETATTR
+//!   (with the handle) before its next write(2), and we answer ENOSPC. Reopening the file
+//!   gives a direct handle that writes to the last block.
 //!
 //! A write-back that fails anyway (a single write(2) larger than the margin, metadata
 //! exhaustion) is reported by the kernel at fsync and close, and once more at the handle's
@@ -44,7 +45,10 @@ struct Handle {
 #[derive(Debug)]
 pub(crate) struct SpaceGuard {
     dirty_limit: AtomicU64,
+    /// Below low water: new opens for writing go direct.
     low: AtomicBool,
+    /// Below `dirty_limit`: cached writers must stop.
+    critical: AtomicBool,
     handles: Mutex<Handles>,
     /// Signalled when a handle is released.
     released: Condvar,
@@ -70,6 +74,7 @@ impl SpaceGuard {
         SpaceGuard {
             dirty_limit: AtomicU64::new(dirty_limit),
             low: AtomicBool::new(false),
+            critical: AtomicBool::new(false),
             handles: Mutex::new(Handles {
                 next: READ_HANDLE + 1,
                 open: HashMap::new(),
@@ -162,20 +167,32 @@ impl SpaceGuard {
         }
     }
 
-    /// Records free data space after a change; on entering low space, makes every cached
-    /// writer's next write(2) ask us first.
+    /// Records free data space after a change; when it no longer holds what cached writers
+    /// may have dirty, makes every cached writer's next write(2) ask us first.
     pub(crate) fn update(&self, available: u64) {
         let low = self.low_water();
         if available < low {
             if !self.low.swap(true, Ordering::Relaxed) {
                 log::info!(
-                    "free data space is down to {available} bytes: writes now go straight \
-                     to the filesystem so that ENOSPC reaches write(2)"
+                    "free data space is down to {available} bytes: files opened for writing \
+                     from now on write straight to the filesystem so that ENOSPC reaches \
+                     write(2)"
                 );
-                self.invalidate_cached_writers(|_| true);
             }
         } else if available > low + low / 4 && self.low.swap(false, Ordering::Relaxed) {
             log::info!("free data space is back to {available} bytes: writes are cached again");
+        }
+        let critical = self.dirty_limit.load(Ordering::Relaxed);
+        if available < critical {
+            if !self.critical.swap(true, Ordering::Relaxed) {
+                log::info!(
+                    "free data space is down to {available} bytes: files opened for writing \
+                     through the page cache must be reopened to write on"
+                );
+                self.invalidate_cached_writers(|_| true);
+            }
+        } else if available > critical + critical / 4 {
+            self.critical.store(false, Ordering::Relaxed);
         }
     }
 
@@ -200,7 +217,7 @@ impl SpaceGuard {
         if !handle.cached {
             return false;
         }
-        std::mem::take(&mut handle.failed) || self.is_low()
+        std::mem::take(&mut handle.failed) || self.critical.load(Ordering::Relaxed)
     }
 
     fn invalidate_cached_writers(&self, which: impl Fn(u64) -> bool) {
@@ -297,6 +314,11 @@ mod tests {
         g.writeback_failed(7);
         assert!(g.refuse_cached_write(cached), "the failure is reported");
         assert!(!g.refuse_cached_write(cached), "once");
+        g.update(15 * MIB);
+        assert!(
+            !g.refuse_cached_write(cached),
+            "below low water a cached writer's dirty pages still fit"
+        );
         g.update(5 * MIB);
         assert!(g.refuse_cached_write(cached));
         let direct = g.opened(7, g.open_mode(true));
