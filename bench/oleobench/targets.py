@@ -169,13 +169,14 @@ class Ext4(KernelTarget):
 
 def spawn_fuse(cl, argv, mnt, log, what, timeout=60.0, grace=15.0, teardown=None):
     """Start a FUSE daemon in the foreground (so we own its pid for peak RSS and
-    can always stop it) and wait until its mount appears. At teardown the daemon
+    can always stop it), in a process group of its own but in the harness's session like
+    the workloads (see `run`), and wait until its mount appears. At teardown the daemon
     gets GRACE seconds to exit after the unmount; what happened goes in the dict
     TEARDOWN (see Mounted)."""
     os.makedirs(mnt, exist_ok=True)
     logf = open(log, "ab")
     proc = subprocess.Popen([str(a) for a in argv], stdout=logf, stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL, start_new_session=True)
+                            stdin=subprocess.DEVNULL, process_group=0)
     logf.close()
     cl.push(f"stop {what}", stop_fuse, proc, mnt, grace, teardown, log)
     wait_for_mount(mnt, proc, timeout, what, log)
@@ -375,7 +376,7 @@ class ZfsFuse(Target):
         logf = open(log, "ab")
         proc = subprocess.Popen(["zfs-fuse", "--no-daemon", "--no-kstat-mount"], stdout=logf,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True)
+                                process_group=0)
         logf.close()
         with open(self._pidfile(), "w") as f:
             f.write(str(proc.pid))

@@ -359,7 +359,7 @@ class SnapshotUnderWrite(Workload):
             f.write(text)
         log = open(os.path.join(m.scratch, "fio.out"), "wb")
         fio = subprocess.Popen(["fio", job], stdout=log, stderr=subprocess.STDOUT,
-                               stdin=subprocess.DEVNULL, start_new_session=True)
+                               stdin=subprocess.DEVNULL, process_group=0)
         log.close()
         try:
             time.sleep(self.p.snap_delay_s)

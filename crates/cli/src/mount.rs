@@ -466,8 +466,7 @@ fn daemonize_and_serve(
         0 => {
             drop(read_end);
             let mut report = std::fs::File::from(write_end);
-            // SAFETY: plain syscall in the child.
-            unsafe { libc::setsid() };
+            stay_in_session();
             commit_on_sigusr1();
             let (session, _keeper) = match start.session(server, mountpoint) {
                 Ok(s) => s,
@@ -521,6 +520,21 @@ fn commit_on_sigusr1() {
     }
     // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
     unsafe { libc::signal(libc::SIGUSR1, on_usr1 as *const () as libc::sighandler_t) };
+}
+
+/// Leaves the caller's job (a Ctrl-C or a hang-up meant for it must not stop the server)
+/// without leaving its session. With sched_autogroup, on by default in most distributions,
+/// each session is a CPU group of its own, and every request handed from a caller in one
+/// group to a server thread in another costs both sides about twice the CPU: `tar -x` of 50k
+/// files took 23 s against 10 s with the server in the caller's session (io_uring).
+fn stay_in_session() {
+    // SAFETY: plain syscalls in the single-threaded child; SIG_IGN needs no handler.
+    unsafe {
+        libc::setpgid(0, 0);
+        libc::signal(libc::SIGHUP, libc::SIG_IGN);
+        // Still on the caller's terminal until stdio is detached, from a background group.
+        libc::signal(libc::SIGTTOU, libc::SIG_IGN);
+    }
 }
 
 fn detach_stdio() {

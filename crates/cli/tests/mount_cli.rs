@@ -68,6 +68,65 @@ fn background_mount_then_umount() {
     assert!(!is_mounted(&mp));
 }
 
+/// The pid, process group and session of the process whose command line names `mp`.
+fn server_ids(mp: &Path) -> Option<(i32, i32, i32)> {
+    let want = mp.to_str()?.as_bytes();
+    for e in std::fs::read_dir("/proc").ok()?.flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let Ok(cmd) = std::fs::read(e.path().join("cmdline")) else {
+            continue;
+        };
+        if cmd.split(|&b| b == 0).any(|a| a == want) && cmd.starts_with(OLEO.as_bytes()) {
+            let stat = std::fs::read_to_string(e.path().join("stat")).ok()?;
+            // pid (comm) state ppid pgrp session ...
+            let rest: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+            return Some((pid, rest[2].parse().ok()?, rest[3].parse().ok()?));
+        }
+    }
+    None
+}
+
+/// A background server leaves the caller's job but not its session (so that it shares the
+/// caller's CPU group under sched_autogroup), and a hang-up of the terminal it was started
+/// from does not stop it.
+#[test]
+fn background_mount_outlives_its_terminal_in_the_callers_session() {
+    if !ready("background_mount_outlives_its_terminal_in_the_callers_session") {
+        return;
+    }
+    let dir = TempDir::new("mount-hup").unwrap();
+    let image = small_image(&dir, "hup");
+    let mp = dir.subdir("mnt").unwrap();
+    let line = format!("{OLEO} mount {} {}", image.display(), mp.display());
+    // script(1) runs the line on a new terminal in a session of its own and hangs the
+    // terminal up when the line ends.
+    let out = Command::new("script")
+        .args(["-qec", &line, "/dev/null"])
+        .output()
+        .expect("script(1), from util-linux");
+    assert!(
+        out.status.success(),
+        "oleo mount under script(1): {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    let (pid, pgrp, session) = server_ids(&mp).expect("the server is still running");
+    assert_eq!(pgrp, pid, "the server leads a process group of its own");
+    assert_ne!(
+        session, pid,
+        "the server stays in the session it was started from"
+    );
+    assert!(std::fs::read_dir(&mp).unwrap().count() > 0, "still serving");
+    let st = Command::new("umount").arg(&mp).status().unwrap();
+    assert!(st.success());
+    assert!(
+        wait_until(Duration::from_secs(20), || server_ids(&mp).is_none()),
+        "the server ends after the unmount"
+    );
+}
+
 #[test]
 fn foreground_mount_ends_on_unmount() {
     if !ready("foreground_mount_ends_on_unmount") {
