@@ -6,6 +6,7 @@ machine spreads over all targets instead of landing on one.
 """
 
 import os
+import shutil
 import sys
 import time
 import traceback
@@ -135,6 +136,8 @@ def measure(ctx, seq, rnd, w, variant, tname):
     t0 = time.time()
     cl = Cleanup()
     cl.push("remove scratch", safe_rmtree, scratch)
+    # Runs after the daemon has stopped (the stack unwinds in reverse), so its log is whole.
+    cl.push("keep the logs of a failed measurement", keep_logs, ctx, scratch, rec)
     m = None
     try:
         if w.kind == "read":
@@ -170,6 +173,20 @@ def measure(ctx, seq, rnd, w, variant, tname):
             rec["status"] = "error"
             rec["reason"] = "teardown failed: " + "; ".join(cl.errors)
     return rec
+
+
+def keep_logs(ctx, scratch, rec):
+    """A measurement that did not end ok keeps its daemon's log (oleo.log, zfs-fuse.log,
+    ...) in RESULTS/logs/, named after its sequence number: its scratch dir is removed."""
+    if rec["status"] == "ok" or not ctx.results_dir or not os.path.isdir(scratch):
+        return
+    d = os.path.join(ctx.results_dir, "logs")
+    for name in sorted(os.listdir(scratch)):
+        if name.endswith(".log") and os.path.isfile(os.path.join(scratch, name)):
+            os.makedirs(d, exist_ok=True)
+            shutil.copyfile(os.path.join(scratch, name),
+                            os.path.join(d, f"m{rec['seq']:04d}-{rec['target']}-{name}"))
+            rec.setdefault("logs", []).append(f"logs/m{rec['seq']:04d}-{rec['target']}-{name}")
 
 
 def prepare_work_dir(work_dir, log):

@@ -408,6 +408,7 @@ class _Ctx:
 
     def __init__(self, work_dir, p):
         self.work_dir, self.p, self.deadline = str(work_dir), p, None
+        self.results_dir = None
 
     def unavailable(self, target):
         return None
@@ -467,6 +468,37 @@ def test_measure_statuses_and_teardown(tmp_path, monkeypatch, behaviour, status)
         assert rec["reason"]
     if behaviour == "cmd":
         assert rec["reason"].startswith("fio exited 1: fio: bad things")
+
+
+@pytest.mark.parametrize("behaviour", ["ok", "na"])
+def test_a_failed_measurement_keeps_its_daemon_log(tmp_path, monkeypatch, behaviour):
+    from oleobench.sysutil import NotApplicable
+    monkeypatch.setattr(runner, "drop_caches", lambda: None)
+    p = P.make_params("quick")
+    ctx = _Ctx(tmp_path / "work", p)
+    ctx.results_dir = str(tmp_path / "results")
+
+    class Logging(_ScriptedTarget):
+        def fresh(self, cl, scratch, spec):
+            with open(os.path.join(scratch, "oleo.log"), "w") as f:
+                f.write("transaction 7 aborted: why\n")
+            return super().fresh(cl, scratch, spec)
+    ctx.targets = {"btrfs": Logging([])}
+
+    class W1(W.FsyncWrite):
+        def run(self, ctx, m, variant):
+            if behaviour == "na":
+                raise NotApplicable("dbench exited 1: Read-only file system")
+            return {"write_MiB_s": 1.0}
+
+    rec = runner.measure(ctx, 1, 1, W1(p), 4, "btrfs")
+    assert rec["status"] == behaviour
+    if behaviour == "ok":
+        assert "logs" not in rec and not (tmp_path / "results").exists()
+    else:
+        assert rec["logs"] == ["logs/m0001-btrfs-oleo.log"]
+        assert "aborted: why" in (tmp_path / "results" / rec["logs"][0]).read_text()
+    assert not (tmp_path / "work" / "m0001").exists()
 
 
 def test_measure_discards_numbers_of_a_daemon_that_died(tmp_path, monkeypatch):
