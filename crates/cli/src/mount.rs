@@ -526,7 +526,7 @@ fn commit_on_sigusr1() {
 /// without leaving its session. With sched_autogroup, on by default in most distributions,
 /// each session is a CPU group of its own, and every request handed from a caller in one
 /// group to a server thread in another costs both sides about twice the CPU: `tar -x` of 50k
-/// files took 23 s against 10 s with the server in the caller's session (io_uring).
+/// files took 23 s against 9 s with the server in the caller's session (io_uring).
 fn stay_in_session() {
     // SAFETY: plain syscalls in the single-threaded child; SIG_IGN needs no handler.
     unsafe {
