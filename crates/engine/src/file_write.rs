@@ -402,7 +402,10 @@ impl Transaction<'_> {
                 self.block_groups.alloc_aligned(bg::DATA, len, sector)
             };
             match found {
-                Ok(b) => return Ok((b, len)),
+                Ok(b) => {
+                    self.spend_data(len);
+                    return Ok((b, len));
+                }
                 Err(Error::NoSpace) if len > sector => {
                     len = (len / 2).next_multiple_of(sector);
                 }

@@ -799,7 +799,15 @@ impl FsCore {
 
     pub fn setattr(&mut self, id: InodeId, set: &SetAttr) -> Result<Attr> {
         self.check_subvol_writable(id.subvol)?;
-        self.write_op(Reserve::items(8), |t| t.setattr(id, set))?;
+        // Growing a file rewrites its partial last sector (or its inline extent) as data.
+        let size = self.getattr(id)?.size;
+        let need = match set.size {
+            Some(to) if to > size && size > 0 => Reserve::items(8)
+                .bulk(256)
+                .data(u64::from(self.sb.sectorsize)),
+            _ => Reserve::items(8),
+        };
+        self.write_op(need, |t| t.setattr(id, set))?;
         self.getattr(id)
     }
 
@@ -818,7 +826,11 @@ impl FsCore {
         let size = self.getattr(id)?.size;
         let end = offset.saturating_add(len);
         let mut data = end.next_multiple_of(sector) - (offset - offset % sector);
-        if end > size && size % sector != 0 && size - size % sector < offset - offset % sector {
+        // The sector at the old end is rewritten with zeros past it, and an inline extent
+        // turns into a regular one (inline files are smaller than a sector).
+        if end > size && size % sector != 0 && size - size % sector < offset - offset % sector
+            || size > 0 && size < sector
+        {
             data += sector;
         }
         // Small inline files still get a sector in case they turn regular.
@@ -836,9 +848,14 @@ impl FsCore {
         mode: FallocMode,
     ) -> Result<()> {
         self.check_subvol_writable(id.subvol)?;
+        // Punching zeroes the partial sectors at both ends; allocating fills the holes of
+        // the sector-rounded range (two sectors more than `len`), after the sector at the
+        // old end of file is rewritten (`prepare_extend`); zeroing does both.
+        let sector = u64::from(self.sb.sectorsize);
         let data = match mode {
-            FallocMode::PunchHole => 2 * u64::from(self.sb.sectorsize),
-            _ => len.saturating_add(2 * u64::from(self.sb.sectorsize)),
+            FallocMode::PunchHole => 2 * sector,
+            FallocMode::Allocate { .. } => len.saturating_add(3 * sector),
+            FallocMode::ZeroRange { .. } => len.saturating_add(5 * sector),
         };
         let extents = len / (1 << 20) + 2;
         self.write_op(Reserve::items(10).bulk(extents * 200).data(data), |t| {

@@ -115,6 +115,20 @@ impl Transaction<'_> {
         self.block_groups.has_available(bg::METADATA, need)
     }
 
+    /// Counts `len` bytes of data allocated against the operation's reservation. Going
+    /// over means some path allocates data its operation did not reserve: it worked here
+    /// only because space happened to be free, and at full data it would abort.
+    pub(crate) fn spend_data(&mut self, len: u64) {
+        let Some(left) = self.data_budget else {
+            return;
+        };
+        if len > left {
+            log::error!("an operation allocated {len} bytes of data, {left} were reserved");
+            debug_assert!(len <= left, "data allocated beyond the reservation");
+        }
+        self.data_budget = Some(left.saturating_sub(len));
+    }
+
     /// True if a commit would give back space of type `kind` freed in this transaction.
     fn commit_frees(&self, kind: u64) -> bool {
         self.block_groups.has_pinned(kind) || (kind == bg::DATA && self.refs.drops_data())
@@ -159,7 +173,9 @@ impl FsCore {
                 }
             }
             let before = txn.changes();
+            txn.data_budget = Some(need.data);
             let r = f(&mut txn);
+            txn.data_budget = None;
             if let Err(e) = &r {
                 if txn.changes() != before || txn.poisoned().is_some() {
                     let why = format!("an operation failed half-way: {e}");

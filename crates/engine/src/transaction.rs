@@ -115,6 +115,9 @@ pub struct TxnState {
     /// Blocks of the extent, free space and block group trees when T started: the most
     /// the commit's bookkeeping can copy of them.
     pub(crate) bookkeeping_blocks: u64,
+    /// Data bytes the running operation reserved and may still allocate (`reservation`);
+    /// None outside operations.
+    pub(crate) data_budget: Option<u64>,
 }
 
 /// A handle on the running transaction (generation T = last committed + 1). Dropping it
@@ -338,6 +341,7 @@ impl TxnState {
             log: Default::default(),
             delayed: Default::default(),
             bookkeeping_blocks,
+            data_budget: None,
         })
     }
 }

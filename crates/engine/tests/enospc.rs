@@ -6,7 +6,7 @@
 //!
 //! Needs root and btrfs-progs (prints `SKIP: ...` without them; fails under CI=true).
 
-use oleo::{Error, Filesystem, InodeId, NewInode, OpenOptions, XattrSet};
+use oleo::{Error, Filesystem, InodeId, NewInode, OpenOptions, SetAttr, XattrSet};
 use oleo_testkit::assert_btrfs_check;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -414,5 +414,97 @@ fn empty_files_from_many_threads_until_full() {
         &s.0.join("mnt"),
         &files,
         "filling with empty files",
+    );
+}
+
+/// Growing a file whose last sector is partial (or inline) rewrites that sector: a
+/// truncate up, an extending write and a write into an inline file need data space like
+/// any write. With data full they fail with ENOSPC and change nothing; they never abort
+/// the transaction (dbench's SET_FILE_INFORMATION did, turning the mount read-only).
+#[test]
+fn growing_a_partial_last_sector_with_data_full() {
+    if !oleo_testkit::require_root("growing_a_partial_last_sector_with_data_full") {
+        return;
+    }
+    init_log();
+    let s = Scratch::new("grow", 256, &[]);
+    let fs = Filesystem::open_rw(s.image(), OpenOptions::default()).unwrap();
+    let root = fs.root();
+    let new = |name: &[u8], data: &[u8]| {
+        let id = fs.mknod(root, name, &NewInode::file(0o644)).unwrap().id;
+        fs.write(id, 0, data).unwrap();
+        id
+    };
+    let regular = new(b"regular", &pattern(1, 5000));
+    let inline = new(b"inline", &pattern(2, 100));
+    let writer = new(b"inline-write", &pattern(3, 100));
+    fs.sync().unwrap();
+    // Fill data: big pieces, then sector by sector, committing so nothing stays pinned.
+    let ballast = fs
+        .mknod(root, b"ballast", &NewInode::file(0o644))
+        .unwrap()
+        .id;
+    let mut size = 0u64;
+    for piece in [1u64 << 20, 4096] {
+        loop {
+            match fs.write(ballast, size, &pattern(4, piece as usize)) {
+                Ok(_) => size += piece,
+                Err(e) if is_enospc(&e) => break,
+                Err(e) => panic!("ballast: {e}"),
+            }
+            assert!(size < 1 << 30, "never filled up");
+        }
+        fs.sync().unwrap();
+    }
+    let grow = |id: InodeId, to: u64| {
+        fs.setattr(
+            id,
+            &SetAttr {
+                size: Some(to),
+                ..SetAttr::default()
+            },
+        )
+    };
+    let mut expect = vec![
+        (b"regular".to_vec(), pattern(1, 5000)),
+        (b"inline".to_vec(), pattern(2, 100)),
+        (b"inline-write".to_vec(), pattern(3, 100)),
+    ];
+    let mut results = Vec::new();
+    for (i, (id, to)) in [(regular, 1u64 << 20), (inline, 8192)]
+        .into_iter()
+        .enumerate()
+    {
+        match grow(id, to) {
+            Ok(_) => expect[i].1.resize(to as usize, 0),
+            Err(e) => assert!(is_enospc(&e), "truncate up: expected ENOSPC, got {e}"),
+        }
+        results.push(fs.getattr(id).unwrap().size);
+    }
+    match fs.write(writer, 3000, &pattern(5, 3000)) {
+        Ok(_) => {
+            expect[2].1.resize(3000, 0);
+            expect[2].1.extend(pattern(5, 3000));
+        }
+        Err(e) => assert!(is_enospc(&e), "write into inline: expected ENOSPC, got {e}"),
+    }
+    eprintln!(
+        "grow: ballast {} KiB, sizes after growing {results:?}",
+        size >> 10
+    );
+    // The transaction goes on: a metadata-only change and a commit still work.
+    fs.mkdir(root, b"still-writable", &NewInode::dir(0o755))
+        .unwrap();
+    fs.sync().expect("commit after ENOSPC");
+    for (name, data) in &expect {
+        let id = fs.lookup(root, name).unwrap();
+        assert_eq!(fs.getattr(id).unwrap().size, data.len() as u64);
+    }
+    drop(fs);
+    verify(
+        &s.image(),
+        &s.0.join("mnt"),
+        &expect,
+        "growing at full data",
     );
 }
