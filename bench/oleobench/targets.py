@@ -58,6 +58,7 @@ class Target:
     writable = True
     snapshots = False
     raw = False            # fio only, on a host file with O_DIRECT
+    only = None            # names of the only workloads it can run (None: any)
     needs = ()             # executables that must exist
 
     def __init__(self, ctx):
@@ -472,6 +473,41 @@ class FuseOverlay(Target):
         return m
 
 
+class FuseFloor(Target):
+    """The FUSE transport alone: `nullfs` (crates/fuse/examples/nullfs.rs) serves names
+    from hash maps over oleo's own transport with oleo's INIT flags, and writes nothing to
+    any disk. What fs_mark reaches on it is the most any FUSE filesystem can reach here
+    over that transport; oleo's distance to it is what oleo itself costs."""
+    name, family = "fuse-floor", None
+    only = ("fsmark-create",)
+    transport = []
+
+    def _bin(self):
+        return os.path.join(os.path.dirname(self.ctx.oleo_bin), "examples", "nullfs")
+
+    def unavailable(self):
+        if not os.access(self._bin(), os.X_OK):
+            return (f"{self._bin()} not built (cargo build --release -p oleo-fuse "
+                    "--example nullfs)")
+        return None
+
+    def fresh(self, cl, scratch, spec):
+        if not self.transport:
+            enable_fuse_uring()
+        mnt = os.path.join(scratch, "mnt")
+        m = Mounted(self, mnt, scratch=scratch)
+        m.daemon = spawn_fuse(cl, [self._bin(), mnt] + self.transport, mnt,
+                              os.path.join(scratch, "nullfs.log"), "nullfs",
+                              teardown=m.teardown)
+        return m
+
+
+class FuseFloorDevFuse(FuseFloor):
+    """The same over /dev/fuse alone (oleo-devfuse's transport)."""
+    name = "fuse-floor-devfuse"
+    transport = ["devfuse"]
+
+
 def _image(scratch, spec):
     os.makedirs(os.path.join(scratch, "xfs"), exist_ok=True)
     image = os.path.join(scratch, "xfs", "xfs.img")
@@ -497,5 +533,6 @@ class Raw(Target):
         return Mounted(self, golden, scratch=scratch)
 
 
-ALL = [Oleo, OleoDevFuse, Btrfs, Xfs, Ext4, Fuse2fs, ZfsFuse, BtrfsFuse, FuseOverlay, Raw]
+ALL = [Oleo, OleoDevFuse, Btrfs, Xfs, Ext4, Fuse2fs, ZfsFuse, BtrfsFuse, FuseOverlay,
+       FuseFloor, FuseFloorDevFuse, Raw]
 NAMES = [t.name for t in ALL]

@@ -37,6 +37,8 @@ class Workload:
 
     def check(self, target):
         """Static reason why TARGET cannot run this, or None."""
+        if target.only is not None and self.name not in target.only:
+            return f"{target.name} is the FUSE transport alone: it runs only {', '.join(target.only)}"
         if target.raw and self.needs_fs:
             return "raw is the disk limit for fio data workloads; this one needs a filesystem"
         if self.kind == "write" and not target.writable:

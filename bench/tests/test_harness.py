@@ -99,6 +99,7 @@ class _FakeTarget:
     def __init__(self, name, raw=False, writable=True, family="btrfs", snapshots=False):
         self.name, self.raw, self.writable = name, raw, writable
         self.family, self.snapshots = family, snapshots
+        self.only = None
 
 
 def test_static_not_applicable_reasons():
@@ -116,6 +117,19 @@ class _OleoCtx:
     def __init__(self, subvol=None, snap=None):
         self.oleo_bin = "/nonexistent/oleo"
         self.oleo_subvol_cmd, self.oleo_snapshot_cmd = subvol, snap
+
+
+def test_fuse_floor_runs_only_fs_mark_and_names_its_binary():
+    p = P.make_params("quick")
+    floor = T.FuseFloor(_OleoCtx())
+    assert "fsmark-create" in floor.only
+    for cls in (W.Dbench, W.FsmarkFsync, W.FsyncWrite, W.SeqRead):
+        assert "FUSE transport alone" in cls(p).check(floor), cls.name
+    if W.FsmarkCreate(p).check(T.Btrfs(None)) is None:
+        assert W.FsmarkCreate(p).check(floor) is None
+    assert floor.unavailable() == ("/nonexistent/examples/nullfs not built (cargo build "
+                                   "--release -p oleo-fuse --example nullfs)")
+    assert T.FuseFloorDevFuse(_OleoCtx()).transport == ["devfuse"]
 
 
 def test_oleo_is_writable_but_has_no_snapshots():

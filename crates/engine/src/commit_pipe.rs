@@ -318,10 +318,17 @@ impl Commit for CommitIo {
 
 impl CommitIo {
     fn try_write(&self) -> Result<()> {
+        let started = std::time::Instant::now();
         for (bytenr, block) in &self.blocks {
             self.io.write_tree_block(*bytenr, block)?;
         }
         self.io.flush()?;
+        log::debug!(
+            "commit {}: {} blocks written and flushed in {:?}",
+            self.transid,
+            self.blocks.len(),
+            started.elapsed()
+        );
         self.pipe.order.in_turn(
             self.transid,
             || {

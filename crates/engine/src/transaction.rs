@@ -684,6 +684,7 @@ impl<'a> Transaction<'a> {
 
     fn try_close(&mut self) -> Result<CommitIo> {
         self.usable()?;
+        let started = std::time::Instant::now();
         let (dirty, available) = (self.dirty.len(), self.block_groups.available(bg::METADATA));
         match self.settle_bookkeeping() {
             Err(Error::NoSpace) => {
@@ -709,6 +710,12 @@ impl<'a> Transaction<'a> {
         }
         let sb = self.new_superblock(root_tree)?;
         let blocks = self.finish_blocks()?;
+        log::debug!(
+            "commit {}: {dirty} blocks changed by operations, {} to write, closed in {:?}",
+            self.transid,
+            blocks.len(),
+            started.elapsed()
+        );
         // Readers and the next transaction see these blocks from memory until written.
         self.fs.io.add_inflight(&blocks);
         let transid = self.transid;
