@@ -141,6 +141,18 @@ impl Transaction<'_> {
         target: EntryTarget,
         index: u64,
     ) -> Result<()> {
+        let entry = self.add_dir_item(dir, name, target)?;
+        self.queue_dir_index(dir, index, entry)
+    }
+
+    /// Adds the DIR_ITEM half of `name` -> `target` in `dir`; returns the entry, which is
+    /// also the DIR_INDEX body. AlreadyExists, with nothing changed, if the name is taken.
+    pub(crate) fn add_dir_item(
+        &mut self,
+        dir: InodeId,
+        name: &[u8],
+        target: EntryTarget,
+    ) -> Result<Vec<u8>> {
         let transid = self.transid;
         let entry = entry_bytes(target.location, transid, target.file_type, name, &[])?;
         self.add_hashed_entry(
@@ -149,7 +161,7 @@ impl Transaction<'_> {
             &entry,
             name,
         )?;
-        self.queue_dir_index(dir, index, entry)
+        Ok(entry)
     }
 
     /// Removes `name` (at `index`, leading to inode `target` of this subvolume, None if

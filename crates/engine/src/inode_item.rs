@@ -111,6 +111,14 @@ impl Transaction<'_> {
         Ok(())
     }
 
+    /// Returns `id`, the last number `new_ino` gave, unused (its creation failed).
+    pub(crate) fn give_back_ino(&mut self, id: InodeId) {
+        let mut next = self.filesystem().next_ino.lock();
+        if next.get(&id.subvol) == Some(&(id.ino + 1)) {
+            next.insert(id.subvol, id.ino);
+        }
+    }
+
     /// A fresh inode number in subvolume `subvol`: one past the highest in use.
     pub(crate) fn new_ino(&mut self, subvol: u64) -> Result<u64> {
         let cached = self.filesystem().next_ino.lock().get(&subvol).copied();

@@ -176,3 +176,31 @@ fn queue_overflows_write_batches() {
     let shared = fs.lookup(fs.root(), b"shared").unwrap();
     assert_eq!(listing(&fs, shared, 0).len(), 6000, "after reopening");
 }
+
+/// A create of a taken name fails before anything changes (its DIR_ITEM goes in first):
+/// EEXIST, the transaction goes on, and the next create gets the inode number and
+/// directory index the failed one would have had, as on the kernel, where the VFS
+/// refuses the name before btrfs numbers anything.
+#[test]
+fn a_taken_name_costs_no_number() {
+    if !oleo_testkit::require_root("a_taken_name_costs_no_number") {
+        return;
+    }
+    let (_scratch_dir, image) = scratch("delayed_taken");
+    let fs = Filesystem::open_rw(&image, OpenOptions::default()).unwrap();
+    let root = fs.root();
+    let a = fs.mknod(root, b"a", &NewInode::file(0o644)).unwrap().id;
+    for taken in [&b"a"[..], b"a"] {
+        let e = fs.mknod(root, taken, &NewInode::file(0o644)).unwrap_err();
+        assert_eq!(e.errno(), libc::EEXIST, "{e}");
+        let e = fs.mkdir(root, taken, &NewInode::dir(0o755)).unwrap_err();
+        assert_eq!(e.errno(), libc::EEXIST, "{e}");
+    }
+    let b = fs.mknod(root, b"b", &NewInode::file(0o644)).unwrap().id;
+    assert_eq!(b.ino, a.ino + 1, "a failed create used up an inode number");
+    let offsets: Vec<u64> = listing(&fs, root, 0).iter().map(|e| e.0).collect();
+    assert_eq!(offsets, [3, 4], "directory indexes 2 and 3, without a gap");
+    fs.sync().unwrap();
+    drop(fs);
+    assert_btrfs_check(&image, "after failed creates");
+}

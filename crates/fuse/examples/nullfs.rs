@@ -135,11 +135,12 @@ impl Handler for NullFs {
                 Ok(e) => reply.entry(&e),
                 Err(e) => reply.error(e),
             },
-            Op::Create { arg, name } => match self.make(node, name, S_IFREG | (arg.mode & 0o7777))
-            {
-                Ok(e) => reply.created(&e, 0, 0),
-                Err(e) => reply.error(e),
-            },
+            Op::Create { arg, name } => {
+                match self.make(node, name, S_IFREG | (arg.mode & 0o7777)) {
+                    Ok(e) => reply.created(&e, 0, 0),
+                    Err(e) => reply.error(e),
+                }
+            }
             Op::Unlink { name } | Op::Rmdir { name } => {
                 let mut t = self.tree.lock();
                 match t.names.remove(&(node, name.to_vec())) {
