@@ -289,11 +289,8 @@ impl BlockGroups {
             {
                 continue;
             }
-            for (s, l) in g.free.ranges() {
+            for (s, l) in g.free.ranges_from(from) {
                 let end = s + l;
-                if end <= from {
-                    continue;
-                }
                 let mut cand = s.max(from).next_multiple_of(align);
                 while cand + len <= end {
                     let skip = blocked(&g.avoid, &self.pinned, cand, len)

@@ -170,6 +170,18 @@ impl FreeSpace {
         self.ranges.iter().map(|(&s, &l)| (s, l))
     }
 
+    /// The free ranges that end after `from`, in order: a search resuming at `from` does
+    /// not walk the (many, on a fragmented group) ranges before it.
+    pub(crate) fn ranges_from(&self, from: u64) -> impl Iterator<Item = (u64, u64)> + '_ {
+        let first = self
+            .ranges
+            .range(..=from)
+            .next_back()
+            .filter(|(&s, &l)| s + l > from);
+        let rest = self.ranges.range(from.saturating_add(1)..);
+        first.into_iter().chain(rest).map(|(&s, &l)| (s, l))
+    }
+
     /// Marks `[start, start + len)` used; it must lie inside one free range.
     pub(crate) fn remove(&mut self, start: u64, len: u64) -> Result<()> {
         let (&s, &l) = self
@@ -408,6 +420,18 @@ mod tests {
             sectorsize: 4096,
             touched: BTreeSet::new(),
         }
+    }
+
+    #[test]
+    fn ranges_from_starts_at_the_range_holding_it() {
+        let fs = space(&[(0, 4096), (8192, 8192), (32768, 4096)]);
+        let from = |at| fs.ranges_from(at).collect::<Vec<_>>();
+        assert_eq!(from(0), [(0, 4096), (8192, 8192), (32768, 4096)]);
+        assert_eq!(from(4096), [(8192, 8192), (32768, 4096)]);
+        assert_eq!(from(8192), [(8192, 8192), (32768, 4096)]);
+        assert_eq!(from(12288), [(8192, 8192), (32768, 4096)]);
+        assert_eq!(from(16384), [(32768, 4096)]);
+        assert_eq!(from(36864), []);
     }
 
     #[test]
