@@ -166,10 +166,6 @@ impl FreeSpace {
             .sum()
     }
 
-    pub(crate) fn ranges(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
-        self.ranges.iter().map(|(&s, &l)| (s, l))
-    }
-
     /// The free ranges that end after `from`, in order: a search resuming at `from` does
     /// not walk the (many, on a fragmented group) ranges before it.
     pub(crate) fn ranges_from(&self, from: u64) -> impl Iterator<Item = (u64, u64)> + '_ {
