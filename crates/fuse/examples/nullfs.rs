@@ -215,18 +215,25 @@ fn main() {
         std::process::exit(2);
     };
     let uring = args.get(2).map(String::as_str) != Some("devfuse");
-    let fd: OwnedFd = std::fs::OpenOptions::new()
+    let fd: OwnedFd = match std::fs::OpenOptions::new()
         .read(true)
         .write(true)
         .open("/dev/fuse")
-        .expect("open /dev/fuse")
-        .into();
-    let opts = CString::new(format!(
+    {
+        Ok(f) => f.into(),
+        Err(e) => {
+            eprintln!("nullfs: /dev/fuse: {e}");
+            std::process::exit(1);
+        }
+    };
+    let opts = format!(
         "fd={},rootmode=40000,user_id=0,group_id=0,allow_other",
         fd.as_raw_fd()
-    ))
-    .unwrap();
-    let target = CString::new(mnt.as_str()).unwrap();
+    );
+    let (Ok(opts), Ok(target)) = (CString::new(opts), CString::new(mnt.as_str())) else {
+        eprintln!("nullfs: {mnt}: a mount point cannot contain NUL");
+        std::process::exit(2);
+    };
     // SAFETY: every pointer is a NUL-terminated string that outlives the call.
     let r = unsafe {
         libc::mount(
