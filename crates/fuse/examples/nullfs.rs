@@ -76,19 +76,8 @@ impl NullFs {
 
 impl Handler for NullFs {
     fn init(&self, _kernel_flags: u64) -> InitConfig {
-        // oleo's flags for a writable mount (crates/fuse/src/ops.rs), but READDIRPLUS.
-        let mut flags = abi::init::ASYNC_READ
-            | abi::init::BIG_WRITES
-            | abi::init::ATOMIC_O_TRUNC
-            | abi::init::PARALLEL_DIROPS
-            | abi::init::CACHE_SYMLINKS
-            | abi::init::MAX_PAGES
-            | abi::init::POSIX_ACL
-            | abi::init::HANDLE_KILLPRIV_V2
-            | abi::init::WRITEBACK_CACHE;
-        if self.uring {
-            flags |= abi::init::OVER_IO_URING;
-        }
+        // oleo's flags for a writable mount, but READDIRPLUS (its listings are plain).
+        let flags = oleo_fuse::init_flags(true, self.uring) & !abi::init::DO_READDIRPLUS;
         InitConfig {
             flags,
             max_write: 1 << 20,

@@ -24,6 +24,7 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 use transport::{abi, Errno};
 
+pub use ops::init_flags;
 pub use space_guard::NotifierSlot;
 pub use transport::{Access, Session};
 

@@ -28,6 +28,31 @@ fn entry(r: Result<abi::EntryOut, Errno>, reply: Reply<'_>) {
     answer(r, reply, |e, reply| reply.entry(&e))
 }
 
+/// The INIT flags oleo asks for (`nullfs`, bench's FUSE floor, asks for the same).
+pub fn init_flags(writable: bool, uring: bool) -> u64 {
+    let mut flags = abi::init::ASYNC_READ
+        | abi::init::BIG_WRITES
+        | abi::init::ATOMIC_O_TRUNC
+        | abi::init::DO_READDIRPLUS
+        | abi::init::PARALLEL_DIROPS
+        | abi::init::CACHE_SYMLINKS
+        | abi::init::MAX_PAGES
+        // The kernel then caches ACLs (found or absent) instead of asking per access.
+        | abi::init::POSIX_ACL
+        // Else every write(2) first asks for security.capability (a round trip).
+        | abi::init::HANDLE_KILLPRIV_V2;
+    if uring {
+        // Offered only where the fuse module's enable_uring is set.
+        flags |= abi::init::OVER_IO_URING;
+    }
+    if writable {
+        // The kernel's page cache gathers writes into large requests (one extent each).
+        // Direct-IO handles (near full, see space_guard) can still be mmapped.
+        flags |= abi::init::WRITEBACK_CACHE | abi::init::DIRECT_IO_ALLOW_MMAP;
+    }
+    flags
+}
+
 impl Handler for OleoFuse {
     fn init(&self, kernel_flags: u64) -> InitConfig {
         self.no_opendir.store(
@@ -40,26 +65,7 @@ impl Handler for OleoFuse {
         }
         // A worker about to wait for a commit or another writer wakes a spare one.
         oleo::blocking::set_hook(crate::transport::will_block);
-        let mut flags = abi::init::ASYNC_READ
-            | abi::init::BIG_WRITES
-            | abi::init::ATOMIC_O_TRUNC
-            | abi::init::DO_READDIRPLUS
-            | abi::init::PARALLEL_DIROPS
-            | abi::init::CACHE_SYMLINKS
-            | abi::init::MAX_PAGES
-            // The kernel then caches ACLs (found or absent) instead of asking per access.
-            | abi::init::POSIX_ACL
-            // Else every write(2) first asks for security.capability (a round trip).
-            | abi::init::HANDLE_KILLPRIV_V2;
-        if self.settings.uring {
-            // Offered only where the fuse module's enable_uring is set.
-            flags |= abi::init::OVER_IO_URING;
-        }
-        if self.settings.writable {
-            // The kernel's page cache gathers writes into large requests (one extent each).
-            // Direct-IO handles (near full, see space_guard) can still be mmapped.
-            flags |= abi::init::WRITEBACK_CACHE | abi::init::DIRECT_IO_ALLOW_MMAP;
-        }
+        let flags = init_flags(self.settings.writable, self.settings.uring);
         InitConfig {
             flags,
             max_write: MAX_IO,
