@@ -178,7 +178,7 @@ pub struct FsCore {
     /// Next free inode number per subvolume, and next DIR_INDEX per directory (only we
     /// write, so they stay valid across commits).
     pub(crate) next_ino: Mutex<HashMap<u64, u64>>,
-    pub(crate) next_index: Mutex<HashMap<InodeId, u64>>,
+    pub(crate) next_index: Mutex<foldhash::HashMap<InodeId, u64>>,
     /// Directories' default ACLs (None: none), read on every create in them
     /// (`FsCore::default_acl`); forgotten when the directory's xattrs change.
     pub(crate) default_acls: Mutex<HashMap<InodeId, Option<Arc<[u8]>>>>,
@@ -188,7 +188,7 @@ pub struct FsCore {
     /// at a time, so that concurrent writes do not each map and fault in a fresh one.
     pub(crate) staging: Mutex<Vec<crate::device::IoBuf>>,
     /// Open counts of inodes (see `pin_open`).
-    pub(crate) open_inodes: Mutex<HashMap<InodeId, u32>>,
+    pub(crate) open_inodes: Mutex<foldhash::HashMap<InodeId, u32>>,
     /// Block groups between transactions: loaded once, carried from each transaction to
     /// the next (with what commits still writing have freed kept pinned).
     pub(crate) block_groups: Option<crate::block_group::BlockGroups>,
@@ -321,9 +321,9 @@ impl FsCore {
             max_inline: options.max_inline,
             dirty_limit: (cache_bytes / 2).max(4 << 20),
             next_ino: Mutex::new(HashMap::new()),
-            next_index: Mutex::new(HashMap::new()),
+            next_index: Mutex::new(Default::default()),
             default_acls: Mutex::new(HashMap::new()),
-            open_inodes: Mutex::new(HashMap::new()),
+            open_inodes: Mutex::new(Default::default()),
             readonly_subvols: Mutex::new(HashMap::new()),
             staging: Mutex::new(Vec::new()),
             block_groups: None,

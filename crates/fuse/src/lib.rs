@@ -17,7 +17,6 @@ pub mod transport;
 use nodeid::NodeIds;
 use oleo::{Attr, Error, FileKind, Filesystem, InodeId};
 use space_guard::{OpenMode, SpaceGuard};
-use std::collections::HashMap;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
@@ -68,7 +67,7 @@ pub struct OleoFuse {
     space: Arc<SpaceGuard>,
     /// The kernel's lookup count per node. While above zero the inode is pinned: unlinked,
     /// it lives on as an orphan until the kernel has forgotten it and closed it.
-    lookups: parking_lot::Mutex<HashMap<u64, u64>>,
+    lookups: parking_lot::Mutex<foldhash::HashMap<u64, u64>>,
     /// Where each listing ends (see `listings` and `Filesystem::readdir_end`).
     listings: parking_lot::Mutex<listings::Listings>,
     /// The kernel opens directories without OPENDIR (see `listings`).
@@ -88,7 +87,7 @@ impl OleoFuse {
             space: Arc::new(SpaceGuard::new(space_guard::kernel_dirty_limit())),
             listings: Default::default(),
             no_opendir: Default::default(),
-            lookups: parking_lot::Mutex::new(HashMap::new()),
+            lookups: parking_lot::Mutex::new(Default::default()),
         }
     }
 

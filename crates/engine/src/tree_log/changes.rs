@@ -7,7 +7,7 @@ use crate::fs::InodeId;
 use crate::tree_log::log_store::LogBlocks;
 use oleo_format::items::FileExtent;
 use oleo_format::key::{item, objectid, Key};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
 /// One inode's changes since it was last logged in this transaction.
 #[derive(Default)]
@@ -44,7 +44,7 @@ pub(crate) struct InodeChanges {
 /// The running transaction's log: the changes, the log trees, their blocks.
 #[derive(Default)]
 pub(crate) struct TxnLog {
-    pub inodes: HashMap<InodeId, InodeChanges>,
+    pub inodes: foldhash::HashMap<InodeId, InodeChanges>,
     /// Why fsyncs in this transaction must commit it (the kernel's "log full commit").
     pub full_commit: Option<String>,
     /// Logged inodes whose names changed since: the log must say their new names (or
