@@ -301,7 +301,6 @@ impl Transaction<'_> {
             uid,
             gid,
         } = *new;
-        file_type_of(mode)?;
         let ino = id.ino;
         let t = now();
         let mut mode = mode;
@@ -822,12 +821,20 @@ impl FsCore {
     pub fn setattr(&mut self, id: InodeId, set: &SetAttr) -> Result<Attr> {
         self.check_subvol_writable(id.subvol)?;
         // Growing a file rewrites its partial last sector (or its inline extent) as data.
-        let size = self.getattr(id)?.size;
-        let need = match set.size {
-            Some(to) if to > size && size > 0 => Reserve::items(8)
+        // Only a size change reads the inode here: chmod and utimens stay one lookup.
+        let grows = match set.size {
+            Some(to) => {
+                let size = self.getattr(id)?.size;
+                to > size && size > 0
+            }
+            None => false,
+        };
+        let need = if grows {
+            Reserve::items(8)
                 .bulk(256)
-                .data(u64::from(self.sb.sectorsize)),
-            _ => Reserve::items(8),
+                .data(u64::from(self.sb.sectorsize))
+        } else {
+            Reserve::items(8)
         };
         self.write_op(need, |t| t.setattr(id, set))?;
         self.getattr(id)
