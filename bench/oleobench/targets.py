@@ -475,11 +475,12 @@ class FuseOverlay(Target):
 
 class FuseFloor(Target):
     """The FUSE transport alone: `nullfs` (crates/fuse/examples/nullfs.rs) serves names
-    from hash maps over oleo's own transport with oleo's INIT flags, and writes nothing to
-    any disk. What fs_mark reaches on it is the most any FUSE filesystem can reach here
-    over that transport; oleo's distance to it is what oleo itself costs."""
+    and contents from hash maps over oleo's own transport with oleo's INIT and open flags,
+    and writes nothing to any disk (its fsync returns at once). What fs_mark or dbench
+    reaches on it is the most any FUSE filesystem can reach here over that transport;
+    oleo's distance to it is what oleo itself costs."""
     name, family = "fuse-floor", None
-    only = ("fsmark-create",)
+    only = ("fsmark-create", "dbench")
     transport = []
 
     def _bin(self):

@@ -119,14 +119,15 @@ class _OleoCtx:
         self.oleo_subvol_cmd, self.oleo_snapshot_cmd = subvol, snap
 
 
-def test_fuse_floor_runs_only_fs_mark_and_names_its_binary():
+def test_fuse_floor_runs_only_fs_mark_and_dbench_and_names_its_binary():
     p = P.make_params("quick")
     floor = T.FuseFloor(_OleoCtx())
-    assert "fsmark-create" in floor.only
-    for cls in (W.Dbench, W.FsmarkFsync, W.FsyncWrite, W.SeqRead):
+    assert "fsmark-create" in floor.only and "dbench" in floor.only
+    for cls in (W.FsmarkFsync, W.FsyncWrite, W.SeqRead):
         assert "FUSE transport alone" in cls(p).check(floor), cls.name
-    if W.FsmarkCreate(p).check(T.Btrfs(None)) is None:
-        assert W.FsmarkCreate(p).check(floor) is None
+    for cls in (W.FsmarkCreate, W.Dbench):
+        if cls(p).check(T.Btrfs(None)) is None:
+            assert cls(p).check(floor) is None, cls.name
     assert floor.unavailable() == ("/nonexistent/examples/nullfs not built (cargo build "
                                    "--release -p oleo-fuse --example nullfs)")
     assert T.FuseFloorDevFuse(_OleoCtx()).transport == ["devfuse"]

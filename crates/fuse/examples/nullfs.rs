@@ -1,6 +1,8 @@
 //! The FUSE floor: a filesystem on oleo's transport that keeps names and attributes in
 //! hash maps, and file contents in memory (fs_mark keeps its own logs in the tree it
-//! tests), and nothing else: no disk, no commit. What a workload reaches on it is the
+//! tests, dbench reads back what it wrote), and nothing else: no disk, no commit, an
+//! fsync that returns at once, no xattrs. It answers opens, listings and INIT as oleo does
+//! (KEEP_CACHE, CACHE_DIR, READDIRPLUS). What a workload reaches on it is the
 //! most any FUSE filesystem can reach on the machine with the same transport and INIT
 //! flags as oleo: bench/ runs it as the `fuse-floor` target. Root only (it mounts with
 //! mount(2), not fusermount3).
@@ -28,6 +30,17 @@ struct Tree {
     children: HashMap<u64, Vec<(Vec<u8>, u64)>>,
     data: HashMap<u64, Vec<u8>>,
     next: u64,
+}
+
+impl Tree {
+    /// `ino` lost its name in `dir` (nullfs has no hard links): its contents go, so that
+    /// a workload that deletes what it wrote (dbench) runs in bounded memory.
+    fn forget_name(&mut self, dir: u64, ino: u64) {
+        if let Some(c) = self.children.get_mut(&dir) {
+            c.retain(|&(_, i)| i != ino);
+        }
+        self.data.remove(&ino);
+    }
 }
 
 struct NullFs {
@@ -76,8 +89,8 @@ impl NullFs {
 
 impl Handler for NullFs {
     fn init(&self, _kernel_flags: u64) -> InitConfig {
-        // oleo's flags for a writable mount, but READDIRPLUS (its listings are plain).
-        let flags = oleo_fuse::init_flags(true, self.uring) & !abi::init::DO_READDIRPLUS;
+        // oleo's flags for a writable mount.
+        let flags = oleo_fuse::init_flags(true, self.uring);
         InitConfig {
             flags,
             max_write: 1 << 20,
@@ -126,7 +139,7 @@ impl Handler for NullFs {
             },
             Op::Create { arg, name } => {
                 match self.make(node, name, S_IFREG | (arg.mode & 0o7777)) {
-                    Ok(e) => reply.created(&e, 0, 0),
+                    Ok(e) => reply.created(&e, 0, abi::fopen::KEEP_CACHE),
                     Err(e) => reply.error(e),
                 }
             }
@@ -134,26 +147,57 @@ impl Handler for NullFs {
                 let mut t = self.tree.lock();
                 match t.names.remove(&(node, name.to_vec())) {
                     Some(ino) => {
-                        if let Some(c) = t.children.get_mut(&node) {
-                            c.retain(|&(_, i)| i != ino);
-                        }
+                        t.forget_name(node, ino);
                         reply.ok()
                     }
                     None => reply.error(Errno(libc::ENOENT)),
                 }
             }
-            Op::Readdir(arg) => {
+            Op::Rename {
+                newdir,
+                name,
+                newname,
+                ..
+            } => {
+                let mut t = self.tree.lock();
+                let Some(ino) = t.names.remove(&(node, name.to_vec())) else {
+                    return reply.error(Errno(libc::ENOENT));
+                };
+                if let Some(c) = t.children.get_mut(&node) {
+                    c.retain(|&(_, i)| i != ino);
+                }
+                if let Some(old) = t.names.insert((newdir, newname.to_vec()), ino) {
+                    t.forget_name(newdir, old);
+                }
+                let c = t.children.entry(newdir).or_default();
+                c.push((newname.to_vec(), ino));
+                reply.ok()
+            }
+            // No xattrs, answered as oleo answers a file without them (ENOSYS would make
+            // the kernel stop asking, which oleo cannot let it do).
+            Op::Getxattr { .. } => reply.error(Errno(libc::ENODATA)),
+            Op::Readdir(arg) | Op::Readdirplus(arg) => {
+                let plus = matches!(op, Op::Readdirplus(_));
                 let t = self.tree.lock();
                 let mut buf = DirBuf::new(arg.size);
                 let list = t.children.get(&node).map_or(&[][..], Vec::as_slice);
                 for (i, (name, ino)) in list.iter().enumerate().skip(arg.offset as usize) {
-                    if !buf.add(*ino, i as u64 + 1, t.modes[ino].0, name) {
+                    let (mode, size) = t.modes[ino];
+                    let off = i as u64 + 1;
+                    let added = if plus {
+                        buf.add_plus(&entry(*ino, mode, size), off, mode, name)
+                    } else {
+                        buf.add(*ino, off, mode, name)
+                    };
+                    if !added {
                         break;
                     }
                 }
                 buf.send(reply)
             }
-            Op::Open { .. } | Op::Opendir { .. } => reply.opened(0, 0),
+            // oleo's open flags: the page cache survives opens, listings are cached.
+            Op::Open { .. } => reply.opened(0, abi::fopen::KEEP_CACHE),
+            Op::Opendir { .. } => reply.opened(0, abi::fopen::KEEP_CACHE | abi::fopen::CACHE_DIR),
             Op::Write { arg, data } => {
                 let mut t = self.tree.lock();
                 let end = arg.offset as usize + data.len();
