@@ -7,7 +7,9 @@ mod fuse_mount;
 mod logging;
 mod mkfs;
 mod mount;
+mod property;
 mod rootdir;
+mod subvolume;
 
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
@@ -41,6 +43,10 @@ enum Command {
     Mkfs(mkfs::MkfsArgs),
     /// Print a file's extents from the image, like `filefrag -v` (FUSE has no FIEMAP).
     Extents(extents::ExtentsArgs),
+    /// Create, snapshot and list subvolumes of an image (`btrfs subvolume`).
+    Subvolume(subvolume::SubvolumeArgs),
+    /// Get or set a subvolume's read-only flag on an image (`btrfs property ... ro`).
+    Property(property::PropertyArgs),
 }
 
 fn main() -> ExitCode {
@@ -66,6 +72,8 @@ fn main() -> ExitCode {
         Command::DumpTree(a) => dump_tree::run(&a),
         Command::Mkfs(a) => mkfs::run(&a),
         Command::Extents(a) => extents::run(&a),
+        Command::Subvolume(a) => subvolume::run(&a),
+        Command::Property(a) => property::run(&a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -286,6 +286,12 @@ impl Transaction<'_> {
         Ok(())
     }
 
+    /// Gives every child of `block`, the root block of the new snapshot `tree`, a
+    /// reference from `tree` (the kernel's btrfs_inc_ref).
+    pub(crate) fn add_child_refs(&mut self, block: &[u8], tree: u64) -> Result<()> {
+        self.change_child_refs(block, tree, false, true)
+    }
+
     /// Before tree `tree` copies the old block `old`: moves the children's references as
     /// described at the top. Returns true if `tree`'s reference was the block's last, so
     /// the old block's space is freed; false if other trees still reach it (then only the

@@ -79,14 +79,14 @@ fn disk_time(t: Timespec) -> DiskTime {
 
 /// A directory's size counts every name twice (DIR_ITEM and DIR_INDEX); an entry going in
 /// stamps its times.
-fn grow_dir(dir: &mut InodeItem, name: &[u8]) {
+pub(crate) fn grow_dir(dir: &mut InodeItem, name: &[u8]) {
     dir.size += 2 * name.len() as u64;
     let t = now();
     dir.mtime = t;
     dir.ctime = t;
 }
 
-fn check_name(name: &[u8]) -> Result<()> {
+pub(crate) fn check_name(name: &[u8]) -> Result<()> {
     if name == b"." || name == b".." {
         return Err(Error::AlreadyExists);
     }
@@ -122,7 +122,7 @@ fn user_rdev_to_disk(dev: u64) -> u64 {
 }
 
 impl Transaction<'_> {
-    fn dir_inode(&mut self, dir: InodeId) -> Result<InodeItem> {
+    pub(crate) fn dir_inode(&mut self, dir: InodeId) -> Result<InodeItem> {
         let inode = self.read_inode(dir)?;
         if inode.mode & S_IFMT != S_IFDIR {
             return Err(Error::NotDir);

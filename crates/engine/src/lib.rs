@@ -41,6 +41,7 @@ mod subvolume;
 mod sync;
 pub mod transaction;
 mod tree_log;
+mod uuid_tree;
 pub mod volumes;
 mod xattr;
 

@@ -204,7 +204,7 @@ pub fn parse_uuid(s: &str) -> Result<[u8; 16]> {
 }
 
 /// A random (version 4) UUID from the OS generator.
-fn random_uuid() -> Result<[u8; 16]> {
+pub(crate) fn random_uuid() -> Result<[u8; 16]> {
     let mut u = [0u8; 16];
     getrandom::fill(&mut u).map_err(|e| {
         Error::Io(std::io::Error::other(format!(

@@ -398,6 +398,31 @@ impl<'a> Transaction<'a> {
         Ok(root)
     }
 
+    /// Takes a tree made in this transaction (a new subvolume or snapshot) whose ROOT_ITEM,
+    /// at `key`, records `root`. With `counted`, that item's bytes_used already counts the
+    /// root block (a snapshot's is its source's), so allocating it changes nothing there.
+    pub(crate) fn add_root(&mut self, root: TreeRoot, key: Key, counted: bool) {
+        self.roots.insert(root.id, root);
+        self.recorded.insert(root.id, (root, key));
+        if counted {
+            self.used_delta.remove(&root.id);
+        }
+    }
+
+    /// Copies tree `tree`'s root block into this transaction (if it is not already) and
+    /// returns the root.
+    pub(crate) fn cow_tree_root(&mut self, tree: u64) -> Result<TreeRoot> {
+        self.with_root(tree, ctree::cow_root)?;
+        self.root(tree)
+    }
+
+    /// Records that subvolume `tree` was snapshotted in this transaction: from now on its
+    /// blocks written up to now may be shared (see `backref`).
+    pub(crate) fn note_snapshot_of(&mut self, tree: u64) {
+        let transid = self.transid;
+        self.last_snapshots.insert(tree, transid);
+    }
+
     fn usable(&self) -> Result<()> {
         match &self.poisoned {
             Some(why) => Err(Error::Unsupported(format!(
@@ -755,7 +780,7 @@ impl<'a> Transaction<'a> {
         Ok(())
     }
 
-    fn recorded_key(&mut self, tree: u64) -> Result<(TreeRoot, Key)> {
+    pub(crate) fn recorded_key(&mut self, tree: u64) -> Result<(TreeRoot, Key)> {
         self.root(tree)?;
         self.recorded
             .get(&tree)

@@ -74,6 +74,33 @@ pub(crate) fn cow_root<S: BlockStore + ?Sized>(store: &mut S, root: &mut TreeRoo
     check_level(store, root.bytenr, root.level)
 }
 
+/// A copy of `root`'s block as the root of the new tree `tree` (the kernel's
+/// btrfs_copy_root): same items, its own address, stamped with `tree` and this transaction.
+/// The caller gives the children their references from `tree`.
+pub fn copy_root<S: BlockStore + ?Sized>(
+    store: &mut S,
+    root: &TreeRoot,
+    tree: u64,
+) -> Result<TreeRoot> {
+    let block = store.read_tree_block(root.bytenr, Some(root.level), None, None)?;
+    if block.len() != store.nodesize() as usize {
+        return Err(Error::corrupt(
+            root.bytenr,
+            "block size differs from nodesize",
+        ));
+    }
+    let new = store.alloc(tree, root.level, root.bytenr)?;
+    let mut copy = block.to_vec();
+    stamp(store, &mut copy, new, tree)?;
+    store.insert_dirty(new, copy)?;
+    Ok(TreeRoot {
+        id: tree,
+        bytenr: new,
+        level: root.level,
+        generation: store.transid(),
+    })
+}
+
 /// Makes child `slot` of the dirty node `parent` dirty, copying it if needed; returns the
 /// child's (possibly new) address.
 pub(crate) fn cow_child<S: BlockStore + ?Sized>(

@@ -24,6 +24,8 @@ mod mem_store;
 #[cfg(test)]
 mod tests;
 
+pub use cow::copy_root;
+pub(crate) use cow::cow_root;
 pub use delete::{delete_item, delete_items_at, delete_range};
 pub use insert::{
     insert_empty_items, insert_item, insert_items, new_tree, resize_item, set_item_key, update_item,

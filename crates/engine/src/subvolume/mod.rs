@@ -1,6 +1,9 @@
 //! Subvolumes and snapshots: finding their trees, crossing from a directory entry into a
 //! subvolume, the default subvolume, and listing them.
 
+mod create;
+mod readonly;
+
 use crate::ctree::{for_each_in_range, lookup, TreeRoot};
 use crate::error::{Error, Result};
 use crate::fs::{FsCore, InodeId, OpenOptions, SubvolumeInfo};

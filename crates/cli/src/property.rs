@@ -1,0 +1,82 @@
+//! `oleo property get|set --image IMAGE PATH ro [true|false]`: `btrfs property` for a
+//! subvolume's read-only flag, on an image or device that is not mounted.
+
+use crate::subvolume::{open, resolve, shown};
+use std::path::PathBuf;
+
+#[derive(clap::Args)]
+pub struct PropertyArgs {
+    #[command(subcommand)]
+    verb: Verb,
+}
+
+#[derive(clap::Subcommand)]
+enum Verb {
+    /// Print a property of the subvolume at PATH (all of them without NAME).
+    Get {
+        #[arg(long)]
+        image: PathBuf,
+        path: String,
+        name: Option<String>,
+    },
+    /// Set a property of the subvolume at PATH.
+    Set {
+        #[arg(long)]
+        image: PathBuf,
+        /// Make a received subvolume writable (clears its received_uuid).
+        #[arg(short = 'f')]
+        force: bool,
+        path: String,
+        name: String,
+        value: String,
+    },
+}
+
+fn check_name(name: &str) -> Result<(), String> {
+    if name == "ro" {
+        Ok(())
+    } else {
+        Err(format!("unknown property: {name} (oleo knows: ro)"))
+    }
+}
+
+pub fn run(a: &PropertyArgs) -> Result<(), String> {
+    match &a.verb {
+        Verb::Get { image, path, name } => {
+            if let Some(n) = name {
+                check_name(n)?;
+            }
+            let fs = open(image, true)?;
+            let id = subvolume_at(&fs, path)?;
+            let ro = fs.subvolume_readonly(id).map_err(|e| e.to_string())?;
+            println!("ro={ro}");
+            Ok(())
+        }
+        Verb::Set {
+            image,
+            force,
+            path,
+            name,
+            value,
+        } => {
+            check_name(name)?;
+            let ro = match value.as_str() {
+                "true" => true,
+                "false" => false,
+                v => return Err(format!("invalid value for property: {v} (true or false)")),
+            };
+            let fs = open(image, false)?;
+            let id = subvolume_at(&fs, path)?;
+            fs.set_subvolume_readonly(id, ro, *force)
+                .map_err(|e| format!("{}: {e}", shown(path)))
+        }
+    }
+}
+
+fn subvolume_at(fs: &oleo::Filesystem, path: &str) -> Result<u64, String> {
+    let id = resolve(fs, path)?;
+    if id.ino != oleo::format::key::objectid::FIRST_FREE {
+        return Err(format!("Not a Btrfs subvolume: {}", shown(path)));
+    }
+    Ok(id.subvol)
+}

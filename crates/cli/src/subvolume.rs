@@ -1,0 +1,170 @@
+//! `oleo subvolume create | snapshot | list --image IMAGE ...`: `btrfs subvolume` on an
+//! image or device that is not mounted, with btrfs's arguments and output. Paths are inside
+//! the filesystem, from its top-level subvolume.
+
+use oleo::{Filesystem, InodeId, OpenOptions};
+use std::path::PathBuf;
+
+#[derive(clap::Args)]
+pub struct SubvolumeArgs {
+    #[command(subcommand)]
+    verb: Verb,
+}
+
+#[derive(clap::Subcommand)]
+enum Verb {
+    /// Create an empty subvolume at PATH.
+    Create {
+        /// Image file or block device (not mounted).
+        #[arg(long)]
+        image: PathBuf,
+        /// Path of the new subvolume, from the top level.
+        path: String,
+    },
+    /// Snapshot subvolume SOURCE as DEST (or into DEST, if it is a directory).
+    Snapshot {
+        #[arg(long)]
+        image: PathBuf,
+        /// Make the snapshot read-only.
+        #[arg(short = 'r')]
+        readonly: bool,
+        source: String,
+        dest: String,
+    },
+    /// List the subvolumes and snapshots.
+    List {
+        #[arg(long)]
+        image: PathBuf,
+    },
+}
+
+pub fn run(a: &SubvolumeArgs) -> Result<(), String> {
+    match &a.verb {
+        Verb::Create { image, path } => {
+            let fs = open(image, false)?;
+            let (parent, name) = parent_and_name(&fs, path)?;
+            println!("Create subvolume '{}'", shown(path));
+            let (uid, gid) = owner();
+            fs.create_subvolume(parent, name.as_bytes(), uid, gid)
+                .map_err(|e| format!("cannot create subvolume '{}': {e}", shown(path)))?;
+            fs.sync().map_err(|e| format!("commit: {e}"))?;
+            Ok(())
+        }
+        Verb::Snapshot {
+            image,
+            readonly,
+            source,
+            dest,
+        } => {
+            let fs = open(image, false)?;
+            let src = resolve(&fs, source)?;
+            if src.ino != oleo::format::key::objectid::FIRST_FREE {
+                return Err(format!("Not a Btrfs subvolume: {}", shown(source)));
+            }
+            // As btrfs: into an existing directory under the source's name, else as DEST.
+            let (parent, name) = match resolve(&fs, dest) {
+                Ok(dir) => {
+                    let base = source
+                        .trim_end_matches('/')
+                        .rsplit('/')
+                        .next()
+                        .unwrap_or("");
+                    if base.is_empty() {
+                        return Err(format!(
+                            "cannot name a snapshot of '{}' in '{}': give DEST a name",
+                            shown(source),
+                            shown(dest)
+                        ));
+                    }
+                    (dir, base.to_string())
+                }
+                Err(_) => parent_and_name(&fs, dest)?,
+            };
+            println!(
+                "Create {}snapshot of '{}' in '{}'",
+                if *readonly { "a readonly " } else { "a " },
+                shown(source),
+                shown(&format!("{}/{name}", shown_dir(&fs, parent))),
+            );
+            fs.snapshot(src.subvol, parent, name.as_bytes(), *readonly)
+                .map_err(|e| format!("cannot snapshot '{}': {e}", shown(source)))?;
+            Ok(())
+        }
+        Verb::List { image } => {
+            let fs = open(image, true)?;
+            let mut subs = fs.list_subvolumes().map_err(|e| e.to_string())?;
+            subs.sort_by_key(|s| s.id);
+            for s in subs
+                .iter()
+                .filter(|s| s.id != oleo::format::key::objectid::FS_TREE)
+            {
+                let top = s.parent.map_or(0, |(p, _)| p);
+                let path = s
+                    .path
+                    .as_deref()
+                    .map_or_else(|| "<unreachable>".into(), String::from_utf8_lossy);
+                println!(
+                    "ID {} gen {} top level {top} path {path}",
+                    s.id, s.generation
+                );
+            }
+            Ok(())
+        }
+    }
+}
+
+pub fn open(image: &PathBuf, read_only: bool) -> Result<Filesystem, String> {
+    let opts = OpenOptions {
+        read_only,
+        subvolid: Some(oleo::format::key::objectid::FS_TREE),
+        ..OpenOptions::default()
+    };
+    Filesystem::open(image, opts).map_err(|e| format!("{}: {e}", image.display()))
+}
+
+pub fn resolve(fs: &Filesystem, path: &str) -> Result<InodeId, String> {
+    fs.resolve_path(fs.root(), path.trim_matches('/').as_bytes())
+        .map_err(|e| format!("{}: {e}", shown(path)))
+}
+
+/// The directory that holds `path` and the last name in it.
+fn parent_and_name(fs: &Filesystem, path: &str) -> Result<(InodeId, String), String> {
+    let trimmed = path.trim_matches('/');
+    let (dir, name) = trimmed.rsplit_once('/').unwrap_or(("", trimmed));
+    if name.is_empty() {
+        return Err(format!("'{}': no name for the new subvolume", shown(path)));
+    }
+    Ok((resolve(fs, dir)?, name.to_string()))
+}
+
+pub fn shown(path: &str) -> String {
+    format!("/{}", path.trim_matches('/'))
+}
+
+/// A directory's path from the top level, for messages.
+fn shown_dir(fs: &Filesystem, dir: InodeId) -> String {
+    let mut s = fs
+        .inode_path(dir)
+        .map(|p| String::from_utf8_lossy(&p).into_owned())
+        .unwrap_or_default();
+    if let Some(sub) = fs
+        .list_subvolumes()
+        .ok()
+        .and_then(|l| l.into_iter().find(|s| s.id == dir.subvol))
+        .and_then(|s| s.path)
+    {
+        let sub = String::from_utf8_lossy(&sub).into_owned();
+        s = if s.is_empty() {
+            sub
+        } else {
+            format!("{sub}/{s}")
+        };
+    }
+    shown(&s).trim_end_matches('/').to_string()
+}
+
+/// Who runs the command owns a new subvolume's root directory, as with the kernel.
+fn owner() -> (u32, u32) {
+    // SAFETY: getuid and getgid cannot fail.
+    unsafe { (libc::getuid(), libc::getgid()) }
+}

@@ -1,0 +1,460 @@
+//! Subvolumes and snapshots made by oleo, checked against the kernel: `btrfs check` clean,
+//! the kernel sees the same files in every subvolume and snapshot, `btrfs subvolume list`
+//! agrees with oleo's list (ids, paths, uuids, parent uuids, read-only flags), a snapshot
+//! keeps what its source held when it was taken while both change afterwards, and the
+//! kernel can go on writing to both (its copy-on-write of shared blocks trusts the
+//! references oleo wrote; `btrfs check` again after).
+//!
+//! Needs root, kernel btrfs and btrfs-progs (a skip elsewhere, a failure under CI=true).
+
+mod common;
+
+use common::tree_log::{diff_trees, kernel_tree, oleo_tree, random_changes, sh, TreeView};
+use oleo::{Filesystem, InodeId, NewInode, OpenOptions};
+use oleo_testkit::{assert_btrfs_check, KernelMount, TempDir};
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::Command;
+
+fn ready() -> bool {
+    oleo_testkit::require_root("subvolume tests")
+}
+
+fn open_rw(image: &Path) -> Filesystem {
+    let opts = OpenOptions {
+        subvolid: Some(5),
+        ..OpenOptions::default()
+    };
+    Filesystem::open_rw(image, opts).expect("open read-write")
+}
+
+fn open_ro(image: &Path) -> Filesystem {
+    let opts = OpenOptions {
+        subvolid: Some(5),
+        ..OpenOptions::default()
+    };
+    Filesystem::open(image, opts).expect("open read-only")
+}
+
+fn resolve(fs: &Filesystem, path: &str) -> InodeId {
+    fs.resolve_path(fs.root(), path.as_bytes())
+        .unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
+/// Writes `data` as file `name` in `dir`, replacing what was there.
+fn put_file(fs: &Filesystem, dir: InodeId, name: &str, data: &[u8]) {
+    let id = match fs.lookup(dir, name.as_bytes()) {
+        Ok(id) => {
+            let set = oleo::SetAttr {
+                size: Some(0),
+                ..Default::default()
+            };
+            fs.setattr(id, &set).expect("truncate");
+            id
+        }
+        Err(_) => {
+            fs.mknod(dir, name.as_bytes(), &NewInode::file(0o644))
+                .expect("create")
+                .id
+        }
+    };
+    fs.write(id, 0, data).expect("write");
+}
+
+fn pattern(seed: u64, n: usize) -> Vec<u8> {
+    common::tree_log::pattern(seed, n)
+}
+
+/// The kernel's random changes (`random_changes`) under `dir`, after giving it the
+/// directories and files they start from if it lacks them.
+fn kernel_changes(dir: &Path, seed: u64, ops: usize) {
+    for d in ["a", "b", "a/c"] {
+        std::fs::create_dir_all(dir.join(d)).expect("mkdir");
+        for i in 0..3u64 {
+            let f = dir.join(format!("{d}/f{i}"));
+            if !f.exists() {
+                std::fs::write(&f, pattern(seed + i, 20_000 + i as usize * 999)).expect("write");
+            }
+        }
+    }
+    random_changes(dir, seed, ops).expect("the kernel's random changes");
+}
+
+/// `btrfs subvolume list -u -q -R -a` as (id -> (path, uuid, parent uuid, received uuid)),
+/// and the read-only ones (`-r`).
+/// Subvolumes by id: (path, uuid, parent uuid); and the read-only ones.
+type Listing = (BTreeMap<u64, (String, String, String)>, Vec<u64>);
+
+fn kernel_list(mnt: &Path) -> Listing {
+    let parse = |args: &[&str]| -> BTreeMap<u64, (String, String, String)> {
+        let out = Command::new("btrfs")
+            .args(["subvolume", "list"])
+            .args(args)
+            .arg(mnt)
+            .output()
+            .expect("btrfs subvolume list");
+        assert!(out.status.success(), "btrfs subvolume list failed");
+        let mut m = BTreeMap::new();
+        for line in String::from_utf8_lossy(&out.stdout).lines() {
+            let w: Vec<&str> = line.split_whitespace().collect();
+            let field = |name: &str| {
+                w.iter()
+                    .position(|x| *x == name)
+                    .and_then(|i| w.get(i + 1))
+                    .map(|s| s.to_string())
+                    .unwrap_or_default()
+            };
+            let id: u64 = field("ID").parse().expect("id");
+            let path = w.last().map(|s| s.to_string()).unwrap_or_default();
+            m.insert(id, (path, field("uuid"), field("parent_uuid")));
+        }
+        m
+    };
+    let all = parse(&["-u", "-q"]);
+    let ro = parse(&["-r"]).into_keys().collect();
+    (all, ro)
+}
+
+fn uuid_text(u: &[u8; 16]) -> String {
+    if u.iter().all(|&b| b == 0) {
+        return "-".into();
+    }
+    let h: String = u.iter().map(|b| format!("{b:02x}")).collect();
+    format!(
+        "{}-{}-{}-{}-{}",
+        &h[..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..]
+    )
+}
+
+/// oleo's list in the kernel's terms.
+fn oleo_list(fs: &Filesystem) -> Listing {
+    let mut all = BTreeMap::new();
+    let mut ro = Vec::new();
+    for s in fs.list_subvolumes().expect("list") {
+        if s.id == 5 {
+            continue;
+        }
+        let path = String::from_utf8_lossy(s.path.as_deref().unwrap_or(b"?")).into_owned();
+        all.insert(s.id, (path, uuid_text(&s.uuid), uuid_text(&s.parent_uuid)));
+        if s.readonly {
+            ro.push(s.id);
+        }
+    }
+    (all, ro)
+}
+
+fn kernel_view(image: &Path, tmp: &TempDir, what: &str) -> (TreeView, Listing) {
+    let mnt = tmp.join("mnt");
+    let m = KernelMount::mount(image, &mnt, &["ro", "noatime"])
+        .unwrap_or_else(|e| panic!("kernel mount {what}: {e}"));
+    let view = kernel_tree(m.path());
+    let list = kernel_list(m.path());
+    m.unmount().expect("umount");
+    (view, list)
+}
+
+/// Subvolumes (nested too) and snapshots (read-only and writable, of the top level and of a
+/// subvolume, of a snapshot) made by oleo between changes, as the kernel sees them.
+#[test]
+fn subvolumes_and_snapshots_are_the_kernels() {
+    if !ready() {
+        return;
+    }
+    let tmp = TempDir::new("oleo-subvol").expect("tempdir");
+    let image = tmp.join("image");
+    oleo_testkit::image::empty_image(&image, 512, &[]).expect("mkfs.btrfs");
+    // The kernel fills the top level (enough files for a tree of several levels).
+    {
+        let m = KernelMount::mount(&image, &tmp.join("mnt"), &["rw"]).expect("mount");
+        kernel_changes(m.path(), 11, 1500);
+        for i in 0..400 {
+            std::fs::write(
+                m.path().join(format!("f{i:04}")),
+                pattern(i, 300 + i as usize * 7),
+            )
+            .expect("write");
+        }
+        m.unmount().expect("umount");
+    }
+    let fs = open_rw(&image);
+    let top = fs.root();
+    fs.create_subvolume(top, b"sub", 0, 0).expect("create sub");
+    let sub = resolve(&fs, "sub");
+    assert_eq!(sub.ino, 256, "a subvolume's root directory is inode 256");
+    fs.mkdir(top, b"dir", &NewInode::dir(0o755)).expect("mkdir");
+    fs.create_subvolume(resolve(&fs, "dir"), b"inner", 1000, 1000)
+        .expect("create dir/inner");
+    fs.create_subvolume(sub, b"nested", 0, 0)
+        .expect("create sub/nested");
+    for i in 0..50u64 {
+        put_file(
+            &fs,
+            sub,
+            &format!("s{i}"),
+            &pattern(100 + i, 5000 + i as usize * 333),
+        );
+    }
+    put_file(&fs, resolve(&fs, "sub/nested"), "deep", &pattern(7, 70_000));
+    // Snapshots: the top level (read-only and writable), a subvolume, a snapshot.
+    let before = pattern(1, 9000);
+    put_file(&fs, top, "f0001", &before);
+    fs.snapshot(5, top, b"snap-ro", true).expect("snapshot ro");
+    fs.snapshot(5, resolve(&fs, "dir"), b"snap-rw", false)
+        .expect("snapshot rw");
+    let sub_id = sub.subvol;
+    fs.snapshot(sub_id, top, b"sub-snap", false)
+        .expect("snapshot of sub");
+    // Both sides change after the snapshot; each keeps its own content.
+    let after = pattern(2, 12_000);
+    put_file(&fs, top, "f0001", &after);
+    for i in 0..200u64 {
+        put_file(
+            &fs,
+            top,
+            &format!("f{:04}", 100 + i),
+            &pattern(500 + i, 4000),
+        );
+    }
+    let snap_rw = resolve(&fs, "dir/snap-rw");
+    put_file(&fs, snap_rw, "f0002", &pattern(3, 8000));
+    fs.unlink(snap_rw, b"f0003").expect("unlink in a snapshot");
+    let sub_snap = resolve(&fs, "sub-snap");
+    put_file(&fs, sub_snap, "s1", &pattern(4, 100));
+    fs.snapshot(sub_snap.subvol, top, b"snap-of-snap", true)
+        .expect("snapshot of a snapshot");
+    put_file(&fs, sub_snap, "s2", &pattern(5, 100));
+    let ro = resolve(&fs, "snap-ro");
+    assert!(
+        matches!(
+            fs.mknod(ro, b"x", &NewInode::file(0o644)),
+            Err(oleo::Error::ReadOnly)
+        ),
+        "a read-only snapshot refuses writes"
+    );
+    let id = fs.lookup(ro, b"f0001").expect("f0001 in the snapshot");
+    assert_eq!(
+        fs.read(id, 0, 1 << 20).expect("read"),
+        before,
+        "snapshot content"
+    );
+    let id = fs.lookup(top, b"f0001").expect("f0001");
+    assert_eq!(
+        fs.read(id, 0, 1 << 20).expect("read"),
+        after,
+        "source content"
+    );
+    fs.sync().expect("commit");
+    let want = oleo_tree(&fs);
+    let want_list = oleo_list(&fs);
+    drop(fs);
+    assert_btrfs_check(&image, "after oleo made subvolumes and snapshots");
+
+    let (view, list) = kernel_view(&image, &tmp, "after oleo's snapshots");
+    diff_trees("the kernel's view of oleo's subvolumes", &want, &view);
+    assert_eq!(
+        list, want_list,
+        "btrfs subvolume list -u -q and -r against oleo's"
+    );
+    // A reopened oleo sees the same.
+    let fs = open_ro(&image);
+    diff_trees("oleo reopened", &want, &oleo_tree(&fs));
+    drop(fs);
+
+    // The kernel writes on both sides of every snapshot: its copy-on-write of the shared
+    // blocks follows the references oleo wrote.
+    {
+        let m = KernelMount::mount(&image, &tmp.join("mnt"), &["rw"]).expect("mount rw");
+        kernel_changes(m.path(), 12, 400);
+        kernel_changes(&m.path().join("dir/snap-rw"), 13, 400);
+        kernel_changes(&m.path().join("sub-snap"), 14, 200);
+        sh(Command::new("btrfs")
+            .args(["subvolume", "delete"])
+            .arg(m.path().join("snap-of-snap")))
+        .expect("kernel deletes an oleo snapshot");
+        m.sync().expect("sync");
+        m.unmount().expect("umount");
+    }
+    assert_btrfs_check(&image, "after the kernel wrote to oleo's snapshots");
+    let (view, _) = kernel_view(&image, &tmp, "after the kernel's writes");
+    let fs = open_ro(&image);
+    diff_trees("oleo after the kernel's writes", &view, &oleo_tree(&fs));
+}
+
+/// Snapshots the kernel made, snapshotted again by oleo; oleo writes to all of them.
+#[test]
+fn snapshots_of_kernel_snapshots() {
+    if !ready() {
+        return;
+    }
+    let tmp = TempDir::new("oleo-ksnap").expect("tempdir");
+    let image = tmp.join("image");
+    oleo_testkit::image::empty_image(&image, 256, &[]).expect("mkfs.btrfs");
+    {
+        let m = KernelMount::mount(&image, &tmp.join("mnt"), &["rw"]).expect("mount");
+        sh(Command::new("btrfs")
+            .args(["subvolume", "create"])
+            .arg(m.path().join("vol")))
+        .expect("create");
+        kernel_changes(&m.path().join("vol"), 21, 800);
+        sh(Command::new("btrfs")
+            .args(["subvolume", "snapshot"])
+            .arg(m.path().join("vol"))
+            .arg(m.path().join("ksnap")))
+        .expect("kernel snapshot");
+        kernel_changes(&m.path().join("vol"), 22, 300);
+        m.unmount().expect("umount");
+    }
+    let fs = open_rw(&image);
+    let top = fs.root();
+    let ksnap = resolve(&fs, "ksnap");
+    fs.snapshot(ksnap.subvol, top, b"osnap", false)
+        .expect("oleo snapshot of a kernel snapshot");
+    let vol = resolve(&fs, "vol");
+    fs.snapshot(vol.subvol, top, b"osnap-ro", true)
+        .expect("oleo snapshot");
+    for (i, dir) in ["vol", "ksnap", "osnap"].iter().enumerate() {
+        let d = resolve(&fs, dir);
+        for j in 0..30u64 {
+            put_file(
+                &fs,
+                d,
+                &format!("o{j}"),
+                &pattern(i as u64 * 100 + j, 3000 + j as usize * 50),
+            );
+        }
+    }
+    fs.sync().expect("commit");
+    let want = oleo_tree(&fs);
+    drop(fs);
+    assert_btrfs_check(&image, "after oleo snapshotted kernel snapshots");
+    let (view, (list, ro)) = kernel_view(&image, &tmp, "after oleo's writes");
+    diff_trees("the kernel's view", &want, &view);
+    let osnap = list
+        .values()
+        .find(|(p, _, _)| p == "osnap")
+        .expect("osnap listed");
+    let ksnap_uuid = &list
+        .values()
+        .find(|(p, _, _)| p == "ksnap")
+        .expect("ksnap")
+        .1;
+    assert_eq!(
+        &osnap.2, ksnap_uuid,
+        "a snapshot's parent uuid is its source's uuid"
+    );
+    assert_eq!(ro.len(), 1, "one read-only snapshot");
+}
+
+fn kernel_out(cmd: &mut Command) -> String {
+    let out = cmd.output().expect("run a btrfs command");
+    assert!(
+        out.status.success(),
+        "{cmd:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// `property set ro` by oleo: a snapshot made read-only and writable again, and a received
+/// subvolume (from the kernel's send | receive) that stays read-only unless forced, which
+/// clears its received uuid as btrfs-progs does.
+#[test]
+fn readonly_flag_as_the_kernel() {
+    if !ready() {
+        return;
+    }
+    let tmp = TempDir::new("oleo-ro").expect("tempdir");
+    let image = tmp.join("image");
+    oleo_testkit::image::empty_image(&image, 256, &[]).expect("mkfs.btrfs");
+    {
+        let m = KernelMount::mount(&image, &tmp.join("mnt"), &["rw"]).expect("mount");
+        let p = m.path();
+        sh(Command::new("btrfs")
+            .args(["subvolume", "create"])
+            .arg(p.join("vol")))
+        .expect("create");
+        kernel_changes(&p.join("vol"), 31, 200);
+        sh(Command::new("btrfs")
+            .args(["subvolume", "snapshot", "-r"])
+            .arg(p.join("vol"))
+            .arg(p.join("vol-ro")))
+        .expect("snapshot -r");
+        std::fs::create_dir(p.join("recv")).expect("mkdir");
+        let mut send = Command::new("btrfs")
+            .args(["send", "-q"])
+            .arg(p.join("vol-ro"))
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("btrfs send");
+        let status = Command::new("btrfs")
+            .args(["receive", "-q"])
+            .arg(p.join("recv"))
+            .stdin(send.stdout.take().expect("send's output"))
+            .status()
+            .expect("btrfs receive");
+        assert!(status.success(), "btrfs receive failed");
+        assert!(
+            send.wait().expect("btrfs send").success(),
+            "btrfs send failed"
+        );
+        m.unmount().expect("umount");
+    }
+    let fs = open_rw(&image);
+    let top = fs.root();
+    fs.snapshot(resolve(&fs, "vol").subvol, top, b"snap", false)
+        .expect("snapshot");
+    let snap = resolve(&fs, "snap").subvol;
+    fs.set_subvolume_readonly(snap, true, false)
+        .expect("ro true");
+    assert!(fs.subvolume_readonly(snap).expect("get"));
+    assert!(matches!(
+        fs.mknod(resolve(&fs, "snap"), b"x", &NewInode::file(0o644)),
+        Err(oleo::Error::ReadOnly)
+    ));
+    let recv = resolve(&fs, "recv/vol-ro").subvol;
+    assert!(
+        fs.set_subvolume_readonly(recv, false, false).is_err(),
+        "a received subvolume stays read-only unless forced"
+    );
+    fs.set_subvolume_readonly(recv, false, true)
+        .expect("forced ro false");
+    fs.mknod(
+        resolve(&fs, "recv/vol-ro"),
+        b"now-writable",
+        &NewInode::file(0o644),
+    )
+    .expect("a write after ro false");
+    fs.sync().expect("commit");
+    drop(fs);
+    assert_btrfs_check(&image, "after oleo changed read-only flags");
+    let m = KernelMount::mount(&image, &tmp.join("mnt"), &["ro"]).expect("mount");
+    let get = |p: &str| {
+        kernel_out(
+            Command::new("btrfs")
+                .args(["property", "get"])
+                .arg(m.path().join(p))
+                .arg("ro"),
+        )
+    };
+    assert_eq!(get("snap").trim(), "ro=true");
+    assert_eq!(get("recv/vol-ro").trim(), "ro=false");
+    assert_eq!(get("vol-ro").trim(), "ro=true");
+    let show = kernel_out(
+        Command::new("btrfs")
+            .args(["subvolume", "show"])
+            .arg(m.path().join("recv/vol-ro")),
+    );
+    let received = show
+        .lines()
+        .find(|l| l.trim_start().starts_with("Received UUID:"))
+        .expect("Received UUID line");
+    assert!(
+        received.trim().ends_with('-'),
+        "received uuid cleared: {received}"
+    );
+    assert!(m.path().join("recv/vol-ro/now-writable").exists());
+}
