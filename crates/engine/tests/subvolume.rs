@@ -458,3 +458,194 @@ fn readonly_flag_as_the_kernel() {
     );
     assert!(m.path().join("recv/vol-ro/now-writable").exists());
 }
+
+/// `btrfs send | btrfs receive` runs a process pair and fails the test if either fails.
+fn send_receive(args: &[&std::ffi::OsStr], into: &Path) {
+    let mut send = Command::new("btrfs")
+        .args(["send", "-q"])
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("btrfs send");
+    let out = Command::new("btrfs")
+        .args(["receive", "-q"])
+        .arg(into)
+        .stdin(send.stdout.take().expect("send's output"))
+        .output()
+        .expect("btrfs receive");
+    assert!(
+        out.status.success(),
+        "btrfs receive {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        send.wait().expect("btrfs send").success(),
+        "btrfs send {args:?} failed"
+    );
+}
+
+/// The kernel's send of oleo's read-only snapshots, full and incremental (`-p`), received on
+/// another kernel filesystem: the same files. Send trusts the uuids, parent uuids and
+/// transids oleo wrote, and walks both trees' shared blocks.
+#[test]
+fn kernel_sends_oleo_snapshots() {
+    if !ready() {
+        return;
+    }
+    let tmp = TempDir::new("oleo-send").expect("tempdir");
+    let image = tmp.join("image");
+    let other = tmp.join("other");
+    oleo_testkit::image::empty_image(&image, 256, &[]).expect("mkfs.btrfs");
+    oleo_testkit::image::empty_image(&other, 256, &[]).expect("mkfs.btrfs");
+    {
+        let m = KernelMount::mount(&image, &tmp.join("mnt"), &["rw"]).expect("mount");
+        sh(Command::new("btrfs")
+            .args(["subvolume", "create"])
+            .arg(m.path().join("vol")))
+        .expect("create");
+        kernel_changes(&m.path().join("vol"), 41, 600);
+        m.unmount().expect("umount");
+    }
+    let fs = open_rw(&image);
+    let top = fs.root();
+    let vol = resolve(&fs, "vol");
+    put_file(&fs, vol, "gone", &pattern(76, 30_000));
+    fs.snapshot(vol.subvol, top, b"s1", true)
+        .expect("snapshot s1");
+    for i in 0..40u64 {
+        put_file(
+            &fs,
+            vol,
+            &format!("new{i}"),
+            &pattern(900 + i, 2000 + i as usize * 700),
+        );
+    }
+    put_file(&fs, resolve(&fs, "vol/a"), "f0", &pattern(77, 50_000));
+    fs.unlink(vol, b"gone").expect("unlink");
+    fs.snapshot(vol.subvol, top, b"s2", true)
+        .expect("snapshot s2");
+    drop(fs);
+    assert_btrfs_check(&image, "after oleo's snapshots for send");
+    let m = KernelMount::mount(&image, &tmp.join("mnt"), &["ro"]).expect("mount");
+    let o = KernelMount::mount(&other, &tmp.join("other-mnt"), &["rw"]).expect("mount other");
+    send_receive(&[m.path().join("s1").as_os_str()], o.path());
+    send_receive(
+        &[
+            std::ffi::OsStr::new("-p"),
+            m.path().join("s1").as_os_str(),
+            m.path().join("s2").as_os_str(),
+        ],
+        o.path(),
+    );
+    for s in ["s1", "s2"] {
+        diff_trees(
+            &format!("{s} received by the kernel"),
+            &kernel_tree(&m.path().join(s)),
+            &kernel_tree(&o.path().join(s)),
+        );
+    }
+    o.unmount().expect("umount other");
+    m.unmount().expect("umount");
+}
+
+/// Snapshots taken while threads keep writing to the subvolume (seed 004's workload in
+/// small): each snapshot holds, of every file, exactly the writes that returned before it
+/// was asked for, perhaps some that overlapped it, and none that began after it returned;
+/// writers are never refused; `btrfs check` is clean and the kernel sees what oleo sees.
+#[test]
+fn snapshots_under_writers() {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    if !ready() {
+        return;
+    }
+    const WRITERS: usize = 4;
+    const SNAPSHOTS: usize = 6;
+    const CHUNK: usize = 4096;
+    const MAX_WRITES: u64 = 6000;
+    let tmp = TempDir::new("oleo-snapw").expect("tempdir");
+    let image = tmp.join("image");
+    oleo_testkit::image::empty_image(&image, 512, &[]).expect("mkfs.btrfs");
+    let fs = open_rw(&image);
+    let top = fs.root();
+    fs.create_subvolume(top, b"vol", 0, 0).expect("create");
+    let vol = resolve(&fs, "vol");
+    let files: Vec<InodeId> = (0..WRITERS)
+        .map(|w| {
+            fs.mknod(vol, format!("w{w}").as_bytes(), &NewInode::file(0o644))
+                .expect("create")
+                .id
+        })
+        .collect();
+    // Write k of file w: chunk k filled with a byte naming (w, k).
+    let chunk = |w: usize, k: u64| vec![(w as u8).wrapping_mul(61) ^ (k as u8) | 1; CHUNK];
+    let done: Vec<AtomicU64> = (0..WRITERS).map(|_| AtomicU64::new(0)).collect();
+    let stop = AtomicBool::new(false);
+    let mut bounds = Vec::new();
+    std::thread::scope(|s| {
+        for (w, &id) in files.iter().enumerate() {
+            let (fs, done, stop) = (&fs, &done[w], &stop);
+            s.spawn(move || {
+                let mut k = 0u64;
+                // Paced and bounded: the image must not fill up.
+                while !stop.load(Ordering::SeqCst) && k < MAX_WRITES {
+                    fs.write(id, k * CHUNK as u64, &chunk(w, k))
+                        .expect("a writer is never refused");
+                    k += 1;
+                    done.store(k, Ordering::SeqCst);
+                    std::thread::sleep(std::time::Duration::from_micros(100));
+                }
+            });
+        }
+        for n in 0..SNAPSHOTS {
+            std::thread::sleep(std::time::Duration::from_millis(150));
+            let before: Vec<u64> = done.iter().map(|d| d.load(Ordering::SeqCst)).collect();
+            fs.snapshot(vol.subvol, top, format!("snap{n}").as_bytes(), n % 2 == 0)
+                .expect("snapshot under writers");
+            let after: Vec<u64> = done.iter().map(|d| d.load(Ordering::SeqCst)).collect();
+            bounds.push((before, after));
+        }
+        stop.store(true, Ordering::SeqCst);
+    });
+    eprintln!("writes done before and after each snapshot: {bounds:?}");
+    // Each snapshot's files: a prefix of the writes, within the bounds.
+    for (n, (before, after)) in bounds.iter().enumerate() {
+        let snap = resolve(&fs, &format!("snap{n}"));
+        for w in 0..WRITERS {
+            let id = fs
+                .lookup(snap, format!("w{w}").as_bytes())
+                .expect("file in snapshot");
+            let size = fs.getattr(id).expect("getattr").size;
+            let data = fs.read(id, 0, size as u32).expect("read");
+            let writes = size / CHUNK as u64;
+            assert_eq!(
+                size % CHUNK as u64,
+                0,
+                "snap{n}/w{w}: a whole number of writes"
+            );
+            for k in 0..writes {
+                let at = (k as usize) * CHUNK;
+                assert!(
+                    data[at..at + CHUNK] == chunk(w, k)[..],
+                    "snap{n}/w{w}: write {k} of {writes} is not what was written"
+                );
+            }
+            assert!(
+                writes >= before[w] && writes <= after[w] + 1,
+                "snap{n}/w{w}: {writes} writes, but {} had returned before the snapshot \
+                 and {} when it returned",
+                before[w],
+                after[w]
+            );
+        }
+    }
+    fs.sync().expect("commit");
+    let want = oleo_tree(&fs);
+    drop(fs);
+    assert_btrfs_check(&image, "after snapshots under writers");
+    let (view, _) = kernel_view(&image, &tmp, "after snapshots under writers");
+    diff_trees(
+        "the kernel's view of snapshots taken under writers",
+        &want,
+        &view,
+    );
+}
