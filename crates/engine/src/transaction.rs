@@ -440,10 +440,16 @@ impl<'a> Transaction<'a> {
     ) -> Result<R> {
         self.usable()?;
         let mut root = self.root(tree)?;
+        let before = self.changes;
         let r = f(self, &mut root);
         self.roots.insert(tree, root);
-        if r.is_ok() {
-            self.changes += 1;
+        match &r {
+            Ok(_) => self.changes += 1,
+            // Nothing changed but the path's copies: copying blocks a snapshot shares moves
+            // references in the extent tree, complete and consistent, which must not make
+            // the operation look half-done (it would abort the transaction).
+            Err(Error::NotFound | Error::AlreadyExists) => self.changes = before,
+            Err(_) => {}
         }
         match r {
             // A missing or taken key leaves the tree consistent (at most its path copied).

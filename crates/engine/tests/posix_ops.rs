@@ -110,7 +110,11 @@ fn make_image(path: &Path, maker: Maker, bytes: u64) {
 // The oleo side: paths resolved through lookup.
 
 fn resolve(fs: &Filesystem, rel: &[u8]) -> Result<InodeId, i32> {
-    let mut id = fs.root();
+    resolve_from(fs, fs.root(), rel)
+}
+
+fn resolve_from(fs: &Filesystem, root: InodeId, rel: &[u8]) -> Result<InodeId, i32> {
+    let mut id = root;
     for comp in rel.split(|&b| b == b'/').filter(|c| !c.is_empty()) {
         id = fs.lookup(id, comp).map_err(|e| e.errno())?;
     }
@@ -318,10 +322,15 @@ fn apply_oleo(fs: &mut Filesystem, op: &Op) -> Result<(), i32> {
 
 /// Walks the tree through oleo's reader and checks it against the reference.
 fn compare_oleo(fs: &Filesystem, reference: &Path) {
+    compare_oleo_at(fs, fs.root(), reference)
+}
+
+/// `compare_oleo` for the tree under `root` (a snapshot's).
+fn compare_oleo_at(fs: &Filesystem, root: InodeId, reference: &Path) {
     let want = shapes(reference);
     let mut seen = 0;
     for (rel, s) in &want {
-        let id = resolve(fs, rel).unwrap_or_else(|e| {
+        let id = resolve_from(fs, root, rel).unwrap_or_else(|e| {
             panic!(
                 "oleo cannot find {}: errno {e}",
                 String::from_utf8_lossy(rel)
@@ -360,15 +369,37 @@ struct Case {
     maker: Maker,
     ops: usize,
     big: bool,
+    /// Run the operations in subvolume `work` and snapshot it now and then into the top
+    /// level (out of the operations' reach); each snapshot must stay what the reference
+    /// was when it was taken.
+    snapshots: bool,
 }
+
+/// The top level's root directory, where the snapshots go.
+const TOP: InodeId = InodeId {
+    subvol: 5,
+    ino: 256,
+};
 
 fn run_case(case: &Case, seed: u64) {
     let scratch = Scratch::new(&format!("{}-{seed}", case.name));
     let image = scratch.image();
     make_image(&image, case.maker, 1 << 30);
     let mut rng = Rng::new(seed);
-    let mut fs = Filesystem::open_rw(&image, OpenOptions::default()).expect("open_rw");
+    let opts = || OpenOptions {
+        subvol: case.snapshots.then(|| b"work".to_vec()),
+        ..OpenOptions::default()
+    };
+    if case.snapshots {
+        let fs = Filesystem::open_rw(&image, OpenOptions::default()).expect("open_rw");
+        fs.create_subvolume(fs.root(), b"work", 0, 0)
+            .expect("create work");
+        fs.sync().expect("sync");
+    }
+    let mut fs = Filesystem::open_rw(&image, opts()).expect("open_rw");
     let reference = scratch.reference();
+    // (name, copy of the reference when it was taken)
+    let mut snaps: Vec<(String, PathBuf)> = Vec::new();
     let mut agreed = 0usize;
     let mut failed = 0usize;
     for i in 0..case.ops {
@@ -390,23 +421,50 @@ fn run_case(case: &Case, seed: u64) {
         if rng.chance(3) {
             fs.sync().expect("sync");
         }
+        if case.snapshots && rng.chance(3) {
+            let name = format!("snap{}", snaps.len());
+            let ro = rng.chance(50);
+            if std::env::var("OLEO_TEST_TRACE").is_ok() {
+                eprintln!("snapshot {name} ro={ro}");
+            }
+            fs.snapshot(fs.root().subvol, TOP, name.as_bytes(), ro)
+                .unwrap_or_else(|e| panic!("seed {seed} op {i}: snapshot {name}: {e}"));
+            let copy = scratch.0.join(&name);
+            let st = Command::new("cp")
+                .arg("-a")
+                .arg(&reference)
+                .arg(&copy)
+                .status()
+                .expect("cp -a");
+            assert!(st.success(), "cp -a of the reference");
+            snaps.push((name, copy));
+        }
         if rng.chance(1) {
             fs.sync().expect("sync");
             drop(fs);
-            fs = Filesystem::open_rw(&image, OpenOptions::default()).expect("reopen");
+            fs = Filesystem::open_rw(&image, opts()).expect("reopen");
         }
     }
     fs.sync().expect("final sync");
     compare_oleo(&fs, &reference);
+    for (name, copy) in &snaps {
+        let root = fs.lookup(TOP, name.as_bytes()).expect("snapshot");
+        compare_oleo_at(&fs, root, copy);
+    }
     drop(fs);
     eprintln!(
         "{} seed {seed}: {agreed} operations done, {failed} refused alike",
         case.name
     );
     assert_btrfs_check(&image, &format!("{} seed {seed}", case.name));
-    let fs = Filesystem::open(&image, OpenOptions::default()).expect("reopen read-only");
+    let fs = Filesystem::open(&image, opts()).expect("reopen read-only");
     compare_oleo(&fs, &reference);
     drop(fs);
+    let top = if case.snapshots {
+        scratch.mnt().join("work")
+    } else {
+        scratch.mnt()
+    };
     let st = Command::new("mount")
         .args(["-o", "loop"])
         .arg(&image)
@@ -414,13 +472,14 @@ fn run_case(case: &Case, seed: u64) {
         .status()
         .unwrap();
     assert!(st.success(), "kernel mount");
-    let r = std::panic::catch_unwind(|| compare_trees(&reference, &scratch.mnt(), "kernel"));
+    let r = std::panic::catch_unwind(|| {
+        compare_trees(&reference, &top, "kernel");
+        for (name, copy) in &snaps {
+            compare_trees(copy, &scratch.mnt().join(name), &format!("kernel {name}"));
+        }
+    });
     // The kernel writes too: a file of its own, then check again.
-    std::fs::write(
-        scratch.mnt().join("kernel-wrote-this"),
-        b"hello from the kernel",
-    )
-    .unwrap();
+    std::fs::write(top.join("kernel-wrote-this"), b"hello from the kernel").unwrap();
     // umount can find the mount briefly busy right after the walk: retry, then report why.
     let mut last = String::new();
     let unmounted = (0..20).any(|_| {
@@ -439,7 +498,7 @@ fn run_case(case: &Case, seed: u64) {
         &image,
         &format!("{} seed {seed} after the kernel wrote", case.name),
     );
-    let fs = Filesystem::open(&image, OpenOptions::default()).expect("reopen after kernel");
+    let fs = Filesystem::open(&image, opts()).expect("reopen after kernel");
     let id = fs
         .lookup(fs.root(), b"kernel-wrote-this")
         .expect("kernel's file");
@@ -463,6 +522,18 @@ fn progs_default() {
         maker: Maker::Progs(&[]),
         ops: 400,
         big: false,
+        snapshots: false,
+    });
+}
+
+#[test]
+fn progs_snapshots_between_operations() {
+    run(Case {
+        name: "progs-snapshots",
+        maker: Maker::Progs(&[]),
+        ops: 400,
+        big: false,
+        snapshots: true,
     });
 }
 
@@ -473,6 +544,7 @@ fn progs_4k_nodes_no_holes_off() {
         maker: Maker::Progs(&["--nodesize", "4096", "-O", "^no-holes"]),
         ops: 400,
         big: false,
+        snapshots: false,
     });
 }
 
@@ -487,6 +559,7 @@ fn oleo_mkfs_sha256() {
         },
         ops: 300,
         big: true,
+        snapshots: false,
     });
 }
 
@@ -501,6 +574,7 @@ fn oleo_mkfs_xxhash_holes() {
         },
         ops: 300,
         big: false,
+        snapshots: false,
     });
 }
 
@@ -511,5 +585,6 @@ fn progs_blake2_big_writes() {
         maker: Maker::Progs(&["--csum", "blake2"]),
         ops: 200,
         big: true,
+        snapshots: false,
     });
 }

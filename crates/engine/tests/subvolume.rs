@@ -649,3 +649,56 @@ fn snapshots_under_writers() {
         &view,
     );
 }
+
+/// An operation that fails without changing anything (a name taken, a name missing) on a
+/// path a snapshot shares: copying that path moved references in the extent tree, which
+/// once made the operation look half-done and aborted the transaction (every change since
+/// the last commit lost, the filesystem read-only). It must fail alone.
+#[test]
+fn refused_operations_on_shared_paths_keep_the_transaction() {
+    if !ready() {
+        return;
+    }
+    let tmp = TempDir::new("oleo-shared-fail").expect("tempdir");
+    let image = tmp.join("image");
+    oleo_testkit::image::empty_image(&image, 256, &[]).expect("mkfs.btrfs");
+    {
+        let m = KernelMount::mount(&image, &tmp.join("mnt"), &["rw"]).expect("mount");
+        // Files with extents (not inline) in a directory of their own: its names share
+        // leaves with file extent items, whose copy moves data references.
+        std::fs::create_dir(m.path().join("d")).expect("mkdir");
+        for i in 0..300 {
+            std::fs::write(m.path().join(format!("d/f{i:03}")), pattern(i, 5000)).expect("write");
+        }
+        sh(Command::new("btrfs")
+            .args(["subvolume", "snapshot"])
+            .arg(m.path())
+            .arg(m.path().join("ksnap")))
+        .expect("kernel snapshot");
+        m.unmount().expect("umount");
+    }
+    let fs = open_rw(&image);
+    let top = fs.root();
+    put_file(&fs, top, "kept", b"written before the refusals");
+    for (i, dir) in [resolve(&fs, "d"), resolve(&fs, "ksnap/d")]
+        .into_iter()
+        .enumerate()
+    {
+        assert!(matches!(
+            fs.mknod(dir, b"f123", &NewInode::file(0o644)),
+            Err(oleo::Error::AlreadyExists)
+        ));
+        assert!(matches!(
+            fs.unlink(dir, b"no-such-name"),
+            Err(oleo::Error::NotFound)
+        ));
+        put_file(&fs, dir, &format!("after{i}"), b"still writable");
+    }
+    fs.sync().expect("commit");
+    drop(fs);
+    assert_btrfs_check(&image, "after refused operations on shared paths");
+    let fs = open_ro(&image);
+    for p in ["kept", "d/after0", "ksnap/d/after1"] {
+        resolve(&fs, p);
+    }
+}
