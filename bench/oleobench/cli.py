@@ -48,12 +48,12 @@ def parse_args(argv):
                     help="oleo binary (default target/release/oleo, or $OLEO_BIN)")
     ap.add_argument("--btrfs-fuse", default=os.environ.get("BTRFS_FUSE_BIN"),
                     help="btrfs-fuse binary (default: on PATH or ~/.cargo/bin)")
-    ap.add_argument("--oleo-subvol-cmd", default=None,
-                    help="template creating a subvolume on a mounted oleo ({oleo} {path} {mnt} {image}); "
-                         "oleo has no such command yet, so without this and --oleo-snapshot-cmd "
-                         "snapshot-under-write is N/A on oleo")
-    ap.add_argument("--oleo-snapshot-cmd", default=None,
-                    help="template taking a read-only snapshot on a mounted oleo ({oleo} {src} {dst} {mnt} {image})")
+    ap.add_argument("--oleo-subvol-cmd", default="{oleo} subvolume create {path}",
+                    help="template creating a subvolume on a mounted oleo ({oleo} {path} {mnt} {image}; "
+                         "default: %(default)s; empty: seed 004 is N/A on oleo)")
+    ap.add_argument("--oleo-snapshot-cmd", default="{oleo} subvolume snapshot -r {src} {dst}",
+                    help="template taking a read-only snapshot on a mounted oleo ({oleo} {src} {dst} "
+                         "{mnt} {image}; default: %(default)s)")
     ap.add_argument("--report", metavar="DIR", help="only rebuild report.md and plots from DIR/results.jsonl")
     ap.add_argument("--dry-run", action="store_true", help="print the plan and exit")
     a = ap.parse_args(argv)

@@ -265,8 +265,8 @@ class Oleo(Target):
     # FUSE over io_uring (the kernel offers it once the fuse module's enable_uring is
     # set, which _mount does); oleo-devfuse is the same server on /dev/fuse alone.
     transport_opts = ["fuse_uring=on"]
-    no_snapshots_reason = ("oleo cannot create snapshots: it has no snapshot command and FUSE "
-                           "cannot pass btrfs's snapshot ioctl")
+    no_snapshots_reason = ("no oleo subvolume/snapshot command templates given "
+                           "(--oleo-subvol-cmd, --oleo-snapshot-cmd)")
     unmount_grace_s = 120   # the daemon commits the running transaction at unmount
 
     @property
@@ -305,8 +305,8 @@ class Oleo(Target):
         copy_sparse(golden, image)
         return self._mount(cl, scratch, image, "ro")
 
-    # Subvolumes through oleo's own CLI (FUSE cannot pass btrfs ioctls); the
-    # command lines are templates so they can follow oleo's CLI as it grows.
+    # Subvolumes through oleo's own CLI (FUSE cannot pass btrfs's ioctls; `oleo subvolume`
+    # talks to the daemon); the command lines are templates (bench/run's defaults).
     def subvolume(self, m, name):
         path = os.path.join(m.path, name)
         run(self._cmd(self.ctx.oleo_subvol_cmd, path=path, mnt=m.path, image=m.image), timeout=60)

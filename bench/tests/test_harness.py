@@ -133,7 +133,7 @@ def test_fuse_floor_runs_only_fs_mark_and_dbench_and_names_its_binary():
     assert T.FuseFloorDevFuse(_OleoCtx()).transport == ["devfuse"]
 
 
-def test_oleo_is_writable_but_has_no_snapshots():
+def test_oleo_is_writable_and_snapshots_through_its_cli():
     p = P.make_params("quick")
     oleo = T.Oleo(_OleoCtx())
     assert oleo.writable and not oleo.raw
@@ -141,9 +141,9 @@ def test_oleo_is_writable_but_has_no_snapshots():
         if cls in (W.FsmarkCreate, W.Dbench) and cls(p).check(T.Btrfs(None)):
             continue  # the tool is missing on this machine: that is another N/A
         assert cls(p).check(oleo) is None, cls.name
+    # Without command templates seed 004 is N/A; bench/run passes oleo's own by default.
     reason = W.SnapshotUnderWrite(p).check(oleo)
-    assert reason and "oleo cannot create snapshots" in reason
-    # Once oleo has commands for it, the templates turn seed 004 on.
+    assert reason and "--oleo-snapshot-cmd" in reason
     assert W.SnapshotUnderWrite(p).check(T.Oleo(_OleoCtx("{oleo} sub {path}", "{oleo} snap {src} {dst}"))) is None
     assert "read-only" in W.SeqWrite(p).check(T.BtrfsFuse(None))
 

@@ -7,6 +7,7 @@ mod fuse_mount;
 mod logging;
 mod mkfs;
 mod mount;
+mod on_mount;
 mod property;
 mod rootdir;
 mod subvolume;
@@ -43,9 +44,9 @@ enum Command {
     Mkfs(mkfs::MkfsArgs),
     /// Print a file's extents from the image, like `filefrag -v` (FUSE has no FIEMAP).
     Extents(extents::ExtentsArgs),
-    /// Create, snapshot and list subvolumes of an image (`btrfs subvolume`).
+    /// Create, snapshot and list subvolumes, on a mount or an image (`btrfs subvolume`).
     Subvolume(subvolume::SubvolumeArgs),
-    /// Get or set a subvolume's read-only flag on an image (`btrfs property ... ro`).
+    /// Get or set a subvolume's read-only flag, on a mount or an image (`btrfs property`).
     Property(property::PropertyArgs),
 }
 

@@ -1,7 +1,10 @@
-//! `oleo property get|set --image IMAGE PATH ro [true|false]`: `btrfs property` for a
-//! subvolume's read-only flag, on an image or device that is not mounted.
+//! `oleo property get|set PATH ro [true|false]`: `btrfs property` for a subvolume's
+//! read-only flag, on a mounted oleo filesystem or (`--image`) on an image or device that
+//! is not mounted.
 
+use crate::on_mount;
 use crate::subvolume::{open, resolve, shown};
+use std::path::Path;
 use std::path::PathBuf;
 
 #[derive(clap::Args)]
@@ -14,15 +17,16 @@ pub struct PropertyArgs {
 enum Verb {
     /// Print a property of the subvolume at PATH (all of them without NAME).
     Get {
+        /// Image file or block device (not mounted) to work on instead of a mount.
         #[arg(long)]
-        image: PathBuf,
+        image: Option<PathBuf>,
         path: String,
         name: Option<String>,
     },
     /// Set a property of the subvolume at PATH.
     Set {
         #[arg(long)]
-        image: PathBuf,
+        image: Option<PathBuf>,
         /// Make a received subvolume writable (clears its received_uuid).
         #[arg(short = 'f')]
         force: bool,
@@ -46,9 +50,17 @@ pub fn run(a: &PropertyArgs) -> Result<(), String> {
             if let Some(n) = name {
                 check_name(n)?;
             }
-            let fs = open(image, true)?;
-            let id = subvolume_at(&fs, path)?;
-            let ro = fs.subvolume_readonly(id).map_err(|e| e.to_string())?;
+            let ro = match image {
+                None => {
+                    let s = on_mount::subvol_of(Path::new(path))?;
+                    s.flags & oleo_fuse::subvol_ioctl::RO != 0
+                }
+                Some(image) => {
+                    let fs = open(image, true)?;
+                    let id = subvolume_at(&fs, path)?;
+                    fs.subvolume_readonly(id).map_err(|e| e.to_string())?
+                }
+            };
             println!("ro={ro}");
             Ok(())
         }
@@ -65,10 +77,15 @@ pub fn run(a: &PropertyArgs) -> Result<(), String> {
                 "false" => false,
                 v => return Err(format!("invalid value for property: {v} (true or false)")),
             };
-            let fs = open(image, false)?;
-            let id = subvolume_at(&fs, path)?;
-            fs.set_subvolume_readonly(id, ro, *force)
-                .map_err(|e| format!("{}: {e}", shown(path)))
+            match image {
+                None => on_mount::set_readonly(Path::new(path), ro, *force),
+                Some(image) => {
+                    let fs = open(image, false)?;
+                    let id = subvolume_at(&fs, path)?;
+                    fs.set_subvolume_readonly(id, ro, *force)
+                        .map_err(|e| format!("{}: {e}", shown(path)))
+                }
+            }
         }
     }
 }

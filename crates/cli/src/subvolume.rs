@@ -1,9 +1,26 @@
-//! `oleo subvolume create | snapshot | list --image IMAGE ...`: `btrfs subvolume` on an
-//! image or device that is not mounted, with btrfs's arguments and output. Paths are inside
-//! the filesystem, from its top-level subvolume.
+//! `oleo subvolume create | snapshot | list`: `btrfs subvolume`, with btrfs's arguments and
+//! output, on a mounted oleo filesystem (paths on the mount; the daemon does the work, see
+//! `on_mount`) or with `--image` on an image or device nothing has mounted (paths inside the
+//! filesystem, from its top-level subvolume).
 
+use crate::on_mount;
 use oleo::{Filesystem, InodeId, OpenOptions};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+
+/// A host path's directory and last name (for a new subvolume or snapshot on a mount).
+fn host_parent_and_name(path: &str) -> Result<(PathBuf, String), String> {
+    let p = Path::new(path.trim_end_matches('/'));
+    let name = p
+        .file_name()
+        .ok_or_else(|| format!("'{path}': no name for the new subvolume"))?
+        .to_string_lossy()
+        .into_owned();
+    let dir = match p.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    Ok((dir, name))
+}
 
 #[derive(clap::Args)]
 pub struct SubvolumeArgs {
@@ -15,16 +32,16 @@ pub struct SubvolumeArgs {
 enum Verb {
     /// Create an empty subvolume at PATH.
     Create {
-        /// Image file or block device (not mounted).
+        /// Image file or block device (not mounted) to work on instead of a mount.
         #[arg(long)]
-        image: PathBuf,
+        image: Option<PathBuf>,
         /// Path of the new subvolume, from the top level.
         path: String,
     },
     /// Snapshot subvolume SOURCE as DEST (or into DEST, if it is a directory).
     Snapshot {
         #[arg(long)]
-        image: PathBuf,
+        image: Option<PathBuf>,
         /// Make the snapshot read-only.
         #[arg(short = 'r')]
         readonly: bool,
@@ -34,13 +51,65 @@ enum Verb {
     /// List the subvolumes and snapshots.
     List {
         #[arg(long)]
-        image: PathBuf,
+        image: Option<PathBuf>,
+        /// A path on the mounted filesystem (without --image).
+        path: Option<String>,
     },
 }
 
 pub fn run(a: &SubvolumeArgs) -> Result<(), String> {
     match &a.verb {
-        Verb::Create { image, path } => {
+        Verb::Create { image: None, path } => {
+            let (dir, name) = host_parent_and_name(path)?;
+            println!("Create subvolume '{}'", dir.join(&name).display());
+            on_mount::create(&dir, &name)
+        }
+        Verb::Snapshot {
+            image: None,
+            readonly,
+            source,
+            dest,
+        } => {
+            let src = Path::new(source);
+            let (dir, name) = if Path::new(dest).is_dir() {
+                let base = src
+                    .file_name()
+                    .ok_or_else(|| format!("cannot name a snapshot of '{source}' in '{dest}'"))?;
+                (PathBuf::from(dest), base.to_string_lossy().into_owned())
+            } else {
+                host_parent_and_name(dest)?
+            };
+            println!(
+                "Create {}snapshot of '{source}' in '{}'",
+                if *readonly { "a readonly " } else { "a " },
+                dir.join(&name).display()
+            );
+            on_mount::snapshot(src, &dir, &name, *readonly)
+        }
+        Verb::List { image: None, path } => {
+            let path = path
+                .as_deref()
+                .ok_or("give a path on a mounted oleo filesystem, or --image IMAGE")?;
+            for s in on_mount::list(Path::new(path))? {
+                if s.id == oleo::format::key::objectid::FS_TREE {
+                    continue;
+                }
+                let p = if s.path.is_empty() {
+                    "<unreachable>".into()
+                } else {
+                    String::from_utf8_lossy(&s.path).into_owned()
+                };
+                println!(
+                    "ID {} gen {} top level {} path {p}",
+                    s.id, s.generation, s.parent
+                );
+            }
+            Ok(())
+        }
+        Verb::Create {
+            image: Some(image),
+            path,
+        } => {
             let fs = open(image, false)?;
             let (parent, name) = parent_and_name(&fs, path)?;
             println!("Create subvolume '{}'", shown(path));
@@ -51,7 +120,7 @@ pub fn run(a: &SubvolumeArgs) -> Result<(), String> {
             Ok(())
         }
         Verb::Snapshot {
-            image,
+            image: Some(image),
             readonly,
             source,
             dest,
@@ -90,7 +159,9 @@ pub fn run(a: &SubvolumeArgs) -> Result<(), String> {
                 .map_err(|e| format!("cannot snapshot '{}': {e}", shown(source)))?;
             Ok(())
         }
-        Verb::List { image } => {
+        Verb::List {
+            image: Some(image), ..
+        } => {
             let fs = open(image, true)?;
             let mut subs = fs.list_subvolumes().map_err(|e| e.to_string())?;
             subs.sort_by_key(|s| s.id);

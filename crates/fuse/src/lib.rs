@@ -12,6 +12,8 @@ mod listings;
 mod nodeid;
 mod ops;
 mod space_guard;
+pub mod subvol_ioctl;
+mod subvol_ops;
 pub mod transport;
 
 use nodeid::NodeIds;
@@ -123,6 +125,11 @@ impl OleoFuse {
     }
 
     /// Runs operations that change the filesystem (refused on a read-only mount).
+    /// What tells the kernel its caches went stale (once the session exists).
+    fn notifier(&self) -> Option<transport::Notifier> {
+        self.space.notifier_slot().get().cloned()
+    }
+
     fn mutate<R>(&self, f: impl FnOnce(&Filesystem) -> oleo::Result<R>) -> Result<R, Errno> {
         if !self.settings.writable {
             return Err(Errno::EROFS);

@@ -150,7 +150,7 @@ impl Handler for OleoFuse {
                 reply,
             ),
             Op::Syncfs => empty(self.mutate(|fs| fs.sync().map(drop)), reply),
-            Op::Ioctl { arg, .. } => match arg.cmd {
+            Op::Ioctl { arg, data } => match arg.cmd {
                 // `btrfs filesystem sync`: commit the transaction. The only way a FUSE
                 // client has to ask for one (syncfs(2) reaches no FUSE server).
                 // On a read-only mount there is nothing to commit.
@@ -158,6 +158,11 @@ impl Handler for OleoFuse {
                 BTRFS_IOC_SYNC => answer(self.mutate(|fs| fs.sync().map(drop)), reply, |(), r| {
                     r.ioctl(0, &[])
                 }),
+                c if OleoFuse::is_subvol_ioctl(c) => {
+                    answer(self.subvol_ioctl(req, node, c, data), reply, |out, r| {
+                        r.ioctl(0, &out)
+                    })
+                }
                 _ => reply.error(Errno::ENOTTY),
             },
             Op::Setxattr { flags, name, value } => {

@@ -110,6 +110,7 @@ pub const OPEN_KILL_SUIDGID: u32 = 1 << 0;
 pub const GETATTR_FH: u32 = 1 << 0;
 pub const FSYNC_FDATASYNC: u32 = 1 << 0;
 pub const NOTIFY_INVAL_INODE: i32 = 2;
+pub const NOTIFY_INVAL_ENTRY: i32 = 3;
 /// FUSE_DEV_IOC_CLONE: _IOR(229, 0, uint32_t).
 pub const DEV_IOC_CLONE: libc::c_ulong = (2 << 30) | (4 << 16) | (229 << 8);
 
@@ -409,6 +410,13 @@ wire! {
         pub ino: u64,
         pub off: i64,
         pub len: i64,
+    }
+
+    /// Followed by the name and a NUL.
+    pub struct NotifyInvalEntryOut {
+        pub parent: u64,
+        pub namelen: u32,
+        pub flags: u32,
     }
 }
 

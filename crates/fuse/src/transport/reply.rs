@@ -304,6 +304,27 @@ impl Notifier {
         self.0
             .send(&[IoSlice::new(h.as_bytes()), IoSlice::new(body.as_bytes())])
     }
+
+    /// Drops the kernel's cached entry `name` in directory `parent` (a negative one too).
+    pub fn inval_entry(&self, parent: u64, name: &[u8]) -> std::io::Result<()> {
+        let body = abi::NotifyInvalEntryOut {
+            parent,
+            namelen: name.len() as u32,
+            flags: 0,
+        };
+        let len = size_of::<OutHeader>() + size_of::<abi::NotifyInvalEntryOut>() + name.len() + 1;
+        let h = OutHeader {
+            len: len as u32,
+            error: abi::NOTIFY_INVAL_ENTRY,
+            unique: 0,
+        };
+        self.0.send(&[
+            IoSlice::new(h.as_bytes()),
+            IoSlice::new(body.as_bytes()),
+            IoSlice::new(name),
+            IoSlice::new(&[0]),
+        ])
+    }
 }
 
 #[cfg(test)]

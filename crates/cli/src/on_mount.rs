@@ -1,0 +1,110 @@
+//! The subvolume commands on a mounted oleo filesystem: fixed-size ioctls on a file of the
+//! mount (`oleo_fuse::subvol_ioctl`), which the daemon serves.
+
+use oleo_fuse::subvol_ioctl as cmd;
+use std::fs::File;
+use std::os::fd::AsRawFd;
+use std::path::Path;
+
+fn open(path: &Path) -> Result<File, String> {
+    File::open(path).map_err(|e| format!("cannot open {}: {e}", path.display()))
+}
+
+/// One ioctl with `buf` as its argument (in and out).
+fn ioctl(f: &File, path: &Path, c: u32, buf: &mut [u8]) -> Result<(), String> {
+    // SAFETY: `buf` is as long as the size encoded in `c`, and lives across the call.
+    let r = unsafe { libc::ioctl(f.as_raw_fd(), c as libc::Ioctl, buf.as_mut_ptr()) };
+    if r == 0 {
+        return Ok(());
+    }
+    let e = std::io::Error::last_os_error();
+    Err(match e.raw_os_error() {
+        Some(libc::ENOTTY) | Some(libc::EINVAL) if c == cmd::SUBVOL_OF => format!(
+            "{} is not on a mounted oleo filesystem (an image needs --image)",
+            path.display()
+        ),
+        _ => format!("{}: {e}", path.display()),
+    })
+}
+
+/// Which subvolume `path` is in.
+pub fn subvol_of(path: &Path) -> Result<cmd::SubvolOf, String> {
+    let f = open(path)?;
+    let mut b = vec![0u8; cmd::SUBVOL_OF_SIZE];
+    ioctl(&f, path, cmd::SUBVOL_OF, &mut b)?;
+    Ok(cmd::SubvolOf::parse(&b))
+}
+
+/// Creates subvolume `name` in directory `dir`.
+pub fn create(dir: &Path, name: &str) -> Result<(), String> {
+    subvol_of(dir)?;
+    let mut b = cmd::create_arg(name.as_bytes()).ok_or_else(|| format!("bad name: {name}"))?;
+    ioctl(&open(dir)?, dir, cmd::CREATE, &mut b)
+}
+
+/// Snapshots the subvolume whose root is `source` as `name` in directory `dir`. What the
+/// kernel still holds of the source in its page cache goes to the daemon first.
+pub fn snapshot(source: &Path, dir: &Path, name: &str, readonly: bool) -> Result<(), String> {
+    let src = subvol_of(source)?;
+    if src.ino != oleo::format::key::objectid::FIRST_FREE {
+        return Err(format!("Not a Btrfs subvolume: {}", source.display()));
+    }
+    subvol_of(dir)?;
+    let f = open(source)?;
+    // SAFETY: a valid descriptor.
+    if unsafe { libc::syncfs(f.as_raw_fd()) } != 0 {
+        return Err(format!(
+            "{}: syncfs: {}",
+            source.display(),
+            std::io::Error::last_os_error()
+        ));
+    }
+    let mut b = cmd::SnapshotArgs {
+        source: src.id,
+        flags: if readonly { cmd::RO } else { 0 },
+        name: name.as_bytes().to_vec(),
+    }
+    .to_bytes()
+    .ok_or_else(|| format!("bad name: {name}"))?;
+    ioctl(&open(dir)?, dir, cmd::SNAPSHOT, &mut b)
+}
+
+/// Sets the read-only flag of the subvolume whose root is `path`.
+pub fn set_readonly(path: &Path, readonly: bool, force: bool) -> Result<(), String> {
+    let s = subvol_of(path)?;
+    if s.ino != oleo::format::key::objectid::FIRST_FREE {
+        return Err(format!("Not a Btrfs subvolume: {}", path.display()));
+    }
+    let flags = (u64::from(readonly) * cmd::RO) | (u64::from(force) * cmd::FORCE);
+    ioctl(&open(path)?, path, cmd::SET_FLAGS, &mut flags.to_le_bytes())
+}
+
+/// Every subvolume of the filesystem `path` is on, by id.
+pub fn list(path: &Path) -> Result<Vec<cmd::SubvolInfo>, String> {
+    subvol_of(path)?;
+    let f = open(path)?;
+    let mut out = Vec::new();
+    let mut next = 0u64;
+    loop {
+        let mut b = vec![0u8; cmd::INFO_SIZE];
+        b[..8].copy_from_slice(&next.to_le_bytes());
+        // SAFETY: as in `ioctl`.
+        let r = unsafe {
+            libc::ioctl(
+                f.as_raw_fd(),
+                cmd::NEXT_SUBVOL as libc::Ioctl,
+                b.as_mut_ptr(),
+            )
+        };
+        if r != 0 {
+            let e = std::io::Error::last_os_error();
+            if e.raw_os_error() == Some(libc::ENOENT) {
+                return Ok(out);
+            }
+            return Err(format!("{}: {e}", path.display()));
+        }
+        let s = cmd::SubvolInfo::parse(&b);
+        next = s.id + 1;
+        out.push(s);
+    }
+}

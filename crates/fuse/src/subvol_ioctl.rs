@@ -1,0 +1,196 @@
+//! Subvolume commands on a mounted oleo filesystem. btrfs's own ioctls cannot reach a FUSE
+//! server (they carry file descriptors and variable-size buffers, and FUSE passes only
+//! fixed-size ones), so `oleo subvolume` and `oleo property` use these instead: fixed-size
+//! ioctls on a file or directory of the mount, type 'o'. Numbers and layouts are oleo's
+//! own; this module is their one definition, shared by the server and the CLI.
+
+/// `_IOC(dir, 'o', nr, size)` as the kernel's asm-generic/ioctl.h encodes it.
+const fn ioc(dir: u32, nr: u32, size: usize) -> u32 {
+    (dir << 30) | ((size as u32) << 16) | ((b'o' as u32) << 8) | nr
+}
+const WRITE: u32 = 1;
+const READ: u32 = 2;
+
+/// Longest name, with its NUL.
+pub const NAME: usize = 256;
+/// Longest subvolume path in a listing, with its NUL.
+pub const PATH: usize = 3584;
+
+/// On any file: which subvolume it is in (`SubvolOf`).
+pub const SUBVOL_OF: u32 = ioc(READ, 1, SUBVOL_OF_SIZE);
+pub const SUBVOL_OF_SIZE: usize = 24;
+/// On a directory: create the empty subvolume `name` in it (`name` NUL-terminated).
+pub const CREATE: u32 = ioc(WRITE, 2, NAME);
+/// On a directory: snapshot subvolume `source` as `name` in it (`SnapshotArgs`).
+pub const SNAPSHOT: u32 = ioc(WRITE, 3, SNAPSHOT_SIZE);
+pub const SNAPSHOT_SIZE: usize = 16 + NAME;
+/// On a subvolume's root directory: set its read-only flag (u64 flags: `RO`, `FORCE`).
+pub const SET_FLAGS: u32 = ioc(WRITE, 4, 8);
+/// On any file: the first subvolume with an id at least the u64 given (`SubvolInfo`);
+/// ENOENT past the last.
+pub const NEXT_SUBVOL: u32 = ioc(READ | WRITE, 5, INFO_SIZE);
+pub const INFO_SIZE: usize = 8 * 4 + 16 * 2 + PATH;
+
+/// Flags of SNAPSHOT and SET_FLAGS, and of `SubvolOf` and `SubvolInfo`.
+pub const RO: u64 = 1;
+/// SET_FLAGS: make a received subvolume writable (clears its received uuid).
+pub const FORCE: u64 = 2;
+
+fn u64_at(b: &[u8], at: usize) -> u64 {
+    b.get(at..at + 8)
+        .and_then(|s| s.try_into().ok())
+        .map_or(0, u64::from_le_bytes)
+}
+
+/// A NUL-terminated name or path out of a fixed field.
+fn c_str(b: &[u8]) -> &[u8] {
+    b.iter().position(|&c| c == 0).map_or(b, |n| &b[..n])
+}
+
+/// A name into a fixed field of `len` bytes; None if it does not fit with its NUL.
+fn put_c_str(out: &mut Vec<u8>, s: &[u8], len: usize) -> Option<()> {
+    if s.len() >= len || s.contains(&0) {
+        return None;
+    }
+    out.extend_from_slice(s);
+    out.resize(out.len() + len - s.len(), 0);
+    Some(())
+}
+
+/// SUBVOL_OF's answer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SubvolOf {
+    pub id: u64,
+    /// The file's inode number inside the subvolume (256: its root directory).
+    pub ino: u64,
+    pub flags: u64,
+}
+
+impl SubvolOf {
+    pub fn to_bytes(self) -> Vec<u8> {
+        [self.id, self.ino, self.flags]
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect()
+    }
+    pub fn parse(b: &[u8]) -> SubvolOf {
+        SubvolOf {
+            id: u64_at(b, 0),
+            ino: u64_at(b, 8),
+            flags: u64_at(b, 16),
+        }
+    }
+}
+
+/// SNAPSHOT's argument.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SnapshotArgs {
+    pub source: u64,
+    pub flags: u64,
+    pub name: Vec<u8>,
+}
+
+impl SnapshotArgs {
+    pub fn to_bytes(&self) -> Option<Vec<u8>> {
+        let mut out = Vec::with_capacity(SNAPSHOT_SIZE);
+        out.extend_from_slice(&self.source.to_le_bytes());
+        out.extend_from_slice(&self.flags.to_le_bytes());
+        put_c_str(&mut out, &self.name, NAME)?;
+        Some(out)
+    }
+    pub fn parse(b: &[u8]) -> SnapshotArgs {
+        SnapshotArgs {
+            source: u64_at(b, 0),
+            flags: u64_at(b, 8),
+            name: c_str(b.get(16..).unwrap_or_default()).to_vec(),
+        }
+    }
+}
+
+/// CREATE's argument.
+pub fn create_arg(name: &[u8]) -> Option<Vec<u8>> {
+    let mut out = Vec::with_capacity(NAME);
+    put_c_str(&mut out, name, NAME)?;
+    Some(out)
+}
+
+pub fn parse_create_arg(b: &[u8]) -> &[u8] {
+    c_str(b)
+}
+
+/// NEXT_SUBVOL's answer: one subvolume as `btrfs subvolume list` shows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SubvolInfo {
+    pub id: u64,
+    /// The subvolume holding its entry (0: none, the top level).
+    pub parent: u64,
+    pub generation: u64,
+    pub flags: u64,
+    pub uuid: [u8; 16],
+    pub parent_uuid: [u8; 16],
+    /// From the top level; empty if unreachable.
+    pub path: Vec<u8>,
+}
+
+impl SubvolInfo {
+    /// None if the path does not fit.
+    pub fn to_bytes(&self) -> Option<Vec<u8>> {
+        let mut out = Vec::with_capacity(INFO_SIZE);
+        for v in [self.id, self.parent, self.generation, self.flags] {
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+        out.extend_from_slice(&self.uuid);
+        out.extend_from_slice(&self.parent_uuid);
+        put_c_str(&mut out, &self.path, PATH)?;
+        Some(out)
+    }
+    pub fn parse(b: &[u8]) -> SubvolInfo {
+        let uuid = |at: usize| -> [u8; 16] {
+            b.get(at..at + 16)
+                .and_then(|s| s.try_into().ok())
+                .unwrap_or_default()
+        };
+        SubvolInfo {
+            id: u64_at(b, 0),
+            parent: u64_at(b, 8),
+            generation: u64_at(b, 16),
+            flags: u64_at(b, 24),
+            uuid: uuid(32),
+            parent_uuid: uuid(48),
+            path: c_str(b.get(64..).unwrap_or_default()).to_vec(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layouts_round_trip_and_sizes_match_the_numbers() {
+        let s = SnapshotArgs {
+            source: 257,
+            flags: RO,
+            name: b"snap".to_vec(),
+        };
+        let b = s.to_bytes().unwrap();
+        assert_eq!(b.len(), SNAPSHOT_SIZE);
+        assert_eq!(SnapshotArgs::parse(&b), s);
+        let i = SubvolInfo {
+            id: 260,
+            parent: 5,
+            generation: 9,
+            flags: 0,
+            uuid: [7; 16],
+            parent_uuid: [0; 16],
+            path: b"a/b".to_vec(),
+        };
+        let b = i.to_bytes().unwrap();
+        assert_eq!(b.len(), INFO_SIZE);
+        assert_eq!(SubvolInfo::parse(&b), i);
+        assert_eq!(create_arg(b"x").unwrap().len(), NAME);
+        assert!(create_arg(&[b'a'; NAME]).is_none());
+        assert_eq!((SNAPSHOT >> 16) & 0x3fff, SNAPSHOT_SIZE as u32);
+        assert_eq!((NEXT_SUBVOL >> 30), READ | WRITE);
+    }
+}

@@ -1,0 +1,109 @@
+//! Serving `subvol_ioctl`'s commands: subvolumes made, snapshotted, listed and flagged on
+//! the mounted filesystem, then the kernel told that the parent directory changed.
+
+use crate::subvol_ioctl as cmd;
+use crate::transport::{Errno, Request};
+use crate::{errno, OleoFuse};
+
+impl OleoFuse {
+    /// True for the commands of `subvol_ioctl`.
+    pub(crate) fn is_subvol_ioctl(c: u32) -> bool {
+        [
+            cmd::SUBVOL_OF,
+            cmd::CREATE,
+            cmd::SNAPSHOT,
+            cmd::SET_FLAGS,
+            cmd::NEXT_SUBVOL,
+        ]
+        .contains(&c)
+    }
+
+    /// Runs command `c` on `node` with the input `data`; the output bytes.
+    pub(crate) fn subvol_ioctl(
+        &self,
+        req: &Request,
+        node: u64,
+        c: u32,
+        data: &[u8],
+    ) -> Result<Vec<u8>, Errno> {
+        let id = self.id(node)?;
+        match c {
+            cmd::SUBVOL_OF => {
+                let ro = self.fs.subvolume_readonly(id.subvol).map_err(errno)?;
+                Ok(cmd::SubvolOf {
+                    id: id.subvol,
+                    ino: id.ino,
+                    flags: if ro { cmd::RO } else { 0 },
+                }
+                .to_bytes())
+            }
+            cmd::CREATE => {
+                let name = cmd::parse_create_arg(data);
+                self.mutate(|fs| fs.create_subvolume(id, name, req.uid, req.gid))?;
+                self.entry_changed(node, name);
+                Ok(Vec::new())
+            }
+            cmd::SNAPSHOT => {
+                let a = cmd::SnapshotArgs::parse(data);
+                self.mutate(|fs| fs.snapshot(a.source, id, &a.name, a.flags & cmd::RO != 0))?;
+                self.entry_changed(node, &a.name);
+                Ok(Vec::new())
+            }
+            cmd::SET_FLAGS => {
+                if id.ino != oleo::format::key::objectid::FIRST_FREE {
+                    return Err(Errno(libc::EINVAL));
+                }
+                let flags = data
+                    .get(..8)
+                    .and_then(|b| b.try_into().ok())
+                    .map_or(0, u64::from_le_bytes);
+                self.mutate(|fs| {
+                    fs.set_subvolume_readonly(
+                        id.subvol,
+                        flags & cmd::RO != 0,
+                        flags & cmd::FORCE != 0,
+                    )
+                })?;
+                Ok(Vec::new())
+            }
+            cmd::NEXT_SUBVOL => {
+                let min = data
+                    .get(..8)
+                    .and_then(|b| b.try_into().ok())
+                    .map_or(0, u64::from_le_bytes);
+                let mut all = self.fs.list_subvolumes().map_err(errno)?;
+                all.sort_by_key(|s| s.id);
+                let s = all
+                    .into_iter()
+                    .find(|s| s.id >= min)
+                    .ok_or(Errno(libc::ENOENT))?;
+                cmd::SubvolInfo {
+                    id: s.id,
+                    parent: s.parent.map_or(0, |(p, _)| p),
+                    generation: s.generation,
+                    flags: if s.readonly { cmd::RO } else { 0 },
+                    uuid: s.uuid,
+                    parent_uuid: s.parent_uuid,
+                    path: s.path.unwrap_or_default(),
+                }
+                .to_bytes()
+                .ok_or(Errno(libc::ENAMETOOLONG))
+            }
+            _ => Err(Errno::ENOTTY),
+        }
+    }
+
+    /// The kernel may hold `name` in `dir` as absent, and `dir`'s size and times: both go.
+    fn entry_changed(&self, dir: u64, name: &[u8]) {
+        let Some(n) = self.notifier() else {
+            return;
+        };
+        for r in [n.inval_entry(dir, name), n.inval_inode(dir, -1, 0)] {
+            if let Err(e) = r {
+                if e.raw_os_error() != Some(libc::ENOENT) {
+                    log::warn!("cannot tell the kernel that directory {dir} changed: {e}");
+                }
+            }
+        }
+    }
+}
