@@ -42,6 +42,13 @@ pub fn create(dir: &Path, name: &str) -> Result<(), String> {
     ioctl(&open(dir)?, dir, cmd::CREATE, &mut b)
 }
 
+/// Deletes the subvolume `name` in directory `dir`.
+pub fn delete(dir: &Path, name: &str) -> Result<(), String> {
+    subvol_of(dir)?;
+    let mut b = cmd::create_arg(name.as_bytes()).ok_or_else(|| format!("bad name: {name}"))?;
+    ioctl(&open(dir)?, dir, cmd::DELETE, &mut b)
+}
+
 /// Snapshots the subvolume whose root is `source` as `name` in directory `dir`. What the
 /// kernel still holds of the source in its page cache goes to the daemon first.
 pub fn snapshot(source: &Path, dir: &Path, name: &str, readonly: bool) -> Result<(), String> {

@@ -48,6 +48,13 @@ enum Verb {
         source: String,
         dest: String,
     },
+    /// Delete subvolumes (their space returns once their trees are dropped).
+    Delete {
+        #[arg(long)]
+        image: Option<PathBuf>,
+        #[arg(required = true)]
+        paths: Vec<String>,
+    },
     /// List the subvolumes and snapshots.
     List {
         #[arg(long)]
@@ -85,6 +92,31 @@ pub fn run(a: &SubvolumeArgs) -> Result<(), String> {
                 dir.join(&name).display()
             );
             on_mount::snapshot(src, &dir, &name, *readonly)
+        }
+        Verb::Delete { image: None, paths } => {
+            for path in paths {
+                let (dir, name) = host_parent_and_name(path)?;
+                println!(
+                    "Delete subvolume (no-commit): '{}'",
+                    dir.join(&name).display()
+                );
+                on_mount::delete(&dir, &name)?;
+            }
+            Ok(())
+        }
+        Verb::Delete {
+            image: Some(image),
+            paths,
+        } => {
+            let fs = open(image, false)?;
+            for path in paths {
+                let (parent, name) = parent_and_name(&fs, path)?;
+                println!("Delete subvolume: '{}'", shown(path));
+                fs.delete_subvolume(parent, name.as_bytes())
+                    .map_err(|e| format!("cannot delete '{}': {e}", shown(path)))?;
+            }
+            fs.sync().map_err(|e| format!("commit: {e}"))?;
+            Ok(())
         }
         Verb::List { image: None, path } => {
             let path = path

@@ -1,6 +1,6 @@
 //! `oleo subvolume` and `oleo property` on a mounted oleo filesystem, as a user runs them:
 //! subvolumes created, snapshots taken (read-only too) while a writer keeps appending
-//! through the page cache, the read-only flag set and cleared. Each snapshot holds at least
+//! through the page cache, the read-only flag set and cleared, snapshots deleted. Each snapshot holds at least
 //! what was written before the command started (the CLI pushes the page cache to the
 //! daemon first); new entries show at once; after unmount `btrfs check` is clean and the
 //! kernel sees what the mount showed.
@@ -125,6 +125,16 @@ fn subvolumes_and_snapshots_on_a_mount() {
             "{name} listed:\n{list}"
         );
     }
+    oleo(&["subvolume", "delete", &s("snap1"), &s("snap3")]);
+    assert!(
+        !top.join("snap1").exists(),
+        "a deleted subvolume is gone at once"
+    );
+    let list = oleo(&["subvolume", "list", &s("")]);
+    assert!(
+        !list.contains("path snap3"),
+        "deleted ones are not listed:\n{list}"
+    );
     let want = view(&top);
     m.unmount().expect("unmount");
     assert_btrfs_check(&image, "after snapshots on a mount");

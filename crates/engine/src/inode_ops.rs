@@ -1026,9 +1026,10 @@ impl FsCore {
         if let Some(&ro) = self.readonly_subvols.lock().get(&subvol) {
             return if ro { Err(Error::ReadOnly) } else { Ok(()) };
         }
-        let ro = self
-            .read_root_item(subvol)?
-            .is_some_and(|(_, ri)| ri.flags & oleo_format::items::ROOT_SUBVOL_RDONLY != 0);
+        // A deleted subvolume (refs 0, its tree waiting to be dropped) takes no writes.
+        let ro = self.read_root_item(subvol)?.is_some_and(|(_, ri)| {
+            ri.flags & oleo_format::items::ROOT_SUBVOL_RDONLY != 0 || ri.refs == 0
+        });
         self.readonly_subvols.lock().insert(subvol, ro);
         if ro {
             Err(Error::ReadOnly)

@@ -702,3 +702,116 @@ fn refused_operations_on_shared_paths_keep_the_transaction() {
         resolve(&fs, p);
     }
 }
+
+/// `bytes_used` of the superblock, as btrfs-progs reads it.
+fn bytes_used(image: &Path) -> u64 {
+    let out = kernel_out(
+        Command::new("btrfs")
+            .args(["inspect-internal", "dump-super"])
+            .arg(image),
+    );
+    out.lines()
+        .find_map(|l| l.strip_prefix("bytes_used"))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("bytes_used in dump-super")
+}
+
+/// Deletion by oleo: the entry, references and uuid items go, the tree waits as an orphan
+/// (`btrfs check` accepts that state), refusals as the kernel's; then the kernel's cleaner
+/// drops the trees at its next mount and the space comes back.
+#[test]
+fn deleted_subvolumes_are_dropped_by_the_kernel() {
+    if !ready() {
+        return;
+    }
+    let tmp = TempDir::new("oleo-delete").expect("tempdir");
+    let image = tmp.join("image");
+    oleo_testkit::image::empty_image(&image, 512, &[]).expect("mkfs.btrfs");
+    {
+        let m = KernelMount::mount(&image, &tmp.join("mnt"), &["rw"]).expect("mount");
+        kernel_changes(m.path(), 51, 300);
+        m.unmount().expect("umount");
+    }
+    let empty = bytes_used(&image);
+    let fs = open_rw(&image);
+    let top = fs.root();
+    fs.create_subvolume(top, b"vol", 0, 0).expect("create");
+    let vol = resolve(&fs, "vol");
+    for i in 0..100u64 {
+        put_file(&fs, vol, &format!("f{i}"), &pattern(i, 20_000));
+    }
+    fs.create_subvolume(vol, b"nested", 0, 0).expect("nested");
+    fs.snapshot(5, top, b"snap", true)
+        .expect("snapshot of the top level");
+    fs.snapshot(vol.subvol, top, b"vsnap", false)
+        .expect("snapshot of vol");
+    // Changes after the snapshots: the deleted trees share blocks with live ones.
+    for i in 0..100u64 {
+        put_file(&fs, vol, &format!("f{i}"), &pattern(500 + i, 7000));
+    }
+    assert!(
+        matches!(fs.delete_subvolume(top, b"vol"), Err(oleo::Error::NotEmpty)),
+        "a subvolume holding another is refused"
+    );
+    assert!(
+        fs.delete_subvolume(top, b"a").is_err(),
+        "a plain directory is not a subvolume"
+    );
+    let id = fs.delete_subvolume(vol, b"nested").expect("delete nested");
+    assert!(fs.lookup(vol, b"nested").is_err());
+    fs.delete_subvolume(top, b"vol").expect("delete vol");
+    assert!(
+        matches!(
+            fs.mknod(vol, b"late", &NewInode::file(0o644)),
+            Err(oleo::Error::ReadOnly)
+        ),
+        "a deleted subvolume takes no writes"
+    );
+    fs.delete_subvolume(top, b"snap")
+        .expect("delete a read-only snapshot");
+    assert!(fs
+        .list_subvolumes()
+        .expect("list")
+        .iter()
+        .all(|s| s.id != id));
+    fs.sync().expect("commit");
+    let want = oleo_tree(&fs);
+    drop(fs);
+    assert_btrfs_check(&image, "with oleo's deleted subvolumes not yet dropped");
+    // The kernel lists them as deleted, drops them, and agrees on what is left.
+    {
+        let m = KernelMount::mount(&image, &tmp.join("mnt"), &["rw", "commit=1"]).expect("mount");
+        diff_trees(
+            "the kernel after oleo's deletions",
+            &want,
+            &kernel_tree(m.path()),
+        );
+        sh(Command::new("btrfs")
+            .args(["subvolume", "sync"])
+            .arg(m.path()))
+        .expect("btrfs subvolume sync");
+        let deleted = kernel_out(
+            Command::new("btrfs")
+                .args(["subvolume", "list", "-d"])
+                .arg(m.path()),
+        );
+        assert!(deleted.trim().is_empty(), "still to drop: {deleted}");
+        sh(Command::new("btrfs")
+            .args(["subvolume", "delete"])
+            .arg(m.path().join("vsnap")))
+        .expect("the kernel deletes the last one");
+        sh(Command::new("btrfs")
+            .args(["subvolume", "sync"])
+            .arg(m.path()))
+        .expect("btrfs subvolume sync");
+        m.sync().expect("sync");
+        m.unmount().expect("umount");
+    }
+    assert_btrfs_check(&image, "after the kernel dropped oleo's deleted subvolumes");
+    let back = bytes_used(&image);
+    // What is left: the top level as before, plus what the commits of its changes wrote.
+    assert!(
+        back <= empty + (4 << 20),
+        "space not back: {back} bytes used, {empty} before the subvolumes"
+    );
+}

@@ -30,6 +30,8 @@ pub const SET_FLAGS: u32 = ioc(WRITE, 4, 8);
 /// ENOENT past the last.
 pub const NEXT_SUBVOL: u32 = ioc(READ | WRITE, 5, INFO_SIZE);
 pub const INFO_SIZE: usize = 8 * 4 + 16 * 2 + PATH;
+/// On a directory: delete the subvolume whose entry is `name` in it (`name` NUL-terminated).
+pub const DELETE: u32 = ioc(WRITE, 6, NAME);
 
 /// Flags of SNAPSHOT and SET_FLAGS, and of `SubvolOf` and `SubvolInfo`.
 pub const RO: u64 = 1;

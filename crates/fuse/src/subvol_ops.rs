@@ -14,6 +14,7 @@ impl OleoFuse {
             cmd::SNAPSHOT,
             cmd::SET_FLAGS,
             cmd::NEXT_SUBVOL,
+            cmd::DELETE,
         ]
         .contains(&c)
     }
@@ -47,6 +48,12 @@ impl OleoFuse {
                 let a = cmd::SnapshotArgs::parse(data);
                 self.mutate(|fs| fs.snapshot(a.source, id, &a.name, a.flags & cmd::RO != 0))?;
                 self.entry_changed(node, &a.name);
+                Ok(Vec::new())
+            }
+            cmd::DELETE => {
+                let name = cmd::parse_create_arg(data);
+                self.mutate(|fs| fs.delete_subvolume(id, name))?;
+                self.entry_changed(node, name);
                 Ok(Vec::new())
             }
             cmd::SET_FLAGS => {

@@ -2,6 +2,7 @@
 //! subvolume, the default subvolume, and listing them.
 
 mod create;
+mod delete;
 mod readonly;
 
 use crate::ctree::{for_each_in_range, lookup, TreeRoot};
