@@ -46,7 +46,16 @@ pub fn create(dir: &Path, name: &str) -> Result<(), String> {
 pub fn delete(dir: &Path, name: &str) -> Result<(), String> {
     subvol_of(dir)?;
     let mut b = cmd::create_arg(name.as_bytes()).ok_or_else(|| format!("bad name: {name}"))?;
-    ioctl(&open(dir)?, dir, cmd::DELETE, &mut b)
+    ioctl(&open(dir)?, dir, cmd::DELETE, &mut b).map_err(|e| {
+        // The daemon's reason travels as an errno only: say what each one means here.
+        if e.ends_with("(os error 16)") {
+            format!("cannot delete {name}: it is the default subvolume or the mounted one")
+        } else if e.ends_with("(os error 39)") {
+            format!("cannot delete {name}: it holds other subvolumes")
+        } else {
+            e
+        }
+    })
 }
 
 /// Snapshots the subvolume whose root is `source` as `name` in directory `dir`. What the
@@ -84,6 +93,20 @@ pub fn set_readonly(path: &Path, readonly: bool, force: bool) -> Result<(), Stri
     }
     let flags = (u64::from(readonly) * cmd::RO) | (u64::from(force) * cmd::FORCE);
     ioctl(&open(path)?, path, cmd::SET_FLAGS, &mut flags.to_le_bytes())
+}
+
+/// Makes subvolume `id` the default of the filesystem `path` is on.
+pub fn set_default(path: &Path, id: u64) -> Result<(), String> {
+    subvol_of(path)?;
+    ioctl(&open(path)?, path, cmd::SET_DEFAULT, &mut id.to_le_bytes())
+}
+
+/// The default subvolume of the filesystem `path` is on.
+pub fn get_default(path: &Path) -> Result<u64, String> {
+    subvol_of(path)?;
+    let mut b = [0u8; 8];
+    ioctl(&open(path)?, path, cmd::GET_DEFAULT, &mut b)?;
+    Ok(u64::from_le_bytes(b))
 }
 
 /// Every subvolume of the filesystem `path` is on, by id.

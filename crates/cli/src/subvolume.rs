@@ -55,6 +55,20 @@ enum Verb {
         #[arg(required = true)]
         paths: Vec<String>,
     },
+    /// Print the default subvolume (the one a mount without subvol= shows).
+    GetDefault {
+        #[arg(long)]
+        image: Option<PathBuf>,
+        /// A path on the mounted filesystem (without --image).
+        path: Option<String>,
+    },
+    /// Make a subvolume the default: `set-default SUBVOLUME` or `set-default ID PATH`.
+    SetDefault {
+        #[arg(long)]
+        image: Option<PathBuf>,
+        #[arg(required = true, num_args = 1..=2)]
+        args: Vec<String>,
+    },
     /// List the subvolumes and snapshots.
     List {
         #[arg(long)]
@@ -117,6 +131,101 @@ pub fn run(a: &SubvolumeArgs) -> Result<(), String> {
             }
             fs.sync().map_err(|e| format!("commit: {e}"))?;
             Ok(())
+        }
+        Verb::GetDefault { image, path } => {
+            let (id, subs) = match image {
+                None => {
+                    let p = Path::new(
+                        path.as_deref()
+                            .ok_or("give a path on a mounted oleo filesystem, or --image IMAGE")?,
+                    );
+                    (on_mount::get_default(p)?, on_mount::list(p)?)
+                }
+                Some(image) => {
+                    let fs = open(image, true)?;
+                    let id = fs.default_subvolume().map_err(|e| e.to_string())?;
+                    let subs = fs
+                        .list_subvolumes()
+                        .map_err(|e| e.to_string())?
+                        .into_iter()
+                        .map(|s| oleo_fuse::subvol_ioctl::SubvolInfo {
+                            id: s.id,
+                            parent: s.parent.map_or(0, |(p, _)| p),
+                            generation: s.generation,
+                            flags: 0,
+                            uuid: s.uuid,
+                            parent_uuid: s.parent_uuid,
+                            path: s.path.unwrap_or_default(),
+                        })
+                        .collect();
+                    (id, subs)
+                }
+            };
+            if id == oleo::format::key::objectid::FS_TREE {
+                println!("ID 5 (FS_TREE)");
+                return Ok(());
+            }
+            let s = subs
+                .iter()
+                .find(|s| s.id == id)
+                .ok_or_else(|| format!("the default subvolume {id} does not exist"))?;
+            println!(
+                "ID {} gen {} top level {} path {}",
+                s.id,
+                s.generation,
+                s.parent,
+                String::from_utf8_lossy(&s.path)
+            );
+            Ok(())
+        }
+        Verb::SetDefault { image, args } => {
+            let (id, path) = match args.as_slice() {
+                [id, path] => (
+                    Some(
+                        id.parse::<u64>()
+                            .map_err(|_| format!("not a subvolume id: {id}"))?,
+                    ),
+                    path,
+                ),
+                [path] => (None, path),
+                _ => return Err("set-default SUBVOLUME, or set-default ID PATH".into()),
+            };
+            match image {
+                None => {
+                    let p = Path::new(path);
+                    let id = match id {
+                        Some(id) => id,
+                        None => {
+                            let s = on_mount::subvol_of(p)?;
+                            if s.ino != oleo::format::key::objectid::FIRST_FREE {
+                                return Err(format!("Not a Btrfs subvolume: {path}"));
+                            }
+                            s.id
+                        }
+                    };
+                    on_mount::set_default(p, id)
+                }
+                Some(image) => {
+                    let fs = open(image, false)?;
+                    let id = match id {
+                        Some(id) => id,
+                        None => {
+                            let at = resolve(&fs, path)?;
+                            if at.ino != oleo::format::key::objectid::FIRST_FREE {
+                                return Err(format!("Not a Btrfs subvolume: {}", shown(path)));
+                            }
+                            at.subvol
+                        }
+                    };
+                    let id = if id == 0 {
+                        oleo::format::key::objectid::FS_TREE
+                    } else {
+                        id
+                    };
+                    fs.set_default_subvolume(id).map_err(|e| e.to_string())?;
+                    fs.sync().map(drop).map_err(|e| format!("commit: {e}"))
+                }
+            }
         }
         Verb::List { image: None, path } => {
             let path = path

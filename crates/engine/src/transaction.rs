@@ -118,6 +118,8 @@ pub struct TxnState {
     /// Data bytes the running operation reserved and may still allocate (`reservation`);
     /// None outside operations.
     pub(crate) data_budget: Option<u64>,
+    /// Incompat feature bits this transaction's changes need in the superblock.
+    pub(crate) incompat_needed: u64,
 }
 
 /// A handle on the running transaction (generation T = last committed + 1). Dropping it
@@ -342,6 +344,7 @@ impl TxnState {
             delayed: Default::default(),
             bookkeeping_blocks,
             data_budget: None,
+            incompat_needed: 0,
         })
     }
 }
@@ -862,6 +865,7 @@ impl<'a> Transaction<'a> {
                 sb.chunk_root_generation = chunk.generation;
             }
         }
+        sb.incompat_flags |= self.incompat_needed;
         let used = old.bytes_used as i128 + self.block_groups.used_delta;
         sb.bytes_used = u64::try_from(used)
             .map_err(|_| Error::corrupt(0, "superblock bytes_used would go negative"))?;

@@ -815,3 +815,72 @@ fn deleted_subvolumes_are_dropped_by_the_kernel() {
         "space not back: {back} bytes used, {empty} before the subvolumes"
     );
 }
+
+/// set-default by oleo: the kernel (mounting without subvol=) and oleo open that subvolume,
+/// `btrfs subvolume get-default` names it, the DEFAULT_SUBVOL bit is set; the default
+/// cannot be deleted; back to the top level.
+#[test]
+fn default_subvolume_as_the_kernel() {
+    if !ready() {
+        return;
+    }
+    let tmp = TempDir::new("oleo-default").expect("tempdir");
+    let image = tmp.join("image");
+    oleo_testkit::image::empty_image(&image, 256, &[]).expect("mkfs.btrfs");
+    let fs = open_rw(&image);
+    let top = fs.root();
+    fs.create_subvolume(top, b"vol", 0, 0).expect("create");
+    let vol = resolve(&fs, "vol");
+    put_file(&fs, vol, "inside", b"in the default subvolume");
+    fs.set_default_subvolume(vol.subvol).expect("set-default");
+    assert_eq!(fs.default_subvolume().expect("default"), vol.subvol);
+    assert!(
+        fs.delete_subvolume(top, b"vol").is_err(),
+        "the default subvolume cannot be deleted"
+    );
+    fs.sync().expect("commit");
+    drop(fs);
+    assert_btrfs_check(&image, "after set-default");
+    let fs = Filesystem::open(&image, OpenOptions::default()).expect("open at the default");
+    assert_eq!(
+        fs.root().subvol,
+        vol.subvol,
+        "oleo opens the default subvolume"
+    );
+    drop(fs);
+    {
+        let m = KernelMount::mount(&image, &tmp.join("mnt"), &["ro"]).expect("mount");
+        assert_eq!(
+            std::fs::read(m.path().join("inside")).expect("the kernel mounts the default"),
+            b"in the default subvolume"
+        );
+        let d = kernel_out(
+            Command::new("btrfs")
+                .args(["subvolume", "get-default"])
+                .arg(m.path()),
+        );
+        assert!(
+            d.contains(&format!("ID {} ", vol.subvol)) && d.trim_end().ends_with("path vol"),
+            "{d}"
+        );
+        m.unmount().expect("umount");
+    }
+    let sb = kernel_out(
+        Command::new("btrfs")
+            .args(["inspect-internal", "dump-super"])
+            .arg(&image),
+    );
+    assert!(
+        sb.contains("DEFAULT_SUBVOL"),
+        "incompat DEFAULT_SUBVOL:\n{sb}"
+    );
+    let fs = open_rw(&image);
+    fs.set_default_subvolume(5).expect("back to the top level");
+    fs.sync().expect("commit");
+    drop(fs);
+    let m = KernelMount::mount(&image, &tmp.join("mnt"), &["ro"]).expect("mount");
+    assert!(
+        m.path().join("vol/inside").exists(),
+        "the top level is the default again"
+    );
+}

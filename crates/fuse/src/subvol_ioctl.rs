@@ -32,6 +32,10 @@ pub const NEXT_SUBVOL: u32 = ioc(READ | WRITE, 5, INFO_SIZE);
 pub const INFO_SIZE: usize = 8 * 4 + 16 * 2 + PATH;
 /// On a directory: delete the subvolume whose entry is `name` in it (`name` NUL-terminated).
 pub const DELETE: u32 = ioc(WRITE, 6, NAME);
+/// On any file: make subvolume (u64 id) the default.
+pub const SET_DEFAULT: u32 = ioc(WRITE, 7, 8);
+/// On any file: the default subvolume's id (u64).
+pub const GET_DEFAULT: u32 = ioc(READ, 8, 8);
 
 /// Flags of SNAPSHOT and SET_FLAGS, and of `SubvolOf` and `SubvolInfo`.
 pub const RO: u64 = 1;

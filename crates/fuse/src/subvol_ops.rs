@@ -15,6 +15,8 @@ impl OleoFuse {
             cmd::SET_FLAGS,
             cmd::NEXT_SUBVOL,
             cmd::DELETE,
+            cmd::SET_DEFAULT,
+            cmd::GET_DEFAULT,
         ]
         .contains(&c)
     }
@@ -56,6 +58,20 @@ impl OleoFuse {
                 self.entry_changed(node, name);
                 Ok(Vec::new())
             }
+            cmd::SET_DEFAULT => {
+                let target = data
+                    .get(..8)
+                    .and_then(|b| b.try_into().ok())
+                    .map_or(0, u64::from_le_bytes);
+                self.mutate(|fs| fs.set_default_subvolume(target))?;
+                Ok(Vec::new())
+            }
+            cmd::GET_DEFAULT => Ok(self
+                .fs
+                .default_subvolume()
+                .map_err(errno)?
+                .to_le_bytes()
+                .to_vec()),
             cmd::SET_FLAGS => {
                 if id.ino != oleo::format::key::objectid::FIRST_FREE {
                     return Err(Errno(libc::EINVAL));

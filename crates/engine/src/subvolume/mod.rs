@@ -2,6 +2,7 @@
 //! subvolume, the default subvolume, and listing them.
 
 mod create;
+mod default;
 mod delete;
 mod readonly;
 
