@@ -370,8 +370,8 @@ struct Case {
     ops: usize,
     big: bool,
     /// Run the operations in subvolume `work` and snapshot it now and then into the top
-    /// level (out of the operations' reach); each snapshot must stay what the reference
-    /// was when it was taken.
+    /// level (out of the operations' reach), deleting one now and then; each snapshot must
+    /// stay what the reference was when it was taken.
     snapshots: bool,
 }
 
@@ -422,7 +422,7 @@ fn run_case(case: &Case, seed: u64) {
             fs.sync().expect("sync");
         }
         if case.snapshots && rng.chance(3) {
-            let name = format!("snap{}", snaps.len());
+            let name = format!("snap{i}");
             let ro = rng.chance(50);
             if std::env::var("OLEO_TEST_TRACE").is_ok() {
                 eprintln!("snapshot {name} ro={ro}");
@@ -438,6 +438,12 @@ fn run_case(case: &Case, seed: u64) {
                 .expect("cp -a");
             assert!(st.success(), "cp -a of the reference");
             snaps.push((name, copy));
+        }
+        if case.snapshots && !snaps.is_empty() && rng.chance(1) {
+            let (name, copy) = snaps.remove(rng.below(snaps.len() as u64) as usize);
+            fs.delete_subvolume(TOP, name.as_bytes())
+                .unwrap_or_else(|e| panic!("seed {seed} op {i}: delete {name}: {e}"));
+            let _ = std::fs::remove_dir_all(copy);
         }
         if rng.chance(1) {
             fs.sync().expect("sync");
