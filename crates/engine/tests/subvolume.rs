@@ -384,23 +384,7 @@ fn readonly_flag_as_the_kernel() {
             .arg(p.join("vol-ro")))
         .expect("snapshot -r");
         std::fs::create_dir(p.join("recv")).expect("mkdir");
-        let mut send = Command::new("btrfs")
-            .args(["send", "-q"])
-            .arg(p.join("vol-ro"))
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .expect("btrfs send");
-        let status = Command::new("btrfs")
-            .args(["receive", "-q"])
-            .arg(p.join("recv"))
-            .stdin(send.stdout.take().expect("send's output"))
-            .status()
-            .expect("btrfs receive");
-        assert!(status.success(), "btrfs receive failed");
-        assert!(
-            send.wait().expect("btrfs send").success(),
-            "btrfs send failed"
-        );
+        send_receive(&[p.join("vol-ro").as_os_str()], &p.join("recv"));
         m.unmount().expect("umount");
     }
     let fs = open_rw(&image);

@@ -219,28 +219,16 @@ impl Transaction<'_> {
         self.check_free_name(parent, name)?;
         let id = self.free_subvolume_id()?;
         let transid = self.transid;
-        let (_, source_key) = self.recorded_key(source)?;
-        let body = self
-            .lookup(objectid::ROOT_TREE, &source_key)?
-            .ok_or_else(|| Error::corrupt(0, format!("subvolume {source} has no ROOT_ITEM")))?;
-        let source_item = RootItem::parse(&body)
-            .map_err(|e| Error::corrupt(0, format!("root item of tree {source}: {e}")))?;
+        let (source_key, source_item) = self.subvol_item(source)?;
         // As the kernel: the source's root is copied in this transaction, the snapshot's
         // root is a copy of that.
         let source_root = self.cow_tree_root(source)?;
         let root = ctree::copy_root(self, &source_root, id)?;
         let block = ctree::BlockSource::read_tree_block(&*self, root.bytenr, None, None, None)?;
         self.add_child_refs(&block, id)?;
-        self.update_item(objectid::ROOT_TREE, &source_key, |b| {
-            let mut ri = RootItem::parse(b)?;
-            ri.last_snapshot = transid;
-            let n = b.len().min(oleo_format::items::ROOT_ITEM_SIZE);
-            b[..n].copy_from_slice(&ri.to_bytes()[..n]);
-            Ok(())
-        })?
-        .map_err(|e: oleo_format::FormatError| {
-            Error::corrupt(0, format!("root item of tree {source}: {e}"))
-        })?;
+        let mut updated = source_item.clone();
+        updated.last_snapshot = transid;
+        self.put_subvol_item(&source_key, &updated)?;
         self.note_snapshot_of(source);
         self.note_snapshot_of(id);
         let mut item = source_item;

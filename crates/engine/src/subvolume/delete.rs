@@ -10,7 +10,7 @@ use crate::fs::InodeId;
 use crate::inode_item::now;
 use crate::reservation::Reserve;
 use crate::transaction::Transaction;
-use oleo_format::items::{RootItem, RootRef};
+use oleo_format::items::RootRef;
 use oleo_format::key::{item, objectid, Key};
 use std::ops::ControlFlow;
 
@@ -87,20 +87,12 @@ impl Transaction<'_> {
             objectid::ROOT_TREE,
             &Key::new(id, item::ROOT_BACKREF, parent.subvol),
         )?;
-        let (_, key) = self.recorded_key(id)?;
-        let old = self
-            .lookup(objectid::ROOT_TREE, &key)?
-            .ok_or_else(|| Error::corrupt(0, format!("subvolume {id} has no ROOT_ITEM")))?;
-        let mut ri = RootItem::parse(&old)
-            .map_err(|e| Error::corrupt(0, format!("root item of tree {id}: {e}")))?;
+        let (key, mut ri) = self.subvol_item(id)?;
         ri.refs = 0;
         ri.flags |= ROOT_SUBVOL_DEAD;
         ri.drop_progress = Key::new(0, 0, 0);
         ri.drop_level = 0;
-        let n = old.len().min(oleo_format::items::ROOT_ITEM_SIZE);
-        let mut new = old.clone();
-        new[..n].copy_from_slice(&ri.to_bytes()[..n]);
-        self.replace_item(objectid::ROOT_TREE, &key, &new)?;
+        self.put_subvol_item(&key, &ri)?;
         self.insert_item(
             objectid::ROOT_TREE,
             Key::new(objectid::ORPHAN, item::ORPHAN_ITEM, id),

@@ -9,8 +9,9 @@ mod readonly;
 use crate::ctree::{for_each_in_range, lookup, TreeRoot};
 use crate::error::{Error, Result};
 use crate::fs::{FsCore, InodeId, OpenOptions, SubvolumeInfo};
+use crate::transaction::Transaction;
 use oleo_format::csum::name_hash;
-use oleo_format::items::{DirEntryIter, RootRef, ROOT_SUBVOL_RDONLY};
+use oleo_format::items::{DirEntryIter, RootItem, RootRef, ROOT_ITEM_SIZE, ROOT_SUBVOL_RDONLY};
 use oleo_format::key::{item, objectid, Key};
 use std::ops::ControlFlow;
 
@@ -229,5 +230,28 @@ impl FsCore {
             }
         }
         Some(path)
+    }
+}
+
+impl Transaction<'_> {
+    /// Subvolume `id`'s ROOT_ITEM as this transaction sees it, and its key.
+    pub(crate) fn subvol_item(&mut self, id: u64) -> Result<(Key, RootItem)> {
+        let (_, key) = self.recorded_key(id)?;
+        let body = self
+            .lookup(objectid::ROOT_TREE, &key)?
+            .ok_or_else(|| Error::corrupt(0, format!("subvolume {id} has no ROOT_ITEM")))?;
+        let ri = RootItem::parse(&body)
+            .map_err(|e| Error::corrupt(0, format!("root item of tree {id}: {e}")))?;
+        Ok((key, ri))
+    }
+
+    /// Writes `ri` into the ROOT_ITEM at `key` (a legacy short item keeps its size and
+    /// the fields it has room for).
+    pub(crate) fn put_subvol_item(&mut self, key: &Key, ri: &RootItem) -> Result<()> {
+        let bytes = ri.to_bytes();
+        self.update_item(objectid::ROOT_TREE, key, |b| {
+            let n = b.len().min(ROOT_ITEM_SIZE);
+            b[..n].copy_from_slice(&bytes[..n]);
+        })
     }
 }

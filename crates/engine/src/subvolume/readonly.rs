@@ -8,7 +8,7 @@ use crate::filesystem::Filesystem;
 use crate::inode_item::now;
 use crate::reservation::Reserve;
 use crate::transaction::Transaction;
-use oleo_format::items::{RootItem, ROOT_SUBVOL_RDONLY};
+use oleo_format::items::ROOT_SUBVOL_RDONLY;
 use oleo_format::key::{item, objectid};
 
 impl Filesystem {
@@ -38,12 +38,7 @@ impl Filesystem {
 
 impl Transaction<'_> {
     fn set_readonly(&mut self, id: u64, readonly: bool, force: bool) -> Result<()> {
-        let (_, key) = self.recorded_key(id)?;
-        let body = self
-            .lookup(objectid::ROOT_TREE, &key)?
-            .ok_or_else(|| Error::corrupt(0, format!("subvolume {id} has no ROOT_ITEM")))?;
-        let mut ri = RootItem::parse(&body)
-            .map_err(|e| Error::corrupt(0, format!("root item of tree {id}: {e}")))?;
+        let (key, mut ri) = self.subvol_item(id)?;
         if !readonly && ri.received_uuid != [0; 16] {
             if !force {
                 return Err(Error::InvalidArgument(format!(
@@ -61,9 +56,6 @@ impl Transaction<'_> {
         if readonly {
             ri.flags |= ROOT_SUBVOL_RDONLY;
         }
-        let n = body.len().min(oleo_format::items::ROOT_ITEM_SIZE);
-        let mut new = body.clone();
-        new[..n].copy_from_slice(&ri.to_bytes()[..n]);
-        self.replace_item(objectid::ROOT_TREE, &key, &new)
+        self.put_subvol_item(&key, &ri)
     }
 }
