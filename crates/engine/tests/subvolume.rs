@@ -20,6 +20,18 @@ fn ready() -> bool {
     oleo_testkit::require_root("subvolume tests")
 }
 
+/// A scratch directory and an empty mkfs.btrfs image of `mb` MiB in it; None (after a skip
+/// message) where the tests cannot run.
+fn setup(label: &str, mb: u64) -> Option<(TempDir, std::path::PathBuf)> {
+    if !ready() {
+        return None;
+    }
+    let tmp = TempDir::new(label).expect("tempdir");
+    let image = tmp.join("image");
+    oleo_testkit::image::empty_image(&image, mb, &[]).expect("mkfs.btrfs");
+    Some((tmp, image))
+}
+
 fn open_rw(image: &Path) -> Filesystem {
     let opts = OpenOptions {
         subvolid: Some(5),
@@ -161,12 +173,9 @@ fn kernel_view(image: &Path, tmp: &TempDir, what: &str) -> (TreeView, Listing) {
 /// subvolume, of a snapshot) made by oleo between changes, as the kernel sees them.
 #[test]
 fn subvolumes_and_snapshots_are_the_kernels() {
-    if !ready() {
+    let Some((tmp, image)) = setup("oleo-subvol", 512) else {
         return;
-    }
-    let tmp = TempDir::new("oleo-subvol").expect("tempdir");
-    let image = tmp.join("image");
-    oleo_testkit::image::empty_image(&image, 512, &[]).expect("mkfs.btrfs");
+    };
     // The kernel fills the top level (enough files for a tree of several levels).
     {
         let m = KernelMount::mount(&image, &tmp.join("mnt"), &["rw"]).expect("mount");
@@ -287,12 +296,9 @@ fn subvolumes_and_snapshots_are_the_kernels() {
 /// Snapshots the kernel made, snapshotted again by oleo; oleo writes to all of them.
 #[test]
 fn snapshots_of_kernel_snapshots() {
-    if !ready() {
+    let Some((tmp, image)) = setup("oleo-ksnap", 256) else {
         return;
-    }
-    let tmp = TempDir::new("oleo-ksnap").expect("tempdir");
-    let image = tmp.join("image");
-    oleo_testkit::image::empty_image(&image, 256, &[]).expect("mkfs.btrfs");
+    };
     {
         let m = KernelMount::mount(&image, &tmp.join("mnt"), &["rw"]).expect("mount");
         sh(Command::new("btrfs")
@@ -364,12 +370,9 @@ fn kernel_out(cmd: &mut Command) -> String {
 /// clears its received uuid as btrfs-progs does.
 #[test]
 fn readonly_flag_as_the_kernel() {
-    if !ready() {
+    let Some((tmp, image)) = setup("oleo-ro", 256) else {
         return;
-    }
-    let tmp = TempDir::new("oleo-ro").expect("tempdir");
-    let image = tmp.join("image");
-    oleo_testkit::image::empty_image(&image, 256, &[]).expect("mkfs.btrfs");
+    };
     {
         let m = KernelMount::mount(&image, &tmp.join("mnt"), &["rw"]).expect("mount");
         let p = m.path();
@@ -473,13 +476,10 @@ fn send_receive(args: &[&std::ffi::OsStr], into: &Path) {
 /// transids oleo wrote, and walks both trees' shared blocks.
 #[test]
 fn kernel_sends_oleo_snapshots() {
-    if !ready() {
+    let Some((tmp, image)) = setup("oleo-send", 256) else {
         return;
-    }
-    let tmp = TempDir::new("oleo-send").expect("tempdir");
-    let image = tmp.join("image");
+    };
     let other = tmp.join("other");
-    oleo_testkit::image::empty_image(&image, 256, &[]).expect("mkfs.btrfs");
     oleo_testkit::image::empty_image(&other, 256, &[]).expect("mkfs.btrfs");
     {
         let m = KernelMount::mount(&image, &tmp.join("mnt"), &["rw"]).expect("mount");
@@ -539,16 +539,13 @@ fn kernel_sends_oleo_snapshots() {
 #[test]
 fn snapshots_under_writers() {
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-    if !ready() {
-        return;
-    }
     const WRITERS: usize = 4;
     const SNAPSHOTS: usize = 6;
     const CHUNK: usize = 4096;
     const MAX_WRITES: u64 = 6000;
-    let tmp = TempDir::new("oleo-snapw").expect("tempdir");
-    let image = tmp.join("image");
-    oleo_testkit::image::empty_image(&image, 512, &[]).expect("mkfs.btrfs");
+    let Some((tmp, image)) = setup("oleo-snapw", 512) else {
+        return;
+    };
     let fs = open_rw(&image);
     let top = fs.root();
     fs.create_subvolume(top, b"vol", 0, 0).expect("create");
@@ -640,12 +637,9 @@ fn snapshots_under_writers() {
 /// the last commit lost, the filesystem read-only). It must fail alone.
 #[test]
 fn refused_operations_on_shared_paths_keep_the_transaction() {
-    if !ready() {
+    let Some((tmp, image)) = setup("oleo-shared-fail", 256) else {
         return;
-    }
-    let tmp = TempDir::new("oleo-shared-fail").expect("tempdir");
-    let image = tmp.join("image");
-    oleo_testkit::image::empty_image(&image, 256, &[]).expect("mkfs.btrfs");
+    };
     {
         let m = KernelMount::mount(&image, &tmp.join("mnt"), &["rw"]).expect("mount");
         // Files with extents (not inline) in a directory of their own: its names share
@@ -705,12 +699,9 @@ fn bytes_used(image: &Path) -> u64 {
 /// drops the trees at its next mount and the space comes back.
 #[test]
 fn deleted_subvolumes_are_dropped_by_the_kernel() {
-    if !ready() {
+    let Some((tmp, image)) = setup("oleo-delete", 512) else {
         return;
-    }
-    let tmp = TempDir::new("oleo-delete").expect("tempdir");
-    let image = tmp.join("image");
-    oleo_testkit::image::empty_image(&image, 512, &[]).expect("mkfs.btrfs");
+    };
     {
         let m = KernelMount::mount(&image, &tmp.join("mnt"), &["rw"]).expect("mount");
         kernel_changes(m.path(), 51, 300);
@@ -805,12 +796,9 @@ fn deleted_subvolumes_are_dropped_by_the_kernel() {
 /// cannot be deleted; back to the top level.
 #[test]
 fn default_subvolume_as_the_kernel() {
-    if !ready() {
+    let Some((tmp, image)) = setup("oleo-default", 256) else {
         return;
-    }
-    let tmp = TempDir::new("oleo-default").expect("tempdir");
-    let image = tmp.join("image");
-    oleo_testkit::image::empty_image(&image, 256, &[]).expect("mkfs.btrfs");
+    };
     let fs = open_rw(&image);
     let top = fs.root();
     fs.create_subvolume(top, b"vol", 0, 0).expect("create");
