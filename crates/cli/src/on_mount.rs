@@ -59,22 +59,15 @@ pub fn delete(dir: &Path, name: &str) -> Result<(), String> {
 }
 
 /// Snapshots the subvolume whose root is `source` as `name` in directory `dir`. What the
-/// kernel still holds of the source in its page cache goes to the daemon first.
+/// kernel still holds of the source in its page cache goes to the daemon first
+/// (`push_page_cache`).
 pub fn snapshot(source: &Path, dir: &Path, name: &str, readonly: bool) -> Result<(), String> {
     let src = subvol_of(source)?;
     if src.ino != oleo::format::key::objectid::FIRST_FREE {
         return Err(format!("Not a Btrfs subvolume: {}", source.display()));
     }
     subvol_of(dir)?;
-    let f = open(source)?;
-    // SAFETY: a valid descriptor.
-    if unsafe { libc::syncfs(f.as_raw_fd()) } != 0 {
-        return Err(format!(
-            "{}: syncfs: {}",
-            source.display(),
-            std::io::Error::last_os_error()
-        ));
-    }
+    push_page_cache(source)?;
     let mut b = cmd::SnapshotArgs {
         source: src.id,
         flags: if readonly { cmd::RO } else { 0 },
@@ -83,6 +76,38 @@ pub fn snapshot(source: &Path, dir: &Path, name: &str, readonly: bool) -> Result
     .to_bytes()
     .ok_or_else(|| format!("bad name: {name}"))?;
     ioctl(&open(dir)?, dir, cmd::SNAPSHOT, &mut b)
+}
+
+/// Makes the daemon hold what the kernel's page cache still holds for files under `dir`.
+/// syncfs(2) does not do it on FUSE (the kernel neither waits for the writes it starts nor
+/// tells the server), but fsync(2) of a file does: its dirty pages go out and are waited
+/// for. A FUSE file is written back when it is closed, so only open files can hold dirty
+/// pages: those found in /proc under `dir` are fsynced.
+fn push_page_cache(dir: &Path) -> Result<(), String> {
+    let root = std::fs::canonicalize(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let mut seen = std::collections::BTreeSet::new();
+    let procs = std::fs::read_dir("/proc").map_err(|e| format!("/proc: {e}"))?;
+    for p in procs.flatten() {
+        let Ok(fds) = std::fs::read_dir(p.path().join("fd")) else {
+            continue; // gone, or not ours to look at
+        };
+        for fd in fds.flatten() {
+            if let Ok(target) = std::fs::read_link(fd.path()) {
+                if target.starts_with(&root) && target != root {
+                    seen.insert(target);
+                }
+            }
+        }
+    }
+    for path in seen {
+        // A file deleted since, or no longer a file: nothing of it goes into a snapshot.
+        let Ok(f) = File::open(&path) else { continue };
+        if f.metadata().is_ok_and(|m| m.is_file()) {
+            f.sync_all()
+                .map_err(|e| format!("{}: fsync: {e}", path.display()))?;
+        }
+    }
+    Ok(())
 }
 
 /// Sets the read-only flag of the subvolume whose root is `path`.

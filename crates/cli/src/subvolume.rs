@@ -5,6 +5,7 @@
 
 use crate::on_mount;
 use oleo::{Filesystem, InodeId, OpenOptions};
+use oleo_fuse::subvol_ioctl::{SubvolInfo, RO};
 use std::path::{Path, PathBuf};
 
 /// A host path's directory and last name (for a new subvolume or snapshot on a mount).
@@ -54,6 +55,12 @@ enum Verb {
         image: Option<PathBuf>,
         #[arg(required = true)]
         paths: Vec<String>,
+    },
+    /// Print what is known of the subvolume at PATH, as `btrfs subvolume show`.
+    Show {
+        #[arg(long)]
+        image: Option<PathBuf>,
+        path: String,
     },
     /// Print the default subvolume (the one a mount without subvol= shows).
     GetDefault {
@@ -132,6 +139,32 @@ pub fn run(a: &SubvolumeArgs) -> Result<(), String> {
             fs.sync().map_err(|e| format!("commit: {e}"))?;
             Ok(())
         }
+        Verb::Show { image, path } => {
+            let (id, subs) = match image {
+                None => {
+                    let p = Path::new(path);
+                    let s = on_mount::subvol_of(p)?;
+                    if s.ino != oleo::format::key::objectid::FIRST_FREE {
+                        return Err(format!("Not a Btrfs subvolume: {path}"));
+                    }
+                    (s.id, on_mount::list(p)?)
+                }
+                Some(image) => {
+                    let fs = open(image, true)?;
+                    let at = resolve(&fs, path)?;
+                    if at.ino != oleo::format::key::objectid::FIRST_FREE {
+                        return Err(format!("Not a Btrfs subvolume: {}", shown(path)));
+                    }
+                    (at.subvol, image_subvolumes(&fs)?)
+                }
+            };
+            let s = subs
+                .iter()
+                .find(|s| s.id == id)
+                .ok_or_else(|| format!("subvolume {id} is not listed"))?;
+            print!("{}", show_text(s, &subs));
+            Ok(())
+        }
         Verb::GetDefault { image, path } => {
             let (id, subs) = match image {
                 None => {
@@ -144,21 +177,7 @@ pub fn run(a: &SubvolumeArgs) -> Result<(), String> {
                 Some(image) => {
                     let fs = open(image, true)?;
                     let id = fs.default_subvolume().map_err(|e| e.to_string())?;
-                    let subs = fs
-                        .list_subvolumes()
-                        .map_err(|e| e.to_string())?
-                        .into_iter()
-                        .map(|s| oleo_fuse::subvol_ioctl::SubvolInfo {
-                            id: s.id,
-                            parent: s.parent.map_or(0, |(p, _)| p),
-                            generation: s.generation,
-                            flags: 0,
-                            uuid: s.uuid,
-                            parent_uuid: s.parent_uuid,
-                            path: s.path.unwrap_or_default(),
-                        })
-                        .collect();
-                    (id, subs)
+                    (id, image_subvolumes(&fs)?)
                 }
             };
             if id == oleo::format::key::objectid::FS_TREE {
@@ -323,6 +342,108 @@ pub fn run(a: &SubvolumeArgs) -> Result<(), String> {
             Ok(())
         }
     }
+}
+
+fn uuid_text(u: &[u8; 16]) -> String {
+    if u.iter().all(|&b| b == 0) {
+        return "-".into();
+    }
+    let h: String = u.iter().map(|b| format!("{b:02x}")).collect();
+    format!(
+        "{}-{}-{}-{}-{}",
+        &h[..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..]
+    )
+}
+
+/// A time as btrfs-progs prints it (local time), or `-` for none.
+fn time_text((sec, _): (i64, u32)) -> String {
+    if sec == 0 {
+        return "-".into();
+    }
+    // SAFETY: a zeroed tm is a valid out-parameter; localtime_r and strftime write within
+    // the buffers given.
+    unsafe {
+        let t = sec as libc::time_t;
+        let mut tm: libc::tm = std::mem::zeroed();
+        if libc::localtime_r(&t, &mut tm).is_null() {
+            return "-".into();
+        }
+        let mut buf = [0u8; 64];
+        let n = libc::strftime(
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+            c"%Y-%m-%d %H:%M:%S %z".as_ptr(),
+            &tm,
+        );
+        String::from_utf8_lossy(&buf[..n]).into_owned()
+    }
+}
+
+/// `btrfs subvolume show`'s text for `s` (`all`: every subvolume, for its snapshots).
+fn show_text(s: &SubvolInfo, all: &[SubvolInfo]) -> String {
+    let path = String::from_utf8_lossy(&s.path).into_owned();
+    let name = path.rsplit('/').next().unwrap_or_default();
+    let mut t = String::new();
+    t += &format!(
+        "{}\n",
+        if s.id == oleo::format::key::objectid::FS_TREE {
+            "/"
+        } else {
+            &path
+        }
+    );
+    t += &format!(
+        "\tName: \t\t\t{}\n",
+        if s.id == oleo::format::key::objectid::FS_TREE {
+            "<FS_TREE>"
+        } else {
+            name
+        }
+    );
+    t += &format!("\tUUID: \t\t\t{}\n", uuid_text(&s.uuid));
+    t += &format!("\tParent UUID: \t\t{}\n", uuid_text(&s.parent_uuid));
+    t += &format!("\tReceived UUID: \t\t{}\n", uuid_text(&s.received_uuid));
+    t += &format!("\tCreation time: \t\t{}\n", time_text(s.otime));
+    t += &format!("\tSubvolume ID: \t\t{}\n", s.id);
+    t += &format!("\tGeneration: \t\t{}\n", s.generation);
+    t += &format!("\tGen at creation: \t{}\n", s.otransid);
+    t += &format!("\tParent ID: \t\t{}\n", s.parent);
+    t += &format!("\tTop level ID: \t\t{}\n", s.parent);
+    t += &format!(
+        "\tFlags: \t\t\t{}\n",
+        if s.flags & RO != 0 { "readonly" } else { "-" }
+    );
+    t += &format!("\tSend transid: \t\t{}\n", s.stransid);
+    // btrfs-progs prints the creation time here when the subvolume was never sent.
+    let sent = if s.stime.0 == 0 { s.otime } else { s.stime };
+    t += &format!("\tSend time: \t\t{}\n", time_text(sent));
+    t += &format!("\tReceive transid: \t{}\n", s.rtransid);
+    t += &format!("\tReceive time: \t\t{}\n", time_text(s.rtime));
+    t += "\tSnapshot(s):\n";
+    for snap in all
+        .iter()
+        .filter(|o| o.parent_uuid == s.uuid && s.uuid != [0; 16])
+    {
+        t += &format!("\t\t\t\t{}\n", String::from_utf8_lossy(&snap.path));
+    }
+    // (btrfs-progs adds a quota group line only where quotas are on; oleo refuses those.)
+    t
+}
+
+/// Every subvolume of an opened image, as a mount lists them.
+fn image_subvolumes(fs: &Filesystem) -> Result<Vec<SubvolInfo>, String> {
+    let mut v: Vec<SubvolInfo> = fs
+        .list_subvolumes()
+        .map_err(|e| e.to_string())?
+        .into_iter()
+        .map(SubvolInfo::from_engine)
+        .collect();
+    v.sort_by_key(|s| s.id);
+    Ok(v)
 }
 
 pub fn open(image: &PathBuf, read_only: bool) -> Result<Filesystem, String> {

@@ -65,10 +65,15 @@ fn subvolumes_and_snapshots_on_a_mount() {
         sc.spawn(|| {
             let mut f = std::fs::File::create(top.join("vol/log")).expect("create log");
             let mut n = 0u64;
-            while !stop.load(Ordering::SeqCst) && n < 20_000 {
-                f.write_all(&[(n % 251) as u8 + 1; 4096]).expect("append");
-                n += 1;
-                written.store(n, Ordering::SeqCst);
+            while !stop.load(Ordering::SeqCst) {
+                if n < 20_000 {
+                    f.write_all(&[(n % 251) as u8 + 1; 4096]).expect("append");
+                    n += 1;
+                    written.store(n, Ordering::SeqCst);
+                } else {
+                    // Still open (as fio keeps its files): its pages may still be dirty.
+                    std::thread::sleep(std::time::Duration::from_millis(5));
+                }
             }
         });
         for i in 0..4 {
@@ -136,14 +141,50 @@ fn subvolumes_and_snapshots_on_a_mount() {
         "deleted ones are not listed:\n{list}"
     );
     let want = view(&top);
+    let shown: Vec<String> = ["vol", "snap0", "snap2"]
+        .iter()
+        .map(|n| oleo(&["subvolume", "show", &s(n)]))
+        .collect();
     m.unmount().expect("unmount");
     assert_btrfs_check(&image, "after snapshots on a mount");
+    let image_s = image.to_string_lossy().into_owned();
+    // The mount showed the last commit's generation; unmounting committed once more.
+    let without_gen = |t: &str| -> String {
+        t.lines()
+            .filter(|l| !l.contains("\tGeneration:"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    let names = ["vol", "snap0", "snap2"];
+    let offline: Vec<String> = names
+        .iter()
+        .map(|n| oleo(&["subvolume", "show", "--image", &image_s, &format!("/{n}")]))
+        .collect();
+    for (i, o) in offline.iter().enumerate() {
+        assert_eq!(
+            without_gen(o),
+            without_gen(&shown[i]),
+            "show on the mount and on the image"
+        );
+    }
     let k = KernelMount::mount(&image, &tmp.join("kmnt"), &["ro"]).expect("kernel mount");
     assert_eq!(
         view(k.path()),
         want,
         "the kernel sees what the mount showed"
     );
+    for (i, n) in names.iter().enumerate() {
+        let out = Command::new("btrfs")
+            .args(["subvolume", "show"])
+            .arg(k.path().join(n))
+            .output()
+            .expect("btrfs subvolume show");
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout),
+            offline[i],
+            "oleo subvolume show {n} against btrfs subvolume show"
+        );
+    }
     let out = Command::new("btrfs")
         .args(["subvolume", "list", "-r"])
         .arg(k.path())

@@ -102,6 +102,15 @@ pub struct SubvolumeInfo {
     pub parent_uuid: [u8; 16],
     pub generation: u64,
     pub readonly: bool,
+    /// What `btrfs subvolume show` prints besides: the uuid it was received as, the
+    /// transactions that created it, sent and received it, and when (seconds, nanoseconds).
+    pub received_uuid: [u8; 16],
+    pub otransid: u64,
+    pub stransid: u64,
+    pub rtransid: u64,
+    pub otime: (i64, u32),
+    pub stime: (i64, u32),
+    pub rtime: (i64, u32),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

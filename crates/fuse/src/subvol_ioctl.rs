@@ -29,7 +29,7 @@ pub const SET_FLAGS: u32 = ioc(WRITE, 4, 8);
 /// On any file: the first subvolume with an id at least the u64 given (`SubvolInfo`);
 /// ENOENT past the last.
 pub const NEXT_SUBVOL: u32 = ioc(READ | WRITE, 5, INFO_SIZE);
-pub const INFO_SIZE: usize = 8 * 4 + 16 * 2 + PATH;
+pub const INFO_SIZE: usize = 8 * 4 + 16 * 3 + 8 * 3 + 16 * 3 + PATH;
 /// On a directory: delete the subvolume whose entry is `name` in it (`name` NUL-terminated).
 pub const DELETE: u32 = ioc(WRITE, 6, NAME);
 /// On any file: make subvolume (u64 id) the default.
@@ -134,11 +134,39 @@ pub struct SubvolInfo {
     pub flags: u64,
     pub uuid: [u8; 16],
     pub parent_uuid: [u8; 16],
+    pub received_uuid: [u8; 16],
+    pub otransid: u64,
+    pub stransid: u64,
+    pub rtransid: u64,
+    /// Creation, send and receive times: (seconds, nanoseconds).
+    pub otime: (i64, u32),
+    pub stime: (i64, u32),
+    pub rtime: (i64, u32),
     /// From the top level; empty if unreachable.
     pub path: Vec<u8>,
 }
 
 impl SubvolInfo {
+    /// The engine's description of a subvolume, in this layout's terms.
+    pub fn from_engine(s: oleo::SubvolumeInfo) -> SubvolInfo {
+        SubvolInfo {
+            id: s.id,
+            parent: s.parent.map_or(0, |(p, _)| p),
+            generation: s.generation,
+            flags: if s.readonly { RO } else { 0 },
+            uuid: s.uuid,
+            parent_uuid: s.parent_uuid,
+            received_uuid: s.received_uuid,
+            otransid: s.otransid,
+            stransid: s.stransid,
+            rtransid: s.rtransid,
+            otime: s.otime,
+            stime: s.stime,
+            rtime: s.rtime,
+            path: s.path.unwrap_or_default(),
+        }
+    }
+
     /// None if the path does not fit.
     pub fn to_bytes(&self) -> Option<Vec<u8>> {
         let mut out = Vec::with_capacity(INFO_SIZE);
@@ -147,6 +175,14 @@ impl SubvolInfo {
         }
         out.extend_from_slice(&self.uuid);
         out.extend_from_slice(&self.parent_uuid);
+        out.extend_from_slice(&self.received_uuid);
+        for v in [self.otransid, self.stransid, self.rtransid] {
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+        for (sec, nsec) in [self.otime, self.stime, self.rtime] {
+            out.extend_from_slice(&sec.to_le_bytes());
+            out.extend_from_slice(&u64::from(nsec).to_le_bytes());
+        }
         put_c_str(&mut out, &self.path, PATH)?;
         Some(out)
     }
@@ -163,7 +199,14 @@ impl SubvolInfo {
             flags: u64_at(b, 24),
             uuid: uuid(32),
             parent_uuid: uuid(48),
-            path: c_str(b.get(64..).unwrap_or_default()).to_vec(),
+            received_uuid: uuid(64),
+            otransid: u64_at(b, 80),
+            stransid: u64_at(b, 88),
+            rtransid: u64_at(b, 96),
+            otime: (u64_at(b, 104) as i64, u64_at(b, 112) as u32),
+            stime: (u64_at(b, 120) as i64, u64_at(b, 128) as u32),
+            rtime: (u64_at(b, 136) as i64, u64_at(b, 144) as u32),
+            path: c_str(b.get(152..).unwrap_or_default()).to_vec(),
         }
     }
 }
@@ -189,6 +232,13 @@ mod tests {
             flags: 0,
             uuid: [7; 16],
             parent_uuid: [0; 16],
+            received_uuid: [9; 16],
+            otransid: 8,
+            stransid: 0,
+            rtransid: 3,
+            otime: (1_700_000_000, 5),
+            stime: (0, 0),
+            rtime: (-1, 999),
             path: b"a/b".to_vec(),
         };
         let b = i.to_bytes().unwrap();

@@ -100,17 +100,9 @@ impl OleoFuse {
                     .into_iter()
                     .find(|s| s.id >= min)
                     .ok_or(Errno(libc::ENOENT))?;
-                cmd::SubvolInfo {
-                    id: s.id,
-                    parent: s.parent.map_or(0, |(p, _)| p),
-                    generation: s.generation,
-                    flags: if s.readonly { cmd::RO } else { 0 },
-                    uuid: s.uuid,
-                    parent_uuid: s.parent_uuid,
-                    path: s.path.unwrap_or_default(),
-                }
-                .to_bytes()
-                .ok_or(Errno(libc::ENAMETOOLONG))
+                cmd::SubvolInfo::from_engine(s)
+                    .to_bytes()
+                    .ok_or(Errno(libc::ENAMETOOLONG))
             }
             _ => Err(Errno::ENOTTY),
         }

@@ -178,6 +178,13 @@ impl FsCore {
                 parent_uuid: ri.parent_uuid,
                 generation: ri.generation,
                 readonly: ri.flags & ROOT_SUBVOL_RDONLY != 0,
+                received_uuid: ri.received_uuid,
+                otransid: ri.otransid,
+                stransid: ri.stransid,
+                rtransid: ri.rtransid,
+                otime: (ri.otime.sec, ri.otime.nsec),
+                stime: (ri.stime.sec, ri.stime.nsec),
+                rtime: (ri.rtime.sec, ri.rtime.nsec),
             });
         }
         // Paths: parent's path + the directory path inside the parent + name.
