@@ -136,7 +136,9 @@ pub fn run(a: &SubvolumeArgs) -> Result<(), String> {
                 fs.delete_subvolume(parent, name.as_bytes())
                     .map_err(|e| format!("cannot delete '{}': {e}", shown(path)))?;
             }
-            fs.sync().map_err(|e| format!("commit: {e}"))?;
+            // No cleaner runs after this command: drop the trees now.
+            fs.clean_all()
+                .map_err(|e| format!("dropping the deleted trees: {e}"))?;
             Ok(())
         }
         Verb::Show { image, path } => {

@@ -130,6 +130,12 @@ fn subvolumes_and_snapshots_on_a_mount() {
             "{name} listed:\n{list}"
         );
     }
+    let ids: Vec<String> = oleo(&["subvolume", "list", &s("")])
+        .lines()
+        .filter(|l| l.ends_with(" path snap1") || l.ends_with(" path snap3"))
+        .map(|l| l.split_whitespace().nth(1).unwrap_or_default().to_string())
+        .collect();
+    assert_eq!(ids.len(), 2, "snap1 and snap3 listed");
     oleo(&["subvolume", "delete", &s("snap1"), &s("snap3")]);
     assert!(
         !top.join("snap1").exists(),

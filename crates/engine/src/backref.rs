@@ -27,7 +27,7 @@ const MAX_INLINE_METADATA_ITEM: usize = 256;
 
 /// A reference to a tree block or data extent: by root, or by parent block address.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum By {
+pub(crate) enum By {
     Root(u64),
     Parent(u64),
 }
@@ -38,7 +38,7 @@ fn corrupt(bytenr: u64, what: impl std::fmt::Display) -> Error {
 
 impl Transaction<'_> {
     /// The METADATA_ITEM of a tree block as this transaction sees it.
-    fn tree_block_item(&mut self, bytenr: u64, level: u8) -> Result<ExtentItem> {
+    pub(crate) fn tree_block_item(&mut self, bytenr: u64, level: u8) -> Result<ExtentItem> {
         let key = Key::new(bytenr, item::METADATA_ITEM, u64::from(level));
         let body = self
             .lookup(objectid::EXTENT_TREE, &key)?
@@ -46,7 +46,12 @@ impl Transaction<'_> {
         ExtentItem::parse(&body, true).map_err(|e| corrupt(bytenr, e))
     }
 
-    fn put_tree_block_item(&mut self, bytenr: u64, level: u8, ei: &ExtentItem) -> Result<()> {
+    pub(crate) fn put_tree_block_item(
+        &mut self,
+        bytenr: u64,
+        level: u8,
+        ei: &ExtentItem,
+    ) -> Result<()> {
         let key = Key::new(bytenr, item::METADATA_ITEM, u64::from(level));
         self.replace_item(objectid::EXTENT_TREE, &key, &ei.to_bytes())
     }
@@ -83,7 +88,7 @@ impl Transaction<'_> {
 
     /// Drops one reference to the tree block at `bytenr`; true if it was the last (the
     /// item is then deleted; the caller frees the space).
-    fn drop_tree_ref(&mut self, bytenr: u64, level: u8, by: By) -> Result<bool> {
+    pub(crate) fn drop_tree_ref(&mut self, bytenr: u64, level: u8, by: By) -> Result<bool> {
         let mut ei = self.tree_block_item(bytenr, level)?;
         let inline = match by {
             By::Root(root) => InlineRef::TreeBlock { root },
@@ -214,7 +219,7 @@ impl Transaction<'_> {
     /// Adds (or drops) one reference for every child of `block`: tree blocks below a node,
     /// data extents of a leaf. `by_parent`: references by this block's address (FULL_BACKREF);
     /// otherwise by root `tree`.
-    fn change_child_refs(
+    pub(crate) fn change_child_refs(
         &mut self,
         block: &[u8],
         tree: u64,

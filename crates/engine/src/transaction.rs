@@ -412,6 +412,15 @@ impl<'a> Transaction<'a> {
         }
     }
 
+    /// Forgets tree `tree` (a dropped subvolume whose ROOT_ITEM is gone): the commit must
+    /// not look for its item.
+    pub(crate) fn forget_root(&mut self, tree: u64) {
+        self.roots.remove(&tree);
+        self.recorded.remove(&tree);
+        self.used_delta.remove(&tree);
+        self.last_snapshots.remove(&tree);
+    }
+
     /// Copies tree `tree`'s root block into this transaction (if it is not already) and
     /// returns the root.
     pub(crate) fn cow_tree_root(&mut self, tree: u64) -> Result<TreeRoot> {

@@ -56,6 +56,8 @@ impl OleoFuse {
                 let name = cmd::parse_create_arg(data);
                 self.mutate(|fs| fs.delete_subvolume(id, name))?;
                 self.entry_changed(node, name);
+                // The cleaner drops its tree soon (after the deletion is committed).
+                crate::request_commit();
                 Ok(Vec::new())
             }
             cmd::SET_DEFAULT => {

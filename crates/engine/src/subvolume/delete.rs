@@ -1,8 +1,8 @@
 //! Deleting a subvolume, its first half (the kernel's btrfs_delete_subvolume): the entry
 //! leaves its parent directory, ROOT_REF/ROOT_BACKREF and the uuid items go, the ROOT_ITEM
 //! gets refs 0 and the DEAD flag, and an orphan item in the root tree marks the tree as
-//! still to drop. The tree's blocks stay allocated until it is dropped; the kernel's
-//! cleaner drops such trees when it mounts the filesystem (oleo has no cleaner yet).
+//! still to drop. The tree's blocks stay allocated until it is dropped (`drop`, or the
+//! kernel's cleaner at its next mount).
 
 use crate::error::{Error, Result};
 use crate::filesystem::Filesystem;

@@ -4,6 +4,7 @@
 mod create;
 mod default;
 mod delete;
+mod drop;
 mod readonly;
 
 use crate::ctree::{for_each_in_range, lookup, TreeRoot};
