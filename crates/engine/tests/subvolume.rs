@@ -951,3 +951,82 @@ fn oleo_drops_deleted_subvolumes() {
     assert!(list.is_empty(), "no subvolume left: {list:?}");
     let _ = live_before;
 }
+
+/// Crash states while the cleaner drops a tree (its steps committed one by one, the write
+/// and flush stream recorded): at every crash point `btrfs check` is clean, a reopened
+/// filesystem resumes and finishes the drop (clean again), and the snapshot that shared
+/// the tree's blocks keeps its files.
+#[test]
+fn crash_states_during_a_drop() {
+    use common::crash::{crash_image, sparse_copy};
+    use oleo::device::IoEvent;
+    // 16 KiB nodes: a two-level tree, one step per leaf, dozens of committed steps.
+    let Some((tmp, image)) = setup("oleo-drop-crash", 512) else {
+        return;
+    };
+    let fs = open_rw(&image);
+    let top = fs.root();
+    fs.create_subvolume(top, b"vol", 0, 0).expect("create");
+    let vol = resolve(&fs, "vol");
+    for i in 0..2000u64 {
+        put_file(&fs, vol, &format!("f{i:05}"), &pattern(i, 3000));
+    }
+    fs.snapshot(vol.subvol, top, b"snap", false)
+        .expect("snapshot");
+    for i in (0..2000u64).step_by(5) {
+        put_file(&fs, vol, &format!("f{i:05}"), &pattern(5000 + i, 4000));
+    }
+    fs.delete_subvolume(top, b"vol").expect("delete");
+    fs.sync().expect("commit");
+    drop(fs);
+    let base = tmp.join("base");
+    sparse_copy(&image, &base);
+    let fs = open_rw(&image);
+    fs.start_io_recording();
+    let mut steps = 0;
+    while fs.clean_step().expect("step") {
+        fs.sync().expect("commit the step");
+        steps += 1;
+    }
+    fs.sync().expect("commit");
+    let events = fs.take_io_recording();
+    drop(fs);
+    assert!(steps > 10, "the drop took {steps} steps");
+    let mut rng = oleo_testkit::ops::Rng::new(oleo_testkit::seed(7));
+    let mut cuts: Vec<usize> = events
+        .iter()
+        .enumerate()
+        .filter(|(_, e)| **e == IoEvent::Flush)
+        .flat_map(|(i, _)| [i, i + 1])
+        .collect();
+    for _ in 0..10 {
+        cuts.push(rng.below(events.len() as u64 + 1) as usize);
+    }
+    cuts.sort();
+    cuts.dedup();
+    let step = (cuts.len() / 24).max(1);
+    let crash = tmp.join("crash");
+    eprintln!(
+        "{steps} steps, {} events, {} crash points",
+        events.len(),
+        cuts.iter().step_by(step).count()
+    );
+    for &n in cuts.iter().step_by(step) {
+        crash_image(&base, &crash, &events, n, &mut rng);
+        assert_btrfs_check(
+            &crash,
+            &format!("a crash after {n} of {} events", events.len()),
+        );
+        let fs = open_rw(&crash);
+        fs.clean_all().expect("the drop resumes and finishes");
+        let snap = resolve(&fs, "snap");
+        for i in (0..2000u64).step_by(97) {
+            let id = fs
+                .lookup(snap, format!("f{i:05}").as_bytes())
+                .expect("file");
+            assert_eq!(fs.read(id, 0, 1 << 20).expect("read"), pattern(i, 3000));
+        }
+        drop(fs);
+        assert_btrfs_check(&crash, &format!("the drop finished after a crash at {n}"));
+    }
+}
