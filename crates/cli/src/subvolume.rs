@@ -80,6 +80,30 @@ enum Verb {
     List {
         #[arg(long)]
         image: Option<PathBuf>,
+        /// Print the parent subvolume's id.
+        #[arg(short = 'p')]
+        parent: bool,
+        /// Print the generation each was created in.
+        #[arg(short = 'c')]
+        cgen: bool,
+        /// (btrfs's -g: the generation, which is always printed.)
+        #[arg(short = 'g')]
+        generation: bool,
+        /// Print each one's uuid.
+        #[arg(short = 'u')]
+        uuid: bool,
+        /// Print the uuid of the subvolume each was snapshotted from.
+        #[arg(short = 'q')]
+        parent_uuid: bool,
+        /// Print the uuid each was received as.
+        #[arg(short = 'R')]
+        received_uuid: bool,
+        /// Only read-only ones.
+        #[arg(short = 'r')]
+        readonly: bool,
+        /// Only snapshots (with their creation generation and time).
+        #[arg(short = 's')]
+        snapshots: bool,
         /// A path on the mounted filesystem (without --image).
         path: Option<String>,
     },
@@ -248,26 +272,6 @@ pub fn run(a: &SubvolumeArgs) -> Result<(), String> {
                 }
             }
         }
-        Verb::List { image: None, path } => {
-            let path = path
-                .as_deref()
-                .ok_or("give a path on a mounted oleo filesystem, or --image IMAGE")?;
-            for s in on_mount::list(Path::new(path))? {
-                if s.id == oleo::format::key::objectid::FS_TREE {
-                    continue;
-                }
-                let p = if s.path.is_empty() {
-                    "<unreachable>".into()
-                } else {
-                    String::from_utf8_lossy(&s.path).into_owned()
-                };
-                println!(
-                    "ID {} gen {} top level {} path {p}",
-                    s.id, s.generation, s.parent
-                );
-            }
-            Ok(())
-        }
         Verb::Create {
             image: Some(image),
             path,
@@ -322,28 +326,90 @@ pub fn run(a: &SubvolumeArgs) -> Result<(), String> {
             Ok(())
         }
         Verb::List {
-            image: Some(image), ..
+            image,
+            parent,
+            cgen,
+            generation: _,
+            uuid,
+            parent_uuid,
+            received_uuid,
+            readonly,
+            snapshots,
+            path,
         } => {
-            let fs = open(image, true)?;
-            let mut subs = fs.list_subvolumes().map_err(|e| e.to_string())?;
-            subs.sort_by_key(|s| s.id);
-            for s in subs
-                .iter()
-                .filter(|s| s.id != oleo::format::key::objectid::FS_TREE)
-            {
-                let top = s.parent.map_or(0, |(p, _)| p);
-                let path = s
-                    .path
-                    .as_deref()
-                    .map_or_else(|| "<unreachable>".into(), String::from_utf8_lossy);
-                println!(
-                    "ID {} gen {} top level {top} path {path}",
-                    s.id, s.generation
-                );
+            let subs = match image {
+                None => {
+                    let path = path
+                        .as_deref()
+                        .ok_or("give a path on a mounted oleo filesystem, or --image IMAGE")?;
+                    on_mount::list(Path::new(path))?
+                }
+                Some(image) => image_subvolumes(&open(image, true)?)?,
+            };
+            let cols = ListColumns {
+                parent: *parent,
+                cgen: *cgen || *snapshots,
+                otime: *snapshots,
+                uuid: *uuid,
+                parent_uuid: *parent_uuid,
+                received_uuid: *received_uuid,
+            };
+            for s in subs.iter().filter(|s| {
+                s.id != oleo::format::key::objectid::FS_TREE
+                    && (!*readonly || s.flags & RO != 0)
+                    && (!*snapshots || s.parent_uuid != [0; 16])
+            }) {
+                println!("{}", list_line(s, &cols));
             }
             Ok(())
         }
     }
+}
+
+/// Which of `btrfs subvolume list`'s optional columns to print.
+struct ListColumns {
+    parent: bool,
+    cgen: bool,
+    otime: bool,
+    uuid: bool,
+    parent_uuid: bool,
+    received_uuid: bool,
+}
+
+/// One line of `btrfs subvolume list`, its columns in btrfs-progs' order.
+fn list_line(s: &SubvolInfo, c: &ListColumns) -> String {
+    let mut l = format!("ID {} gen {}", s.id, s.generation);
+    if c.cgen {
+        l += &format!(" cgen {}", s.otransid);
+    }
+    if c.parent {
+        l += &format!(" parent {}", s.parent);
+    }
+    l += &format!(" top level {}", s.parent);
+    if c.otime {
+        let t = time_text(s.otime);
+        // btrfs-progs prints this one without the zone.
+        l += &format!(
+            " otime {}",
+            t.rsplit_once(' ').map_or(t.as_str(), |(a, _)| a)
+        );
+    }
+    // An absent uuid is `-` padded to a uuid's width.
+    if c.parent_uuid {
+        l += &format!(" parent_uuid {:<36}", uuid_text(&s.parent_uuid));
+    }
+    if c.received_uuid {
+        l += &format!(" received_uuid {:<36}", uuid_text(&s.received_uuid));
+    }
+    if c.uuid {
+        l += &format!(" uuid {:<36}", uuid_text(&s.uuid));
+    }
+    let path = if s.path.is_empty() {
+        "<unreachable>".into()
+    } else {
+        String::from_utf8_lossy(&s.path).into_owned()
+    };
+    l + &format!(" path {path}")
 }
 
 fn uuid_text(u: &[u8; 16]) -> String {

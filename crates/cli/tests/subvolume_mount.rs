@@ -173,7 +173,29 @@ fn subvolumes_and_snapshots_on_a_mount() {
             "show on the mount and on the image"
         );
     }
+    let flag_sets: [&[&str]; 4] = [&[], &["-p", "-c", "-g", "-u", "-q", "-R"], &["-s"], &["-r"]];
+    let listed: Vec<String> = flag_sets
+        .iter()
+        .map(|f| {
+            let mut args = vec!["subvolume", "list", "--image", &image_s];
+            args.extend_from_slice(f);
+            oleo(&args)
+        })
+        .collect();
     let k = KernelMount::mount(&image, &tmp.join("kmnt"), &["ro"]).expect("kernel mount");
+    for (f, want) in flag_sets.iter().zip(&listed) {
+        let out = Command::new("btrfs")
+            .args(["subvolume", "list"])
+            .args(*f)
+            .arg(k.path())
+            .output()
+            .expect("btrfs subvolume list");
+        assert_eq!(
+            &String::from_utf8_lossy(&out.stdout),
+            want,
+            "oleo subvolume list {f:?} against btrfs subvolume list"
+        );
+    }
     assert_eq!(
         view(k.path()),
         want,
