@@ -298,7 +298,8 @@ fn subvolumes_and_snapshots_are_the_kernels() {
     diff_trees("oleo after the kernel's writes", &view, &oleo_tree(&fs));
 }
 
-/// Snapshots the kernel made, snapshotted again by oleo; oleo writes to all of them.
+/// Snapshots the kernel made, snapshotted again by oleo; oleo writes to all of them, then
+/// deletes and drops the kernel's snapshot.
 #[test]
 fn snapshots_of_kernel_snapshots() {
     let Some((tmp, image)) = setup("oleo-ksnap", 256) else {
@@ -358,6 +359,24 @@ fn snapshots_of_kernel_snapshots() {
         "a snapshot's parent uuid is its source's uuid"
     );
     assert_eq!(ro.len(), 1, "one read-only snapshot");
+    // oleo deletes the kernel's snapshot (and one of its own) and drops them.
+    let fs = open_rw(&image);
+    let top = fs.root();
+    fs.delete_subvolume(top, b"ksnap")
+        .expect("delete the kernel's snapshot");
+    fs.delete_subvolume(top, b"osnap-ro")
+        .expect("delete oleo's");
+    fs.clean_all().expect("drop them");
+    let want = oleo_tree(&fs);
+    drop(fs);
+    assert_btrfs_check(&image, "after oleo dropped a kernel snapshot");
+    let (view, (list, _)) = kernel_view(&image, &tmp, "after oleo's drops");
+    diff_trees("the kernel after oleo dropped its snapshot", &want, &view);
+    assert!(
+        list.values()
+            .all(|(p, _, _)| p != "ksnap" && p != "osnap-ro"),
+        "{list:?}"
+    );
 }
 
 fn kernel_out(cmd: &mut Command) -> String {
