@@ -331,8 +331,12 @@ class Dbench(Workload):
 
 
 class SnapshotUnderWrite(Workload):
-    name, seed = "snapshot-under-write", "004"
+    name, seed, variant_name = "snapshot-under-write", "004", "writer"
     metrics = [Metric("snapshot_s", "snapshot wall s", False)]
+
+    def variants(self):
+        # seed 004's sequential writer, and four random writers beside it.
+        return ["seq", "rand4"]
 
     def check(self, target):
         r = super().check(target)
@@ -345,15 +349,22 @@ class SnapshotUnderWrite(Workload):
 
     def describe(self):
         return {"delay_s": self.p.snap_delay_s, "file_MiB": self.p.snap_file_mib,
-                "fio": "libaio iodepth=32 bs=4k rw=write buffered"}
+                "fio": "libaio iodepth=32 bs=4k buffered; seq: rw=write, 1 job; "
+                       "rand4: rw=randwrite, 4 jobs with a file each (file_MiB split)"}
 
-    def run(self, ctx, m, _):
+    def run(self, ctx, m, writer):
         sub = m.target.subvolume(m, "sub")
-        # seed 004's writer: buffered 4 KiB sequential writes, libaio QD32.
-        opts = {"ioengine": "libaio", "iodepth": 32, "bs": "4k", "rw": "write",
-                "size": f"{self.p.snap_file_mib}M", "direct": 0, "thread": True, "numjobs": 1,
-                "time_based": True, "runtime": self.p.snap_max_runtime_s,
-                "filename": os.path.join(sub, "testfile"), "group_reporting": 1}
+        # seed 004's writer: buffered 4 KiB sequential writes, libaio QD32; or 4 random ones.
+        jobs = 4 if writer == "rand4" else 1
+        opts = {"ioengine": "libaio", "iodepth": 32, "bs": "4k",
+                "rw": "randwrite" if writer == "rand4" else "write",
+                "size": f"{self.p.snap_file_mib // jobs}M", "direct": 0, "thread": True,
+                "numjobs": jobs, "time_based": True, "runtime": self.p.snap_max_runtime_s,
+                "group_reporting": 1}
+        if jobs == 1:
+            opts["filename"] = os.path.join(sub, "testfile")
+        else:
+            opts["directory"] = sub
         text = tools.fio_jobfile(self.name, opts)
         ctx.save_job(self, m.target, None, text)
         job = os.path.join(m.scratch, "job.fio")
