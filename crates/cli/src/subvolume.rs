@@ -412,19 +412,12 @@ fn list_line(s: &SubvolInfo, c: &ListColumns) -> String {
     l + &format!(" path {path}")
 }
 
+/// A uuid as btrfs-progs prints it, `-` for none.
 fn uuid_text(u: &[u8; 16]) -> String {
     if u.iter().all(|&b| b == 0) {
         return "-".into();
     }
-    let h: String = u.iter().map(|b| format!("{b:02x}")).collect();
-    format!(
-        "{}-{}-{}-{}-{}",
-        &h[..8],
-        &h[8..12],
-        &h[12..16],
-        &h[16..20],
-        &h[20..]
-    )
+    oleo::format::bytes::uuid_string(u)
 }
 
 /// A time as btrfs-progs prints it (local time), or `-` for none.

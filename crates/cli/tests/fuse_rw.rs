@@ -754,3 +754,88 @@ fn mkfs_gib(image: &Path) {
         .unwrap()
         .success());
 }
+
+/// Random operations through the mount in a subvolume that `oleo subvolume snapshot`
+/// snapshots (read-only or not) and `oleo subvolume delete` deletes between them, as a user
+/// would: every snapshot must stay what the reference was when it was taken, through the
+/// mount, and for the kernel after unmounting; `btrfs check` clean (the daemon's cleaner
+/// drops the deleted ones meanwhile).
+#[test]
+fn fuse_rw_snapshots_taken_and_deleted() {
+    let name = "snapshots-cli";
+    if !(require_root(name) && require_fuse(name)) {
+        return;
+    }
+    let cli = |args: &[&str]| {
+        let out = Command::new(OLEO).args(args).output().unwrap();
+        assert!(
+            out.status.success(),
+            "oleo {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    for seed in seeds(name, 1) {
+        let dir = TempDir::new("fuse-rw-snap-cli").unwrap();
+        let image = dir.join("image");
+        let reference = dir.subdir("ref").unwrap();
+        let mnt = dir.subdir("mnt").unwrap();
+        let kmnt = dir.subdir("kmnt").unwrap();
+        image::empty_image(&image, 2048, &[]).expect("mkfs.btrfs");
+        let m = OleoMount::mount_rw(Path::new(OLEO), &image, &mnt, &[]).expect("oleo mount rw");
+        let _dog = m.watchdog(std::time::Duration::from_secs(600));
+        let work = mnt.join("work");
+        cli(&["subvolume", "create", work.to_str().unwrap()]);
+        let mut rng = Rng::new(seed);
+        // (name, copy of the reference when it was taken)
+        let mut snaps: Vec<(String, std::path::PathBuf)> = Vec::new();
+        for i in 0..300 {
+            let op = random_op(&mut rng, &reference, false);
+            let want = apply_path(&reference, &op);
+            let got = apply_path(&work, &op);
+            assert_eq!(
+                got,
+                want,
+                "{name} seed {seed} op {i}: {op}: oleo {got:?} vs reference {want:?}\n{}",
+                m.log_text()
+            );
+            if rng.chance(4) {
+                let snap = format!("snap{i}");
+                let mut args = vec!["subvolume", "snapshot"];
+                if rng.chance(50) {
+                    args.push("-r");
+                }
+                let dst = mnt.join(&snap);
+                args.extend([work.to_str().unwrap(), dst.to_str().unwrap()]);
+                cli(&args);
+                let copy = dir.join(format!("ref-{snap}"));
+                let st = Command::new("cp")
+                    .arg("-a")
+                    .arg(&reference)
+                    .arg(&copy)
+                    .status()
+                    .unwrap();
+                assert!(st.success());
+                snaps.push((snap, copy));
+            }
+            if !snaps.is_empty() && rng.chance(2) {
+                let (snap, _) = snaps.remove(rng.below(snaps.len() as u64) as usize);
+                cli(&["subvolume", "delete", mnt.join(&snap).to_str().unwrap()]);
+                assert!(!mnt.join(&snap).exists(), "{snap} deleted");
+            }
+        }
+        compare_trees(&reference, &work, "oleo");
+        for (snap, copy) in &snaps {
+            compare_trees(copy, &mnt.join(snap), &format!("oleo {snap}"));
+        }
+        drop(_dog);
+        m.unmount().expect("unmount");
+        eprintln!("{name} seed {seed}: {} snapshots kept", snaps.len());
+        assert_btrfs_check(&image, &format!("{name} seed {seed}"));
+        let k = KernelMount::mount(&image, &kmnt, &["ro"]).expect("kernel mount");
+        compare_trees(&reference, &kmnt.join("work"), "kernel");
+        for (snap, copy) in &snaps {
+            compare_trees(copy, &kmnt.join(snap), &format!("kernel {snap}"));
+        }
+        k.unmount().unwrap();
+    }
+}

@@ -452,16 +452,10 @@ impl<'a> Transaction<'a> {
     ) -> Result<R> {
         self.usable()?;
         let mut root = self.root(tree)?;
-        let before = self.changes;
         let r = f(self, &mut root);
         self.roots.insert(tree, root);
-        match &r {
-            Ok(_) => self.changes += 1,
-            // Nothing changed but the path's copies: copying blocks a snapshot shares moves
-            // references in the extent tree, complete and consistent, which must not make
-            // the operation look half-done (it would abort the transaction).
-            Err(Error::NotFound | Error::AlreadyExists) => self.changes = before,
-            Err(_) => {}
+        if r.is_ok() {
+            self.changes += 1;
         }
         match r {
             // A missing or taken key leaves the tree consistent (at most its path copied).
@@ -1085,7 +1079,11 @@ impl BlockStore for Transaction<'_> {
             // Other trees still reach it: only this tree's reference goes.
             let size = i64::from(self.nodesize);
             *self.used_delta.entry(tree).or_default() -= size;
-            return self.drop_shared_block(bytenr, level, tree);
+            let before = self.changes;
+            let r = self.drop_shared_block(bytenr, level, tree);
+            // Part of copying the block (see `on_cow`).
+            self.changes = before;
+            return r;
         }
         let st = &mut **self;
         let size = u64::from(st.nodesize);
@@ -1106,7 +1104,13 @@ impl BlockStore for Transaction<'_> {
         let bytenr = TreeBlock::new(old)
             .map_err(|e| Error::corrupt(0, e.to_string()))?
             .bytenr();
-        match self.update_ref_for_cow(tree, old) {
+        // Copying a block others share moves references in the extent tree, complete and
+        // consistent: not a change of the operation's own, which must not make an
+        // operation refused afterwards (a name taken) look half-done and abort.
+        let before = self.changes;
+        let moved = self.update_ref_for_cow(tree, old);
+        self.changes = before;
+        match moved {
             Ok(true) => Ok(()),
             Ok(false) => {
                 self.shared_cow.insert(bytenr);

@@ -136,15 +136,7 @@ fn uuid_text(u: &[u8; 16]) -> String {
     if u.iter().all(|&b| b == 0) {
         return "-".into();
     }
-    let h: String = u.iter().map(|b| format!("{b:02x}")).collect();
-    format!(
-        "{}-{}-{}-{}-{}",
-        &h[..8],
-        &h[8..12],
-        &h[12..16],
-        &h[16..20],
-        &h[20..]
-    )
+    oleo::format::bytes::uuid_string(u)
 }
 
 /// oleo's list in the kernel's terms.
@@ -1048,4 +1040,55 @@ fn crash_states_during_a_drop() {
         drop(fs);
         assert_btrfs_check(&crash, &format!("the drop finished after a crash at {n}"));
     }
+}
+
+/// A deleted tree that turns out damaged: the cleaner's step fails (the filesystem turns
+/// read-only, as the kernel's does), but changes others made before it are not lost: the
+/// step runs between two commits of its own.
+#[test]
+fn a_damaged_dead_tree_costs_no_other_change() {
+    use std::os::unix::fs::FileExt;
+    let Some((_tmp, image)) = setup("oleo-drop-damaged", 256) else {
+        return;
+    };
+    let fs = open_rw(&image);
+    let top = fs.root();
+    fs.create_subvolume(top, b"vol", 0, 0).expect("create");
+    let vol = resolve(&fs, "vol");
+    for i in 0..800u64 {
+        put_file(&fs, vol, &format!("f{i:04}"), &pattern(i, 3000));
+    }
+    fs.delete_subvolume(top, b"vol").expect("delete");
+    fs.sync().expect("commit");
+    drop(fs);
+    // Damage every copy of the dead tree's last leaf.
+    let dump = kernel_out(
+        Command::new("btrfs")
+            .args(["inspect-internal", "dump-tree", "-t", "256"])
+            .arg(&image),
+    );
+    let leaf: u64 = dump
+        .lines()
+        .rfind(|l| l.starts_with("leaf "))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|n| n.parse().ok())
+        .expect("a leaf of the dead tree");
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&image)
+        .expect("open image");
+    for at in common::tree_log::physical_copies(&image, leaf) {
+        f.write_all_at(&[0x5a; 64], at + 200).expect("damage");
+    }
+    drop(f);
+    let fs = open_rw(&image);
+    put_file(&fs, top, "precious", b"written before the cleaner ran");
+    assert!(fs.clean_all().is_err(), "the damaged leaf stops the drop");
+    drop(fs);
+    let fs = open_ro(&image);
+    let id = resolve(&fs, "precious");
+    assert_eq!(
+        fs.read(id, 0, 100).expect("read"),
+        b"written before the cleaner ran"
+    );
 }

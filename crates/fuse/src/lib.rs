@@ -319,23 +319,17 @@ fn spawn_committer(fs: Weak<Filesystem>, interval: Duration) {
                 }
             }
             // The cleaner: deleted subvolumes' trees are dropped a step at a time (each
-            // step holds the filesystem briefly), until none is left or it is time to
-            // look again; what it dropped is committed then.
+            // step holds the filesystem briefly and is committed), until none is left or
+            // it is time to look again.
             let started = std::time::Instant::now();
-            let mut dropped = false;
             while started.elapsed() < interval {
                 match fs.clean_step() {
-                    Ok(true) => dropped = true,
+                    Ok(true) => {}
                     Ok(false) => break,
                     Err(e) => {
                         log::error!("dropping a deleted subvolume failed: {e}");
                         break;
                     }
-                }
-            }
-            if dropped {
-                if let Err(e) = fs.sync() {
-                    log::error!("committing a dropped subvolume failed: {e}");
                 }
             }
         });

@@ -7,7 +7,7 @@
 //! as drop_progress, with the root's level as drop_level: the subtrees under the root's
 //! slots before that key are gone, as `btrfs check` and the kernel read it; a crash or an
 //! unmount resumes there. The last step frees the root and deletes the ROOT_ITEM and the
-//! orphan item. Steps run in transactions of their own, after the deletion was committed.
+//! orphan item. Steps run in transactions of their own (see `clean_step`).
 
 use crate::backref::By;
 use crate::ctree::BlockSource;
@@ -24,23 +24,29 @@ use std::ops::ControlFlow;
 const STEP_ITEMS: u64 = 64;
 
 impl Filesystem {
-    /// Drops part of one deleted subvolume's tree, if one waits; false when none does.
+    /// Drops part of one deleted subvolume's tree, if one waits, and commits; false when
+    /// none waits. The step runs in a transaction of its own, between two commits: a step
+    /// that fails on a damaged tree aborts only itself (the filesystem turns read-only, as
+    /// the kernel's does), never changes of others waiting for a commit.
     pub fn clean_step(&self) -> Result<bool> {
-        let (id, touched) = {
-            let core = self.core_read();
-            let Some(id) = core.next_dead_root()? else {
-                return Ok(false);
-            };
-            (id, core.running_root(id).is_some())
+        let Some(id) = self.core_read().next_dead_root()? else {
+            return Ok(false);
         };
-        if touched {
-            // Changed in the running transaction before its deletion: its new blocks'
-            // extent items exist only once that commits.
-            self.sync()?;
+        let (before, step, after) = {
+            let mut core = self.core_mut();
+            let before = core.close_running()?;
+            let step = core.write_op(Reserve::items(STEP_ITEMS), |t| t.drop_step(id));
+            let after = match step {
+                Ok(()) => core.close_running()?,
+                Err(_) => None,
+            };
+            (before, step, after)
+        };
+        // Written without the lock, in order (the commit pipe orders superblocks).
+        for io in [before, after].into_iter().flatten() {
+            io.write()?;
         }
-        let mut core = self.core_mut();
-        core.write_op(Reserve::items(STEP_ITEMS), |t| t.drop_step(id))?;
-        Ok(true)
+        step.map(|()| true)
     }
 
     /// Drops every deleted subvolume's tree, then commits.
