@@ -11,13 +11,21 @@ fn open(path: &Path) -> Result<File, String> {
 }
 
 /// One ioctl with `buf` as its argument (in and out).
-fn ioctl(f: &File, path: &Path, c: u32, buf: &mut [u8]) -> Result<(), String> {
+fn raw_ioctl(f: &File, c: u32, buf: &mut [u8]) -> std::io::Result<()> {
     // SAFETY: `buf` is as long as the size encoded in `c`, and lives across the call.
     let r = unsafe { libc::ioctl(f.as_raw_fd(), c as libc::Ioctl, buf.as_mut_ptr()) };
     if r == 0 {
-        return Ok(());
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
     }
-    let e = std::io::Error::last_os_error();
+}
+
+/// `raw_ioctl`, its error said in a user's terms.
+fn ioctl(f: &File, path: &Path, c: u32, buf: &mut [u8]) -> Result<(), String> {
+    let Err(e) = raw_ioctl(f, c, buf) else {
+        return Ok(());
+    };
     Err(match e.raw_os_error() {
         Some(libc::ENOTTY) | Some(libc::EINVAL) if c == cmd::SUBVOL_OF => format!(
             "{} is not on a mounted oleo filesystem (an image needs --image)",
@@ -33,6 +41,15 @@ pub fn subvol_of(path: &Path) -> Result<cmd::SubvolOf, String> {
     let mut b = vec![0u8; cmd::SUBVOL_OF_SIZE];
     ioctl(&f, path, cmd::SUBVOL_OF, &mut b)?;
     Ok(cmd::SubvolOf::parse(&b))
+}
+
+/// The subvolume whose root directory `path` is; an error if it is not one.
+pub fn subvolume_root(path: &Path) -> Result<cmd::SubvolOf, String> {
+    let s = subvol_of(path)?;
+    if s.ino != oleo::format::key::objectid::FIRST_FREE {
+        return Err(format!("Not a Btrfs subvolume: {}", path.display()));
+    }
+    Ok(s)
 }
 
 /// Creates subvolume `name` in directory `dir`.
@@ -62,10 +79,7 @@ pub fn delete(dir: &Path, name: &str) -> Result<(), String> {
 /// kernel still holds of the source in its page cache goes to the daemon first
 /// (`push_page_cache`).
 pub fn snapshot(source: &Path, dir: &Path, name: &str, readonly: bool) -> Result<(), String> {
-    let src = subvol_of(source)?;
-    if src.ino != oleo::format::key::objectid::FIRST_FREE {
-        return Err(format!("Not a Btrfs subvolume: {}", source.display()));
-    }
+    let src = subvolume_root(source)?;
     subvol_of(dir)?;
     push_page_cache(source)?;
     let mut b = cmd::SnapshotArgs {
@@ -112,10 +126,7 @@ fn push_page_cache(dir: &Path) -> Result<(), String> {
 
 /// Sets the read-only flag of the subvolume whose root is `path`.
 pub fn set_readonly(path: &Path, readonly: bool, force: bool) -> Result<(), String> {
-    let s = subvol_of(path)?;
-    if s.ino != oleo::format::key::objectid::FIRST_FREE {
-        return Err(format!("Not a Btrfs subvolume: {}", path.display()));
-    }
+    subvolume_root(path)?;
     let flags = (u64::from(readonly) * cmd::RO) | (u64::from(force) * cmd::FORCE);
     ioctl(&open(path)?, path, cmd::SET_FLAGS, &mut flags.to_le_bytes())
 }
@@ -143,20 +154,10 @@ pub fn list(path: &Path) -> Result<Vec<cmd::SubvolInfo>, String> {
     loop {
         let mut b = vec![0u8; cmd::INFO_SIZE];
         b[..8].copy_from_slice(&next.to_le_bytes());
-        // SAFETY: as in `ioctl`.
-        let r = unsafe {
-            libc::ioctl(
-                f.as_raw_fd(),
-                cmd::NEXT_SUBVOL as libc::Ioctl,
-                b.as_mut_ptr(),
-            )
-        };
-        if r != 0 {
-            let e = std::io::Error::last_os_error();
-            if e.raw_os_error() == Some(libc::ENOENT) {
-                return Ok(out);
-            }
-            return Err(format!("{}: {e}", path.display()));
+        match raw_ioctl(&f, cmd::NEXT_SUBVOL, &mut b) {
+            Ok(()) => {}
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(out),
+            Err(e) => return Err(format!("{}: {e}", path.display())),
         }
         let s = cmd::SubvolInfo::parse(&b);
         next = s.id + 1;

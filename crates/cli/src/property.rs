@@ -3,7 +3,7 @@
 //! is not mounted.
 
 use crate::on_mount;
-use crate::subvolume::{open, resolve, shown};
+use crate::subvolume::{open, shown, subvolume_at};
 use std::path::Path;
 use std::path::PathBuf;
 
@@ -88,12 +88,4 @@ pub fn run(a: &PropertyArgs) -> Result<(), String> {
             }
         }
     }
-}
-
-fn subvolume_at(fs: &oleo::Filesystem, path: &str) -> Result<u64, String> {
-    let id = resolve(fs, path)?;
-    if id.ino != oleo::format::key::objectid::FIRST_FREE {
-        return Err(format!("Not a Btrfs subvolume: {}", shown(path)));
-    }
-    Ok(id.subvol)
 }

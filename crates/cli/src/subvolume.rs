@@ -169,19 +169,11 @@ pub fn run(a: &SubvolumeArgs) -> Result<(), String> {
             let (id, subs) = match image {
                 None => {
                     let p = Path::new(path);
-                    let s = on_mount::subvol_of(p)?;
-                    if s.ino != oleo::format::key::objectid::FIRST_FREE {
-                        return Err(format!("Not a Btrfs subvolume: {path}"));
-                    }
-                    (s.id, on_mount::list(p)?)
+                    (on_mount::subvolume_root(p)?.id, on_mount::list(p)?)
                 }
                 Some(image) => {
                     let fs = open(image, true)?;
-                    let at = resolve(&fs, path)?;
-                    if at.ino != oleo::format::key::objectid::FIRST_FREE {
-                        return Err(format!("Not a Btrfs subvolume: {}", shown(path)));
-                    }
-                    (at.subvol, image_subvolumes(&fs)?)
+                    (subvolume_at(&fs, path)?, image_subvolumes(&fs)?)
                 }
             };
             let s = subs
@@ -240,13 +232,7 @@ pub fn run(a: &SubvolumeArgs) -> Result<(), String> {
                     let p = Path::new(path);
                     let id = match id {
                         Some(id) => id,
-                        None => {
-                            let s = on_mount::subvol_of(p)?;
-                            if s.ino != oleo::format::key::objectid::FIRST_FREE {
-                                return Err(format!("Not a Btrfs subvolume: {path}"));
-                            }
-                            s.id
-                        }
+                        None => on_mount::subvolume_root(p)?.id,
                     };
                     on_mount::set_default(p, id)
                 }
@@ -254,13 +240,7 @@ pub fn run(a: &SubvolumeArgs) -> Result<(), String> {
                     let fs = open(image, false)?;
                     let id = match id {
                         Some(id) => id,
-                        None => {
-                            let at = resolve(&fs, path)?;
-                            if at.ino != oleo::format::key::objectid::FIRST_FREE {
-                                return Err(format!("Not a Btrfs subvolume: {}", shown(path)));
-                            }
-                            at.subvol
-                        }
+                        None => subvolume_at(&fs, path)?,
                     };
                     let id = if id == 0 {
                         oleo::format::key::objectid::FS_TREE
@@ -292,10 +272,7 @@ pub fn run(a: &SubvolumeArgs) -> Result<(), String> {
             dest,
         } => {
             let fs = open(image, false)?;
-            let src = resolve(&fs, source)?;
-            if src.ino != oleo::format::key::objectid::FIRST_FREE {
-                return Err(format!("Not a Btrfs subvolume: {}", shown(source)));
-            }
+            let src = subvolume_at(&fs, source)?;
             // As btrfs: into an existing directory under the source's name, else as DEST.
             let (parent, name) = match resolve(&fs, dest) {
                 Ok(dir) => {
@@ -321,7 +298,7 @@ pub fn run(a: &SubvolumeArgs) -> Result<(), String> {
                 shown(source),
                 shown(&format!("{}/{name}", shown_dir(&fs, parent))),
             );
-            fs.snapshot(src.subvol, parent, name.as_bytes(), *readonly)
+            fs.snapshot(src, parent, name.as_bytes(), *readonly)
                 .map_err(|e| format!("cannot snapshot '{}': {e}", shown(source)))?;
             Ok(())
         }
@@ -519,6 +496,15 @@ pub fn open(image: &PathBuf, read_only: bool) -> Result<Filesystem, String> {
 pub fn resolve(fs: &Filesystem, path: &str) -> Result<InodeId, String> {
     fs.resolve_path(fs.root(), path.trim_matches('/').as_bytes())
         .map_err(|e| format!("{}: {e}", shown(path)))
+}
+
+/// The subvolume whose root directory `path` (inside the filesystem) is.
+pub fn subvolume_at(fs: &Filesystem, path: &str) -> Result<u64, String> {
+    let id = resolve(fs, path)?;
+    if id.ino != oleo::format::key::objectid::FIRST_FREE {
+        return Err(format!("Not a Btrfs subvolume: {}", shown(path)));
+    }
+    Ok(id.subvol)
 }
 
 /// The directory that holds `path` and the last name in it.

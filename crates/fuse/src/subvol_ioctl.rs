@@ -48,6 +48,11 @@ fn u64_at(b: &[u8], at: usize) -> u64 {
         .map_or(0, u64::from_le_bytes)
 }
 
+/// The u64 argument of SET_FLAGS, SET_DEFAULT and NEXT_SUBVOL (0 if short).
+pub fn u64_arg(b: &[u8]) -> u64 {
+    u64_at(b, 0)
+}
+
 /// A NUL-terminated name or path out of a fixed field.
 fn c_str(b: &[u8]) -> &[u8] {
     b.iter().position(|&c| c == 0).map_or(b, |n| &b[..n])

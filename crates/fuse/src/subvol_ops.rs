@@ -61,10 +61,7 @@ impl OleoFuse {
                 Ok(Vec::new())
             }
             cmd::SET_DEFAULT => {
-                let target = data
-                    .get(..8)
-                    .and_then(|b| b.try_into().ok())
-                    .map_or(0, u64::from_le_bytes);
+                let target = cmd::u64_arg(data);
                 self.mutate(|fs| fs.set_default_subvolume(target))?;
                 Ok(Vec::new())
             }
@@ -78,10 +75,7 @@ impl OleoFuse {
                 if id.ino != oleo::format::key::objectid::FIRST_FREE {
                     return Err(Errno(libc::EINVAL));
                 }
-                let flags = data
-                    .get(..8)
-                    .and_then(|b| b.try_into().ok())
-                    .map_or(0, u64::from_le_bytes);
+                let flags = cmd::u64_arg(data);
                 self.mutate(|fs| {
                     fs.set_subvolume_readonly(
                         id.subvol,
@@ -92,10 +86,7 @@ impl OleoFuse {
                 Ok(Vec::new())
             }
             cmd::NEXT_SUBVOL => {
-                let min = data
-                    .get(..8)
-                    .and_then(|b| b.try_into().ok())
-                    .map_or(0, u64::from_le_bytes);
+                let min = cmd::u64_arg(data);
                 let mut all = self.fs.list_subvolumes().map_err(errno)?;
                 all.sort_by_key(|s| s.id);
                 let s = all
