@@ -94,10 +94,6 @@ const BTRFS_IGNORED: &[&str] = &[
     "clear_cache",
     "autodefrag",
     "noautodefrag",
-    "nodatacow",
-    "datacow",
-    "nodatasum",
-    "datasum",
     "skip_balance",
     "acl",
     "noacl",
@@ -160,6 +156,17 @@ fn plan(options: &[String], rw_is_explicit: bool) -> Result<Plan, String> {
         match (name, value) {
             ("ro", None) => p.writable = Some(false),
             ("nologreplay", None) | ("rescue", Some("nologreplay")) => p.open.log_replay = false,
+            // As in the kernel: nodatacow implies nodatasum, datasum implies datacow.
+            ("nodatacow", None) => {
+                p.open.nodatacow = true;
+                p.open.nodatasum = true;
+            }
+            ("datacow", None) => p.open.nodatacow = false,
+            ("nodatasum", None) => p.open.nodatasum = true,
+            ("datasum", None) => {
+                p.open.nodatasum = false;
+                p.open.nodatacow = false;
+            }
             ("rw", None) if rw_is_explicit => p.writable = Some(true),
             ("rw", None) => {}
             ("commit", Some(v)) => {

@@ -108,6 +108,11 @@ impl DelayedRefs {
         self.data.values().any(|h| h.refs.values().any(|&d| d < 0))
     }
 
+    /// The queued changes to data extent `bytenr`'s references.
+    pub(crate) fn data_head(&self, bytenr: u64) -> Option<&DataHead> {
+        self.data.get(&bytenr)
+    }
+
     pub(crate) fn is_empty(&self) -> bool {
         self.tree.is_empty() && self.data.is_empty()
     }

@@ -21,6 +21,9 @@ pub enum Error {
     NoXattr,
     #[error("read-only filesystem")]
     ReadOnly,
+    /// The inode's flags forbid it (immutable, append-only): EPERM.
+    #[error("operation not permitted: {0}")]
+    NotPermitted(String),
     #[error("value too large for the given buffer")]
     Range,
     /// lseek's SEEK_DATA/SEEK_HOLE past the end of the file, or no data after the offset.
@@ -96,6 +99,7 @@ impl Error {
             Error::InvalidArgument(_) => libc::EINVAL,
             Error::NoXattr => libc::ENODATA,
             Error::ReadOnly => libc::EROFS,
+            Error::NotPermitted(_) => libc::EPERM,
             Error::Range => libc::ERANGE,
             Error::NoSuchOffset => libc::ENXIO,
             Error::Unsupported(_) => libc::EOPNOTSUPP,

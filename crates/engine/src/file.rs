@@ -30,6 +30,10 @@ pub(crate) struct Mapping {
     pub(crate) compression: Compression,
     pub(crate) ram_bytes: u64,
     pub(crate) kind: MappingKind,
+    /// The item's generation and, for regular and prealloc extents, (prealloc,
+    /// disk_bytenr, disk_num_bytes, offset) as stored (in-place writes check them).
+    pub(crate) generation: u64,
+    pub(crate) extent: Option<(bool, u64, u64, u64)>,
 }
 
 pub(crate) enum MappingKind {
@@ -94,12 +98,24 @@ impl FsCore {
                     offset,
                 },
             };
+            let extent = match fe.body {
+                FileExtentBody::Extent {
+                    prealloc,
+                    disk_bytenr,
+                    disk_num_bytes,
+                    offset,
+                    ..
+                } => Some((prealloc, disk_bytenr, disk_num_bytes, offset)),
+                FileExtentBody::Inline { .. } => None,
+            };
             let m = Mapping {
                 file_start: key.offset,
                 file_len: fe.file_len(),
                 compression: fe.compression,
                 ram_bytes: fe.ram_bytes,
                 kind,
+                generation: fe.generation,
+                extent,
             };
             if f(m).is_break() {
                 break;

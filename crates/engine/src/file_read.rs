@@ -230,7 +230,7 @@ impl FsCore {
     }
 
     /// Per-sector checksums for `[start, end)`; None where the csum tree has none.
-    fn data_csums(&self, start: u64, end: u64) -> Result<Vec<Option<Vec<u8>>>> {
+    pub(crate) fn data_csums(&self, start: u64, end: u64) -> Result<Vec<Option<Vec<u8>>>> {
         let sector = self.sb.sectorsize as u64;
         let size = self.sb.csum_type().size();
         let mut out = vec![None; ((end - start) / sector) as usize];

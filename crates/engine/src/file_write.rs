@@ -690,6 +690,10 @@ impl Transaction<'_> {
         if at < b {
             holes.push((at, b));
         }
+        if !holes.is_empty() {
+            // As the kernel's btrfs_prealloc_file_range: writes look for prealloc extents.
+            inode.flags |= oleo_format::items::INODE_FLAG_PREALLOC;
+        }
         for (s, e) in holes {
             inode.nbytes = inode.nbytes.saturating_sub(self.drop_extents(id, s, e)?);
             let mut at = s;

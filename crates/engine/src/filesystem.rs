@@ -55,6 +55,8 @@ pub struct Filesystem {
     io: std::sync::Arc<crate::disk_io::DiskIo>,
     /// Per-file locks, taken before `core` (see `inode_lock`).
     inode_locks: InodeLocks,
+    /// In-place writers against snapshots (see `nocow`), taken before `core`.
+    nocow: crate::nocow::NocowWriters,
 }
 
 /// Operations that read: they share the lock.
@@ -105,6 +107,7 @@ impl Filesystem {
             io: std::sync::Arc::clone(&core.io),
             core: RwLock::new(core),
             inode_locks: InodeLocks::default(),
+            nocow: Default::default(),
         }
     }
 
@@ -112,7 +115,7 @@ impl Filesystem {
     /// A block it misses is read with the lock let go, under a read pin (so its space is
     /// not reused meanwhile), and `f` runs again: a cold read never holds the lock while
     /// the device works, and writers never wait for it.
-    fn lookup_op<R>(&self, f: impl Fn(&FsCore) -> Result<R>) -> Result<R> {
+    pub(crate) fn lookup_op<R>(&self, f: impl Fn(&FsCore) -> Result<R>) -> Result<R> {
         // A path longer than this many misses (a cache too small to hold it) is read with
         // the lock held, as before.
         const MAX_MISSES: usize = 16;
@@ -232,6 +235,10 @@ impl Filesystem {
         &self.inode_locks
     }
 
+    pub(crate) fn nocow_writers(&self) -> &crate::nocow::NocowWriters {
+        &self.nocow
+    }
+
     /// Changes a file's size, owner, mode or times (its data changes with its size).
     pub fn setattr(&self, id: InodeId, set: &SetAttr) -> Result<Attr> {
         let _file = self.inode_locks.lock(id);
@@ -253,7 +260,9 @@ impl Filesystem {
         dst_off: u64,
         len: u64,
     ) -> Result<u64> {
-        let _file = self.inode_locks.lock(dst);
+        // The source too: an in-place write into an extent being shared would show in the
+        // copy after it was made.
+        let _files = self.inode_locks.lock_two(src, dst);
         self.core_mut()
             .copy_file_range(src, src_off, dst, dst_off, len)
     }
@@ -341,6 +350,21 @@ impl Filesystem {
     /// change (`tree_log::log_inode`, `tree_log::log_dir`), the transaction commits
     /// instead. An inode with nothing new costs no IO.
     pub fn fsync(&self, id: InodeId, _datasync: bool) -> Result<()> {
+        // Data written in place is in no tree: with nothing to log, a flush makes it durable.
+        let written_in_place = self.nocow.take_unsynced(id);
+        let mut r = self.fsync_inode(id);
+        if written_in_place && r.is_ok() {
+            // The log sync that covered this inode may have been written before its data
+            // (it had no item to log): one more flush, cheap with nothing new to write.
+            r = self.io.flush();
+        }
+        if r.is_err() && written_in_place {
+            self.nocow.mark_unsynced(id);
+        }
+        r
+    }
+
+    fn fsync_inode(&self, id: InodeId) -> Result<()> {
         let plan = {
             // This file's writes in flight finish first: their items must be in.
             let _file = self.inode_locks.lock(id);

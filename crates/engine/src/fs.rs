@@ -143,6 +143,10 @@ pub struct OpenOptions {
     /// in memory only when read-only. False keeps the last committed state, like
     /// `rescue=nologreplay`.
     pub log_replay: bool,
+    /// New regular files get NODATACOW and NODATASUM (mount option `nodatacow`).
+    pub nodatacow: bool,
+    /// New regular files get NODATASUM (mount option `nodatasum`).
+    pub nodatasum: bool,
 }
 
 impl Default for OpenOptions {
@@ -154,6 +158,8 @@ impl Default for OpenOptions {
             cache_bytes: 256 << 20,
             max_inline: 2048,
             log_replay: true,
+            nodatacow: false,
+            nodatasum: false,
         }
     }
 }
@@ -182,6 +188,9 @@ pub struct FsCore {
     pub(crate) aborted: Option<String>,
     /// Files up to this many bytes are stored inline (mount option max_inline).
     pub(crate) max_inline: u64,
+    /// Mount options `nodatacow` and `nodatasum`: flags of new regular files.
+    pub(crate) mount_nodatacow: bool,
+    pub(crate) mount_nodatasum: bool,
     /// Dirty tree blocks beyond this many bytes force a commit.
     pub(crate) dirty_limit: u64,
     /// Next free inode number per subvolume, and next DIR_INDEX per directory (only we
@@ -328,6 +337,8 @@ impl FsCore {
             running: None,
             aborted: None,
             max_inline: options.max_inline,
+            mount_nodatacow: options.nodatacow,
+            mount_nodatasum: options.nodatasum || options.nodatacow,
             dirty_limit: (cache_bytes / 2).max(4 << 20),
             next_ino: Mutex::new(HashMap::new()),
             next_index: Mutex::new(Default::default()),

@@ -1,36 +1,84 @@
 //! Per-inode locks: operations that change one file's data or size (write, truncate,
-//! fallocate, copy into it) hold its lock across all their steps, so a write whose data
-//! goes to the device outside the filesystem's lock (`ordered_extent`) finds the file as
-//! it left it. Taken before the filesystem's lock, never while holding it.
+//! fallocate, copy into it or out of it) hold its lock alone across all their steps, so a
+//! write whose data goes to the device outside the filesystem's lock (`ordered_extent`)
+//! finds the file as it left it. Writes that overwrite data in place (`nocow`) change no
+//! item, so they share it with each other. Taken before the filesystem's lock, never
+//! while holding it.
 
 use crate::fs::InodeId;
-use parking_lot::{ArcMutexGuard, Mutex, RawMutex};
+use parking_lot::{ArcRwLockReadGuard, ArcRwLockWriteGuard, Mutex, RawRwLock, RwLock};
 use std::collections::HashMap;
 use std::sync::Arc;
 
+type Lock = Arc<RwLock<()>>;
+
 #[derive(Default)]
 pub(crate) struct InodeLocks {
-    locks: Mutex<HashMap<InodeId, Arc<Mutex<()>>>>,
+    locks: Mutex<HashMap<InodeId, Lock>>,
+}
+
+enum Held {
+    Alone(ArcRwLockWriteGuard<RawRwLock, ()>),
+    Shared(ArcRwLockReadGuard<RawRwLock, ()>),
 }
 
 /// Held while an operation works on one inode; the entry goes when nobody wants it.
 pub(crate) struct InodeGuard<'a> {
     locks: &'a InodeLocks,
     id: InodeId,
-    guard: Option<ArcMutexGuard<RawMutex, ()>>,
+    guard: Option<Held>,
 }
 
 impl InodeLocks {
+    fn entry(&self, id: InodeId) -> Lock {
+        Arc::clone(self.locks.lock().entry(id).or_default())
+    }
+
+    /// The inode's lock alone.
     pub(crate) fn lock(&self, id: InodeId) -> InodeGuard<'_> {
-        let lock = Arc::clone(self.locks.lock().entry(id).or_default());
-        let guard = lock.try_lock_arc().unwrap_or_else(|| {
+        let lock = self.entry(id);
+        let guard = lock.try_write_arc().unwrap_or_else(|| {
             crate::blocking::will_wait();
-            lock.lock_arc()
+            lock.write_arc()
         });
+        self.guard(id, Held::Alone(guard))
+    }
+
+    /// The inode's lock shared with other in-place writers.
+    pub(crate) fn lock_shared(&self, id: InodeId) -> InodeGuard<'_> {
+        let lock = self.entry(id);
+        let guard = lock.try_read_arc().unwrap_or_else(|| {
+            crate::blocking::will_wait();
+            lock.read_arc()
+        });
+        self.guard(id, Held::Shared(guard))
+    }
+
+    /// Two inodes alone (a copy between files), in a fixed order so two copies in
+    /// opposite directions cannot wait for each other.
+    pub(crate) fn lock_two(
+        &self,
+        a: InodeId,
+        b: InodeId,
+    ) -> (InodeGuard<'_>, Option<InodeGuard<'_>>) {
+        if a == b {
+            return (self.lock(a), None);
+        }
+        let key = |id: InodeId| (id.subvol, id.ino);
+        if key(a) < key(b) {
+            let first = self.lock(a);
+            (first, Some(self.lock(b)))
+        } else {
+            let first = self.lock(b);
+            (first, Some(self.lock(a)))
+        }
+    }
+
+    fn guard(&self, id: InodeId, held: Held) -> InodeGuard<'_> {
         InodeGuard {
             locks: self,
             id,
-            guard: Some(guard),
+            guard: Some(held),
         }
     }
 }
@@ -40,7 +88,10 @@ impl Drop for InodeGuard<'_> {
         let Some(guard) = self.guard.take() else {
             return;
         };
-        let lock = Arc::clone(ArcMutexGuard::mutex(&guard));
+        let lock = match &guard {
+            Held::Alone(g) => Arc::clone(ArcRwLockWriteGuard::rwlock(g)),
+            Held::Shared(g) => Arc::clone(ArcRwLockReadGuard::rwlock(g)),
+        };
         drop(guard);
         let mut map = self.locks.locks.lock();
         // Only the map's reference and ours: nobody else holds or waits for it, and nobody

@@ -13,7 +13,7 @@ use crate::transaction::Transaction;
 use oleo_format::csum::name_hash;
 use oleo_format::items::{
     Compression, FileExtent, FileExtentBody, FileType, InodeItem, Timespec as DiskTime,
-    INODE_FLAG_NODATACOW, INODE_FLAG_NODATASUM,
+    INODE_FLAG_COMPRESS, INODE_FLAG_NOCOMPRESS, INODE_FLAG_NODATACOW, INODE_FLAG_NODATASUM,
 };
 use oleo_format::key::{item, Key};
 
@@ -328,8 +328,24 @@ impl Transaction<'_> {
             // An unreadable default ACL is ignored, as if absent.
             Ok(None) | Err(_) => mode &= !(umask & 0o777),
         }
+        // The kernel's btrfs_inherit_iflags, then the mount's data options.
+        let regular = mode & S_IFMT == S_IFREG;
         let mut flags = 0;
-        if dir.flags & INODE_FLAG_NODATACOW != 0 && mode & S_IFMT == S_IFREG {
+        if dir.flags & INODE_FLAG_NOCOMPRESS != 0 {
+            flags |= INODE_FLAG_NOCOMPRESS;
+        } else if dir.flags & INODE_FLAG_COMPRESS != 0 {
+            flags |= INODE_FLAG_COMPRESS;
+        }
+        if dir.flags & INODE_FLAG_NODATACOW != 0 {
+            flags |= INODE_FLAG_NODATACOW;
+            if regular {
+                flags |= INODE_FLAG_NODATASUM;
+            }
+        }
+        if regular && self.filesystem().mount_nodatasum {
+            flags |= INODE_FLAG_NODATASUM;
+        }
+        if regular && self.filesystem().mount_nodatacow {
             flags |= INODE_FLAG_NODATACOW | INODE_FLAG_NODATASUM;
         }
         let mut inode = InodeItem {
@@ -599,7 +615,13 @@ impl Transaction<'_> {
         self.write_inode(id, &mut inode)
     }
 
-    fn set_xattr(&mut self, id: InodeId, name: &[u8], value: &[u8], how: XattrSet) -> Result<()> {
+    pub(crate) fn set_xattr(
+        &mut self,
+        id: InodeId,
+        name: &[u8],
+        value: &[u8],
+        how: XattrSet,
+    ) -> Result<()> {
         if name.is_empty() {
             return Err(Error::InvalidArgument("empty xattr name".into()));
         }
@@ -643,7 +665,7 @@ impl Transaction<'_> {
         self.write_inode(id, &mut inode)
     }
 
-    fn remove_xattr(&mut self, id: InodeId, name: &[u8]) -> Result<()> {
+    pub(crate) fn remove_xattr(&mut self, id: InodeId, name: &[u8]) -> Result<()> {
         let mut inode = self.read_inode(id)?;
         self.filesystem().default_acls.lock().remove(&id);
         let key = Key::new(id.ino, item::XATTR_ITEM, name_hash(name));
@@ -714,6 +736,7 @@ impl FsCore {
             gid,
         } = *new;
         self.check_subvol_writable(parent.subvol)?;
+        self.check_may_add_entry(parent)?;
         if matches!(mode & S_IFMT, S_IFDIR | S_IFLNK) {
             return Err(Error::InvalidArgument(
                 "mknod cannot make directories or symlinks".into(),
@@ -740,6 +763,7 @@ impl FsCore {
             ..
         } = *new;
         self.check_subvol_writable(parent.subvol)?;
+        self.check_may_add_entry(parent)?;
         // As mkdir(2): only permission and sticky bits; set-group-ID comes from the parent.
         let mode = (mode & 0o1777) | S_IFDIR;
         let id = self.write_op(Reserve::items(8), |t| {
@@ -753,6 +777,7 @@ impl FsCore {
     /// `parent` supplies what a new file inherits (set-group-ID, default ACL, NOCOW).
     pub fn tmpfile(&mut self, parent: InodeId, new: &NewInode) -> Result<Attr> {
         self.check_subvol_writable(parent.subvol)?;
+        self.check_may_add_entry(parent)?;
         let id = self.write_op(Reserve::items(6), |t| t.create_tmpfile(parent, new))?;
         self.pin_open(id);
         self.getattr(id)
@@ -767,6 +792,7 @@ impl FsCore {
         gid: u32,
     ) -> Result<Attr> {
         self.check_subvol_writable(parent.subvol)?;
+        self.check_may_add_entry(parent)?;
         let limit = oleo_format::leaf_builder::max_item_size(self.sb.nodesize)
             - oleo_format::items::FILE_EXTENT_INLINE_HEADER;
         if target.is_empty() || target.len() > limit.min(4095) {
@@ -780,17 +806,22 @@ impl FsCore {
 
     pub fn link(&mut self, id: InodeId, parent: InodeId, name: &[u8]) -> Result<Attr> {
         self.check_subvol_writable(parent.subvol)?;
+        self.check_may_add_entry(parent)?;
+        // The VFS's may_linkat: an immutable or append-only inode gets no new names.
+        self.check_may_modify(id)?;
         self.write_op(Reserve::items(5), |t| t.link(id, parent, name))?;
         self.getattr(id)
     }
 
     pub fn unlink(&mut self, parent: InodeId, name: &[u8]) -> Result<()> {
         self.check_subvol_writable(parent.subvol)?;
+        self.check_entry_may_go(parent, name)?;
         self.write_op(Reserve::items(8), |t| t.remove(parent, name, false))
     }
 
     pub fn rmdir(&mut self, parent: InodeId, name: &[u8]) -> Result<()> {
         self.check_subvol_writable(parent.subvol)?;
+        self.check_entry_may_go(parent, name)?;
         self.write_op(Reserve::items(8), |t| t.remove(parent, name, true))
     }
 
@@ -803,6 +834,9 @@ impl FsCore {
         flags: RenameFlags,
     ) -> Result<()> {
         self.check_subvol_writable(parent.subvol)?;
+        self.check_entry_may_go(parent, name)?;
+        self.check_may_add_entry(new_parent)?;
+        self.check_entry_may_go(new_parent, new_name)?;
         if flags.exchange && flags.whiteout.is_some() {
             return Err(Error::InvalidArgument(
                 "a rename cannot both exchange and leave a whiteout".into(),
@@ -820,6 +854,12 @@ impl FsCore {
 
     pub fn setattr(&mut self, id: InodeId, set: &SetAttr) -> Result<Attr> {
         self.check_subvol_writable(id.subvol)?;
+        // Times alone may change on an append-only file (its writes move them).
+        if set.size.is_some() || set.mode.is_some() || set.uid.is_some() || set.gid.is_some() {
+            self.check_may_modify(id)?;
+        } else {
+            self.check_not_immutable(id)?;
+        }
         // Growing a file rewrites its partial last sector (or its inline extent) as data.
         // Only a size change reads the inode here: chmod and utimens stay one lookup.
         let grows = match set.size {
@@ -843,6 +883,7 @@ impl FsCore {
     /// Writes `data` at `offset`; returns the bytes written (all of them).
     pub fn write(&mut self, id: InodeId, offset: u64, data: &[u8]) -> Result<usize> {
         self.check_subvol_writable(id.subvol)?;
+        self.check_not_immutable(id)?;
         let need = self.write_reserve(id, offset, data.len() as u64)?;
         self.write_op(need, |t| t.write_file(id, offset, data))?;
         Ok(data.len())
@@ -877,6 +918,11 @@ impl FsCore {
         mode: FallocMode,
     ) -> Result<()> {
         self.check_subvol_writable(id.subvol)?;
+        // Allocating is appending's business; punching and zeroing change data.
+        match mode {
+            FallocMode::Allocate { .. } => self.check_not_immutable(id)?,
+            _ => self.check_may_modify(id)?,
+        }
         // Punching zeroes the partial sectors at both ends; allocating fills the holes of
         // the sector-rounded range (two sectors more than `len`), after the sector at the
         // old end of file is rewritten (`prepare_extend`); zeroing does both.
@@ -900,11 +946,13 @@ impl FsCore {
         how: XattrSet,
     ) -> Result<()> {
         self.check_subvol_writable(id.subvol)?;
+        self.check_may_modify(id)?;
         self.write_op(Reserve::items(4), |t| t.set_xattr(id, name, value, how))
     }
 
     pub fn removexattr(&mut self, id: InodeId, name: &[u8]) -> Result<()> {
         self.check_subvol_writable(id.subvol)?;
+        self.check_may_modify(id)?;
         self.write_op(Reserve::items(4), |t| t.remove_xattr(id, name))
     }
 }
@@ -921,6 +969,7 @@ impl FsCore {
         len: u64,
     ) -> Result<u64> {
         self.check_subvol_writable(dst.subvol)?;
+        self.check_not_immutable(dst)?;
         let sa = self.getattr(src)?;
         let da = self.getattr(dst)?;
         if sa.kind != FileKind::File || da.kind != FileKind::File {
@@ -951,7 +1000,10 @@ impl FsCore {
             && dst_off.is_multiple_of(sector)
             && (len % sector == 0 || tail_ok);
         let inline = sa.size <= self.max_inline.min(sector - 1);
-        if aligned && !inline && src != dst {
+        // As the kernel's remap: never make the destination partly checksummed (a
+        // NODATASUM source, NOCOW's, shares nothing with a checksummed file: it copies).
+        let same_sums = (sa.flags ^ da.flags) & INODE_FLAG_NODATASUM == 0;
+        if aligned && !inline && src != dst && same_sums {
             let clone_len = len.next_multiple_of(sector);
             let extents = clone_len / (1 << 20) + 2;
             self.write_op(

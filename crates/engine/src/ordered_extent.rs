@@ -18,7 +18,10 @@ use crate::file_write::OrderedWrite;
 use crate::filesystem::Filesystem;
 use crate::fs::{FileKind, FsCore, InodeId};
 use crate::reservation::Reserve;
-use oleo_format::items::{FileExtent, FileExtentBody, INODE_FLAG_NODATASUM};
+use oleo_format::items::{
+    FileExtent, FileExtentBody, INODE_FLAG_NODATACOW, INODE_FLAG_NODATASUM, INODE_FLAG_PREALLOC,
+    INODE_FLAG_SYNC,
+};
 use oleo_format::key::{item, Key};
 
 /// Writes shorter than this take the one-step path: the extra lock round trips would cost
@@ -117,8 +120,29 @@ impl FsCore {
 
 impl Filesystem {
     /// Writes `data` at `offset` of `id`; returns the bytes written (all of them).
+    /// A file flagged SYNC (chattr +S) is made durable before this returns.
     pub fn write(&self, id: InodeId, offset: u64, data: &[u8]) -> Result<usize> {
+        let flags = self.lookup_op(|core| core.getattr(id))?.flags;
+        let n = self.write_data(id, offset, data, flags)?;
+        if flags & INODE_FLAG_SYNC != 0 {
+            self.fsync(id, false)?;
+        }
+        Ok(n)
+    }
+
+    fn write_data(&self, id: InodeId, offset: u64, data: &[u8], flags: u64) -> Result<usize> {
+        if flags & INODE_FLAG_NODATACOW != 0 {
+            if let Some(n) = self.write_in_place(id, offset, data)? {
+                return Ok(n);
+            }
+        }
         let _file = self.inode_locks().lock(id);
+        // Space fallocate set aside takes the data where it is (`nocow`).
+        if flags & INODE_FLAG_PREALLOC != 0 {
+            if let Some(n) = self.fill_prealloc(id, offset, data)? {
+                return Ok(n);
+            }
+        }
         let plan = self.core_read().plan_write(id, offset, data)?;
         let Some(plan) = plan else {
             return self.core_mut().write(id, offset, data);
@@ -134,6 +158,7 @@ impl Filesystem {
         let (pieces, io, csum, sector) = {
             let mut core = self.core_mut();
             core.check_subvol_writable(id.subvol)?;
+            core.check_not_immutable(id)?;
             let pieces =
                 core.write_op(Reserve::items(1).data(len), |t| t.reserve_data_extents(len))?;
             let sb = core.superblock();

@@ -122,6 +122,13 @@ pub struct TxnState {
     pub(crate) incompat_needed: u64,
 }
 
+impl TxnState {
+    /// ROOT_ITEM.last_snapshot of `tree` as this transaction changed it, if it did.
+    pub(crate) fn last_snapshot_seen(&self, tree: u64) -> Option<u64> {
+        self.last_snapshots.get(&tree).copied()
+    }
+}
+
 /// A handle on the running transaction (generation T = last committed + 1). Dropping it
 /// leaves the changes in the running transaction for the next operation to join; `commit`
 /// writes them out.

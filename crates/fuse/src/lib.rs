@@ -8,6 +8,7 @@
 //! same value is st_ino, so inode numbers in the opened subvolume are exactly btrfs's and
 //! stay unique across the whole mount (all subvolumes share FUSE's one st_dev).
 
+mod fileattr_ops;
 mod listings;
 mod nodeid;
 mod ops;
@@ -110,17 +111,26 @@ impl OleoFuse {
     }
 
     /// Registers an open of `id`: a handle number and how the kernel should treat it.
-    fn open_handle(&self, ino: u64, flags: i32) -> (u64, u32) {
+    /// O_DIRECT opens, and writers of a SYNC file (each write made durable as it is made),
+    /// bypass the page cache; direct writes to one file that do not extend it run in
+    /// parallel (in-place writes share the file's lock, see the engine's `nocow`).
+    fn open_handle(&self, ino: u64, flags: i32, sync_inode: bool) -> (u64, u32) {
         let writing = self.settings.writable && flags & libc::O_ACCMODE != libc::O_RDONLY;
         if writing && self.space.is_low() {
             // Leaving low space is noticed here, when it matters.
             self.space.update(Self::available(&self.fs));
         }
-        let mode = self.space.open_mode(writing);
+        let mut mode = self.space.open_mode(writing);
+        let direct = flags & libc::O_DIRECT != 0 || writing && sync_inode;
+        if direct && mode == OpenMode::Cached {
+            mode = OpenMode::Direct;
+        }
         let fh = self.space.opened(ino, mode);
-        match mode {
-            OpenMode::Direct => (fh, abi::fopen::DIRECT_IO | abi::fopen::KEEP_CACHE),
-            _ => (fh, abi::fopen::KEEP_CACHE),
+        if direct || mode == OpenMode::Direct {
+            let f = abi::fopen::DIRECT_IO | abi::fopen::PARALLEL_DIRECT_WRITES;
+            (fh, f | abi::fopen::KEEP_CACHE)
+        } else {
+            (fh, abi::fopen::KEEP_CACHE)
         }
     }
 

@@ -1,9 +1,11 @@
 //! One function per FUSE request: decode what the kernel sent into an engine call, encode
 //! the answer. `dispatch` routes; nothing here decides anything about the filesystem.
 
+use crate::fileattr_ops;
 use crate::transport::abi::{self, fattr};
 use crate::transport::{DirBuf, Errno, Handler, InitConfig, Op, Reply, Request};
 use crate::{errno, spawn_committer, write_direct, OleoFuse, MAX_IO};
+use oleo::fileattr::{INODE_FLAG_APPEND, INODE_FLAG_IMMUTABLE, INODE_FLAG_SYNC};
 use oleo::{FallocMode, NewInode, SetAttr, XattrSet};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -34,6 +36,7 @@ pub fn init_flags(writable: bool, uring: bool) -> u64 {
         | abi::init::BIG_WRITES
         | abi::init::ATOMIC_O_TRUNC
         | abi::init::DO_READDIRPLUS
+        | abi::init::ASYNC_DIO
         | abi::init::PARALLEL_DIROPS
         | abi::init::CACHE_SYMLINKS
         | abi::init::MAX_PAGES
@@ -51,6 +54,21 @@ pub fn init_flags(writable: bool, uring: bool) -> u64 {
         flags |= abi::init::WRITEBACK_CACHE | abi::init::DIRECT_IO_ALLOW_MMAP;
     }
     flags
+}
+
+/// What the VFS's may_open refuses for an inode's flags (FUSE leaves it to the server):
+/// writing an immutable file, and writing an append-only one but at its end.
+fn check_open_allowed(inode_flags: u64, flags: i32) -> Result<(), Errno> {
+    let writing = flags & libc::O_ACCMODE != libc::O_RDONLY;
+    if inode_flags & INODE_FLAG_IMMUTABLE != 0 && (writing || flags & libc::O_TRUNC != 0) {
+        return Err(Errno::EPERM);
+    }
+    if inode_flags & INODE_FLAG_APPEND != 0
+        && (writing && flags & libc::O_APPEND == 0 || flags & libc::O_TRUNC != 0)
+    {
+        return Err(Errno::EPERM);
+    }
+    Ok(())
 }
 
 impl Handler for OleoFuse {
@@ -151,6 +169,11 @@ impl Handler for OleoFuse {
             ),
             Op::Syncfs => empty(self.mutate(|fs| fs.sync().map(drop)), reply),
             Op::Ioctl { arg, data } => match arg.cmd {
+                c if fileattr_ops::is_fileattr_ioctl(c) => {
+                    answer(self.fileattr_ioctl(node, c, data), reply, |out, r| {
+                        r.ioctl(0, &out)
+                    })
+                }
                 // `btrfs filesystem sync`: commit the transaction. The only way a FUSE
                 // client has to ask for one (syncfs(2) reaches no FUSE server).
                 // On a read-only mount there is nothing to commit.
@@ -396,12 +419,14 @@ impl OleoFuse {
             return Err(Errno::EROFS);
         }
         let id = self.id(node)?;
+        let inode_flags = self.fs.getattr(id).map_err(errno)?.flags;
+        check_open_allowed(inode_flags, flags)?;
         if open_flags & abi::OPEN_KILL_SUIDGID != 0 {
             self.kill_suid(id, req.gid)?;
         }
         // An open file outlives its last name (it becomes an orphan until release).
         self.fs.pin_open(id);
-        Ok(self.open_handle(node, flags))
+        Ok(self.open_handle(node, flags, inode_flags & INODE_FLAG_SYNC != 0))
     }
 
     /// CREATE, or with no name TMPFILE: a regular file with no name, which lives while
@@ -432,7 +457,7 @@ impl OleoFuse {
         match r.and_then(|a| Ok((self.entry_out(&a)?, a.id))) {
             Ok((e, id)) => {
                 self.remember(e.nodeid, id);
-                let (fh, open_flags) = self.open_handle(e.nodeid, arg.flags as i32);
+                let (fh, open_flags) = self.open_handle(e.nodeid, arg.flags as i32, false);
                 reply.created(&e, fh, open_flags)
             }
             Err(e) => reply.error(e),

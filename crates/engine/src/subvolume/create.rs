@@ -81,6 +81,9 @@ impl Filesystem {
         name: &[u8],
         readonly: bool,
     ) -> Result<u64> {
+        // In-place writes to the source finish first, and none starts until the snapshot
+        // shares its extents (after that they are older than its last snapshot).
+        let _nocow = self.nocow_writers().exclusive();
         let (id, commits) = {
             let mut core = self.core_mut();
             core.check_subvol_writable(parent.subvol)?;

@@ -23,6 +23,8 @@ impl Filesystem {
     /// others and the one this filesystem was opened at. Files still open in it stay open
     /// (as with the kernel), but writes to them are refused from then on.
     pub fn delete_subvolume(&self, parent: InodeId, name: &[u8]) -> Result<u64> {
+        // In-place writes into the dying tree's extents finish before they can be freed.
+        let _nocow = self.nocow_writers().exclusive();
         let mut core = self.core_mut();
         core.check_subvol_writable(parent.subvol)?;
         let id = match core.lookup(parent, name)? {

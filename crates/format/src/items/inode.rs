@@ -11,6 +11,16 @@ pub const INODE_ITEM_SIZE: usize = 160;
 
 pub const INODE_FLAG_NODATASUM: u64 = 0x1;
 pub const INODE_FLAG_NODATACOW: u64 = 0x2;
+pub const INODE_FLAG_READONLY: u64 = 0x4;
+pub const INODE_FLAG_NOCOMPRESS: u64 = 0x8;
+pub const INODE_FLAG_PREALLOC: u64 = 0x10;
+pub const INODE_FLAG_SYNC: u64 = 0x20;
+pub const INODE_FLAG_IMMUTABLE: u64 = 0x40;
+pub const INODE_FLAG_APPEND: u64 = 0x80;
+pub const INODE_FLAG_NODUMP: u64 = 0x100;
+pub const INODE_FLAG_NOATIME: u64 = 0x200;
+pub const INODE_FLAG_DIRSYNC: u64 = 0x400;
+pub const INODE_FLAG_COMPRESS: u64 = 0x800;
 /// Only in a ROOT_ITEM's embedded inode: the root item has the v2 fields initialised.
 pub const INODE_FLAG_ROOT_ITEM_INIT: u64 = 0x8000_0000;
 /// All inode flag bits the kernel knows (low 32 bits) plus VERITY in the high half.

@@ -15,10 +15,7 @@ pub use extent::{
 pub use file_extent::{
     Compression, FileExtent, FileExtentBody, FILE_EXTENT_INLINE_HEADER, FILE_EXTENT_REG_SIZE,
 };
-pub use inode::{
-    InodeExtref, InodeItem, InodeRef, Timespec, INODE_FLAGS_KNOWN, INODE_FLAG_NODATACOW,
-    INODE_FLAG_NODATASUM, INODE_FLAG_ROOT_ITEM_INIT,
-};
+pub use inode::*;
 pub use root::{RootItem, RootRef, ROOT_ITEM_SIZE, ROOT_SUBVOL_RDONLY};
 pub use uuid::{uuid_key, UuidItem};
 pub use volumes::{

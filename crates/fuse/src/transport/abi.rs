@@ -63,6 +63,8 @@ pub mod init {
     pub const ATOMIC_O_TRUNC: u64 = 1 << 3;
     pub const BIG_WRITES: u64 = 1 << 5;
     pub const DO_READDIRPLUS: u64 = 1 << 13;
+    /// O_DIRECT requests of an asynchronous caller (io_uring, libaio) travel in parallel.
+    pub const ASYNC_DIO: u64 = 1 << 15;
     pub const WRITEBACK_CACHE: u64 = 1 << 16;
     pub const PARALLEL_DIROPS: u64 = 1 << 18;
     pub const POSIX_ACL: u64 = 1 << 20;
@@ -84,6 +86,8 @@ pub mod fopen {
     pub const DIRECT_IO: u32 = 1 << 0;
     pub const KEEP_CACHE: u32 = 1 << 1;
     pub const CACHE_DIR: u32 = 1 << 3;
+    /// Direct writes to one file that do not extend it may run in parallel.
+    pub const PARALLEL_DIRECT_WRITES: u32 = 1 << 6;
 }
 
 /// `fuse_setattr_in.valid` bits.
