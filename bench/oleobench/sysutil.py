@@ -333,6 +333,16 @@ def disk_counters(path):
     return None
 
 
+def cpu_busy_seconds():
+    """CPU time all CPUs spent busy so far (user, nice, system, irq, softirq, steal from
+    /proc/stat): the same ruler for kernel filesystems, whose work runs in the caller's
+    threads and in kernel workers, and for FUSE servers, whose work runs in their own."""
+    with open("/proc/stat") as f:
+        fields = f.readline().split()
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields[1:9])
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
 def drop_caches(timeout=600):
     """Cold cache for the next measurement: write back, then drop page, dentry
     and inode caches (FUSE targets additionally get a fresh mount). In a child:

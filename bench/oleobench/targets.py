@@ -258,9 +258,9 @@ class Oleo(Target):
     mount a fresh mkfs.btrfs image read-write (`-o rw` explicitly, so an image oleo
     cannot write fails the mount with oleo's reason instead of falling back to
     read-only) with the kernel target's mount options; oleo ignores the btrfs options
-    it does not implement (ssd, nodatacow). Snapshots: oleo has no way to take one
-    (no CLI verb, and FUSE cannot pass btrfs's snapshot ioctl), so seed 004 is N/A
-    unless --oleo-subvol-cmd and --oleo-snapshot-cmd say how."""
+    it does not implement (ssd) and honours the rest (nodatacow). Snapshots: through
+    the commands --oleo-subvol-cmd and --oleo-snapshot-cmd give (by default `oleo
+    subvolume create` and `oleo subvolume snapshot`)."""
     name, family = "oleo", "btrfs"
     # FUSE over io_uring (the kernel offers it once the fuse module's enable_uring is
     # set, which _mount does); oleo-devfuse is the same server on /dev/fuse alone.

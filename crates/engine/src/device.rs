@@ -95,7 +95,14 @@ pub struct Device {
 
 impl Device {
     pub fn open(path: &Path) -> Result<Device> {
-        Device::with_file(File::open(path)?, path, false)
+        let mut dev = Device::with_file(File::open(path)?, path, false)?;
+        use std::os::unix::fs::OpenOptionsExt;
+        dev.direct = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(path)
+            .ok();
+        Ok(dev)
     }
 
     /// Opens for reading and writing: the transaction layer writes through it.
@@ -108,6 +115,7 @@ impl Device {
         use std::os::unix::fs::OpenOptionsExt;
         // Not every filesystem under an image supports O_DIRECT (tmpfs): then buffered only.
         dev.direct = std::fs::OpenOptions::new()
+            .read(true)
             .write(true)
             .custom_flags(libc::O_DIRECT)
             .open(path)
@@ -156,6 +164,12 @@ impl Device {
 
     /// Writes all of `buf` at `offset`; never past the end of the device.
     pub fn write_all_at(&self, buf: &[u8], offset: u64) -> Result<()> {
+        self.write_all_at_mode(buf, offset, false)
+    }
+
+    /// `write_all_at`; with `uncached` (a caller's O_DIRECT write), around the page cache
+    /// of an image whenever the range is sector aligned, as the caller asked.
+    pub fn write_all_at_mode(&self, buf: &[u8], offset: u64, uncached: bool) -> Result<()> {
         if !self.writable {
             return Err(Error::ReadOnly);
         }
@@ -176,13 +190,25 @@ impl Device {
         }
         let aligned = |x: u64| x.is_multiple_of(DIRECT_ALIGN as u64);
         let direct = self.direct.as_ref().filter(|_| {
-            buf.len() >= WRITEBACK_KICK
+            (buf.len() >= WRITEBACK_KICK || uncached)
                 && aligned(offset)
                 && aligned(buf.len() as u64)
-                && aligned(buf.as_ptr() as u64)
         });
         if let Some(d) = direct {
-            d.write_all_at(buf, offset)?;
+            let staged;
+            let buf = if aligned(buf.as_ptr() as u64) {
+                buf
+            } else {
+                let mut b = IoBuf::zeroed(buf.len());
+                b.copy_from_slice(buf);
+                staged = b;
+                &staged
+            };
+            use std::os::fd::AsRawFd;
+            match crate::device_uring::write_at(d.as_raw_fd(), buf, offset) {
+                Some(r) => r?,
+                None => d.write_all_at(buf, offset)?,
+            }
         } else {
             self.file.write_all_at(buf, offset)?;
         }
@@ -247,6 +273,12 @@ impl Device {
     /// Fills `buf` from `offset`; reading past the end of the device is an error (a truncated
     /// image), never a short read passed off as data.
     pub fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+        self.read_exact_at_mode(buf, offset, false)
+    }
+
+    /// `read_exact_at`; with `uncached` (a caller's O_DIRECT read), around the page cache
+    /// of an image whenever the range is sector aligned.
+    pub fn read_exact_at_mode(&self, buf: &mut [u8], offset: u64, uncached: bool) -> Result<()> {
         let end = offset.checked_add(buf.len() as u64);
         if end.is_none_or(|e| e > self.size) {
             return Err(Error::Io(std::io::Error::new(
@@ -259,7 +291,26 @@ impl Device {
                 ),
             )));
         }
-        self.file.read_exact_at(buf, offset)?;
+        let aligned = |x: u64| x.is_multiple_of(DIRECT_ALIGN as u64);
+        match self.direct.as_ref() {
+            Some(d) if uncached && aligned(offset) && aligned(buf.len() as u64) => {
+                use std::os::fd::AsRawFd;
+                let read = |dst: &mut [u8]| -> std::io::Result<()> {
+                    match crate::device_uring::read_at(d.as_raw_fd(), dst, offset) {
+                        Some(r) => r,
+                        None => d.read_exact_at(dst, offset),
+                    }
+                };
+                if aligned(buf.as_ptr() as u64) {
+                    read(buf)?;
+                } else {
+                    let mut staged = IoBuf::zeroed(buf.len());
+                    read(&mut staged)?;
+                    buf.copy_from_slice(&staged);
+                }
+            }
+            _ => self.file.read_exact_at(buf, offset)?,
+        }
         Ok(())
     }
 }

@@ -157,6 +157,17 @@ impl DiskIo {
 
     /// Reads copy `mirror` of `[logical, logical + buf.len())`.
     pub fn read_logical(&self, logical: u64, buf: &mut [u8], mirror: usize) -> Result<()> {
+        self.read_logical_mode(logical, buf, mirror, false)
+    }
+
+    /// `read_logical`, around the device's page cache with `uncached` (see `Device`).
+    pub fn read_logical_mode(
+        &self,
+        logical: u64,
+        buf: &mut [u8],
+        mirror: usize,
+        uncached: bool,
+    ) -> Result<()> {
         let mut done = 0usize;
         let pieces = self.chunks.read().map(logical, buf.len() as u64, mirror)?;
         for piece in pieces {
@@ -168,7 +179,7 @@ impl DiskIo {
             }
             let len = piece.len as usize;
             self.device
-                .read_exact_at(&mut buf[done..done + len], piece.physical)?;
+                .read_exact_at_mode(&mut buf[done..done + len], piece.physical, uncached)?;
             done += len;
         }
         Ok(())
@@ -177,6 +188,11 @@ impl DiskIo {
     /// Writes `buf` at `logical` to every copy (all DUP/RAID1 mirrors). The cached block at
     /// `logical`, if any, is dropped: the address may hold a new block now.
     pub fn write_logical(&self, logical: u64, buf: &[u8]) -> Result<()> {
+        self.write_logical_mode(logical, buf, false)
+    }
+
+    /// `write_logical`, around the device's page cache with `uncached` (see `Device`).
+    pub fn write_logical_mode(&self, logical: u64, buf: &[u8], uncached: bool) -> Result<()> {
         let profile = self
             .chunks
             .read()
@@ -202,7 +218,7 @@ impl DiskIo {
                 }
                 let len = piece.len as usize;
                 self.device
-                    .write_all_at(&buf[done..done + len], piece.physical)?;
+                    .write_all_at_mode(&buf[done..done + len], piece.physical, uncached)?;
                 done += len;
             }
         }

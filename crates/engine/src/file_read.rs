@@ -29,6 +29,8 @@ pub(crate) struct ReadPlan {
     len: usize,
     pieces: Vec<Piece>,
     _pin: Option<ReadPin>,
+    /// Read around the device's page cache (a caller's O_DIRECT read).
+    pub(crate) uncached: bool,
 }
 
 /// Bytes `[at, at + len)` of the result and where they come from.
@@ -98,6 +100,7 @@ impl FsCore {
             len: 0,
             pieces: Vec::new(),
             _pin: pin,
+            uncached: false,
         };
         let end = offset.saturating_add(size as u64).min(attr.size);
         if offset >= end {
@@ -318,13 +321,15 @@ impl ReadPlan {
     }
 
     /// The sectors of `r`, from the first mirror whose checksums match.
-    fn read_verified(&self, r: &DataRead) -> Result<Vec<u8>> {
+    fn read_verified(&self, r: &DataRead) -> Result<crate::device::IoBuf> {
         let sector = self.sector as usize;
-        let mut buf = vec![0u8; (r.end - r.start) as usize];
+        // Aligned, so an uncached read lands in it directly.
+        let mut buf = crate::device::IoBuf::zeroed((r.end - r.start) as usize);
         let mirrors = self.io.num_mirrors(r.start).max(1);
         let mut bad_at = None;
         for mirror in 0..mirrors {
-            self.io.read_logical(r.start, &mut buf, mirror)?;
+            self.io
+                .read_logical_mode(r.start, &mut buf, mirror, self.uncached)?;
             bad_at = r.csums.iter().enumerate().find_map(|(i, c)| {
                 let c = c.as_ref()?;
                 let s = &buf[i * sector..(i + 1) * sector];

@@ -184,11 +184,22 @@ impl Filesystem {
     /// Reads up to `size` bytes at `offset` (fewer at the end of the file). Only finding
     /// the extents shares the lock; the data is read after letting go (see `file_read`).
     pub fn read(&self, id: InodeId, offset: u64, size: u32) -> Result<Vec<u8>> {
-        self.lookup_op(|core| {
+        self.read_mode(id, offset, size, false)
+    }
+
+    /// `read` for a caller's O_DIRECT read: the data comes from the device itself, not
+    /// from an image file's page cache, wherever it is sector aligned.
+    pub fn read_direct(&self, id: InodeId, offset: u64, size: u32) -> Result<Vec<u8>> {
+        self.read_mode(id, offset, size, true)
+    }
+
+    fn read_mode(&self, id: InodeId, offset: u64, size: u32, uncached: bool) -> Result<Vec<u8>> {
+        let mut plan = self.lookup_op(|core| {
             let pin = core.pipe.pin_read(core.running_transid());
             core.plan_read(id, offset, size, Some(pin))
-        })?
-        .execute()
+        })?;
+        plan.uncached = uncached;
+        plan.execute()
     }
 
     /// Visits every block of a tree (inspection tools). `f` runs under the shared lock:

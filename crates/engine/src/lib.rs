@@ -15,6 +15,7 @@ pub mod ctree;
 mod delayed_inode;
 mod delayed_ref;
 pub mod device;
+mod device_uring;
 mod dir;
 mod dir_item;
 pub mod disk_io;

@@ -40,6 +40,26 @@ pub(crate) struct NocowWriters {
     lock: RwLock<()>,
     /// Files written in place since their last fsync.
     unsynced: parking_lot::Mutex<HashSet<InodeId>>,
+    /// File ranges whose prealloc items are being turned into written ones: writes that
+    /// fill prealloc share the file's lock, so each holds its range alone.
+    filling: parking_lot::Mutex<Vec<(InodeId, u64, u64)>>,
+    filled: parking_lot::Condvar,
+}
+
+/// A range of a file held by one prealloc fill.
+pub(crate) struct RangeGuard<'a> {
+    owner: &'a NocowWriters,
+    range: (InodeId, u64, u64),
+}
+
+impl Drop for RangeGuard<'_> {
+    fn drop(&mut self) {
+        let mut held = self.owner.filling.lock();
+        if let Some(i) = held.iter().position(|r| *r == self.range) {
+            held.swap_remove(i);
+        }
+        self.owner.filled.notify_all();
+    }
 }
 
 impl NocowWriters {
@@ -60,6 +80,23 @@ impl NocowWriters {
     /// True if `id` was written in place since the last call (an fsync must flush).
     pub(crate) fn take_unsynced(&self, id: InodeId) -> bool {
         self.unsynced.lock().remove(&id)
+    }
+
+    /// `[start, end)` of `id` alone among prealloc fills.
+    fn lock_range(&self, id: InodeId, start: u64, end: u64) -> RangeGuard<'_> {
+        let mut held = self.filling.lock();
+        while held
+            .iter()
+            .any(|&(i, s, e)| i == id && s < end && start < e)
+        {
+            crate::blocking::will_wait();
+            self.filled.wait(&mut held);
+        }
+        held.push((id, start, end));
+        RangeGuard {
+            owner: self,
+            range: (id, start, end),
+        }
     }
 
     pub(crate) fn mark_unsynced(&self, id: InodeId) {
@@ -248,6 +285,7 @@ impl Filesystem {
         id: InodeId,
         offset: u64,
         data: &[u8],
+        uncached: bool,
     ) -> Result<Option<usize>> {
         let _file = self.inode_locks().lock_shared(id);
         let _nocow = self.nocow_writers().shared();
@@ -263,7 +301,8 @@ impl Filesystem {
             self.core_mut().setattr(id, &set)?;
         }
         for (logical, r) in &plan.pieces {
-            plan.io.write_logical(*logical, &data[r.clone()])?;
+            plan.io
+                .write_logical_mode(*logical, &data[r.clone()], uncached)?;
         }
         self.nocow_writers().mark_unsynced(id);
         Ok(Some(data.len()))
@@ -402,25 +441,36 @@ impl crate::transaction::Transaction<'_> {
 }
 
 impl Filesystem {
-    /// `write`'s path into preallocated extents, with the file's lock held alone: the data
-    /// goes where fallocate put its space, then the items say it is written. Ok(None)
-    /// when the range is not all prealloc this file alone references.
+    /// `write`'s path into preallocated extents: the data goes where fallocate put its
+    /// space, then the items say it is written. Ok(None) when the range is not all
+    /// prealloc this file alone references.
     pub(crate) fn fill_prealloc(
         &self,
         id: InodeId,
         offset: u64,
         data: &[u8],
+        uncached: bool,
     ) -> Result<Option<usize>> {
+        // Fills of other ranges (and in-place writes) go on beside this one; changes of
+        // the file's items from anything else wait for the file's lock.
+        let _file = self.inode_locks().lock_shared(id);
+        let sector = u64::from(self.core_read().sb.sectorsize);
+        let end = offset.saturating_add(data.len() as u64);
+        let _range = self.nocow_writers().lock_range(
+            id,
+            offset - offset % sector,
+            end.saturating_add(sector - 1) / sector * sector,
+        );
         let _nocow = self.nocow_writers().shared();
         let Some(plan) = self.lookup_op(|core| core.plan_prealloc_fill(id, offset, data))? else {
             return Ok(None);
         };
-        let r = self.write_fill(id, offset + data.len() as u64, &plan);
+        let r = self.write_fill(id, offset + data.len() as u64, &plan, uncached);
         self.core_read().give_back_staging(plan.buf);
         r.map(|()| Some(data.len()))
     }
 
-    fn write_fill(&self, id: InodeId, end: u64, plan: &FillPlan) -> Result<()> {
+    fn write_fill(&self, id: InodeId, end: u64, plan: &FillPlan, uncached: bool) -> Result<()> {
         let (io, csum, sector) = {
             let core = self.core_read();
             core.check_subvol_writable(id.subvol)?;
@@ -436,7 +486,7 @@ impl Filesystem {
         for p in &plan.pieces {
             let from = (p.at - plan.start) as usize;
             let piece = &plan.buf[from..from + p.len as usize];
-            io.write_logical(p.bytenr + p.ext_off, piece)?;
+            io.write_logical_mode(p.bytenr + p.ext_off, piece, uncached)?;
             sums.push(if plan.sums {
                 crate::file_item::data_csums(csum, sector, piece)
             } else {

@@ -122,27 +122,44 @@ impl Filesystem {
     /// Writes `data` at `offset` of `id`; returns the bytes written (all of them).
     /// A file flagged SYNC (chattr +S) is made durable before this returns.
     pub fn write(&self, id: InodeId, offset: u64, data: &[u8]) -> Result<usize> {
+        self.write_mode(id, offset, data, false)
+    }
+
+    /// `write` for a caller's O_DIRECT write: data written in place goes to the device
+    /// itself, not into an image file's page cache, wherever it is sector aligned.
+    pub fn write_direct(&self, id: InodeId, offset: u64, data: &[u8]) -> Result<usize> {
+        self.write_mode(id, offset, data, true)
+    }
+
+    fn write_mode(&self, id: InodeId, offset: u64, data: &[u8], uncached: bool) -> Result<usize> {
         let flags = self.lookup_op(|core| core.getattr(id))?.flags;
-        let n = self.write_data(id, offset, data, flags)?;
+        let n = self.write_data(id, offset, data, flags, uncached)?;
         if flags & INODE_FLAG_SYNC != 0 {
             self.fsync(id, false)?;
         }
         Ok(n)
     }
 
-    fn write_data(&self, id: InodeId, offset: u64, data: &[u8], flags: u64) -> Result<usize> {
+    fn write_data(
+        &self,
+        id: InodeId,
+        offset: u64,
+        data: &[u8],
+        flags: u64,
+        uncached: bool,
+    ) -> Result<usize> {
         if flags & INODE_FLAG_NODATACOW != 0 {
-            if let Some(n) = self.write_in_place(id, offset, data)? {
+            if let Some(n) = self.write_in_place(id, offset, data, uncached)? {
+                return Ok(n);
+            }
+        }
+        // Space fallocate set aside takes the data where it is (`nocow`).
+        if flags & INODE_FLAG_PREALLOC != 0 {
+            if let Some(n) = self.fill_prealloc(id, offset, data, uncached)? {
                 return Ok(n);
             }
         }
         let _file = self.inode_locks().lock(id);
-        // Space fallocate set aside takes the data where it is (`nocow`).
-        if flags & INODE_FLAG_PREALLOC != 0 {
-            if let Some(n) = self.fill_prealloc(id, offset, data)? {
-                return Ok(n);
-            }
-        }
         let plan = self.core_read().plan_write(id, offset, data)?;
         let Some(plan) = plan else {
             return self.core_mut().write(id, offset, data);

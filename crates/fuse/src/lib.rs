@@ -125,7 +125,10 @@ impl OleoFuse {
         if direct && mode == OpenMode::Cached {
             mode = OpenMode::Direct;
         }
-        let fh = self.space.opened(ino, mode);
+        let mut fh = self.space.opened(ino, mode);
+        if flags & libc::O_DIRECT != 0 {
+            fh |= O_DIRECT_FH;
+        }
         if direct || mode == OpenMode::Direct {
             let f = abi::fopen::DIRECT_IO | abi::fopen::PARALLEL_DIRECT_WRITES;
             (fh, f | abi::fopen::KEEP_CACHE)
@@ -134,12 +137,12 @@ impl OleoFuse {
         }
     }
 
-    /// Runs operations that change the filesystem (refused on a read-only mount).
     /// What tells the kernel its caches went stale (once the session exists).
     fn notifier(&self) -> Option<transport::Notifier> {
         self.space.notifier_slot().get().cloned()
     }
 
+    /// Runs operations that change the filesystem (refused on a read-only mount).
     fn mutate<R>(&self, f: impl FnOnce(&Filesystem) -> oleo::Result<R>) -> Result<R, Errno> {
         if !self.settings.writable {
             return Err(Errno::EROFS);
@@ -352,12 +355,25 @@ fn spawn_committer(fs: Weak<Filesystem>, interval: Duration) {
 
 /// A write through a direct handle: as much as fits, leaving `keep` bytes free (short
 /// writes are how write(2) says the device is full), ENOSPC if nothing fits.
+/// Marks the handles of O_DIRECT opens: their data bypasses the image's page cache too.
+const O_DIRECT_FH: u64 = 1 << 63;
+
+/// The space guard's handle number of `fh`.
+fn space_fh(fh: u64) -> u64 {
+    fh & !O_DIRECT_FH
+}
+
+fn is_o_direct(fh: u64) -> bool {
+    fh & O_DIRECT_FH != 0
+}
+
 fn write_direct(
     fs: &Filesystem,
     id: InodeId,
     offset: u64,
     data: &[u8],
     keep: u64,
+    o_direct: bool,
 ) -> oleo::Result<usize> {
     const SECTOR: u64 = 4096;
     // The longest prefix of `n` bytes that ends on a sector boundary (or all of data).
@@ -375,7 +391,12 @@ fn write_direct(
         if len == 0 {
             return Err(Error::NoSpace);
         }
-        match fs.write(id, offset, &data[..len]) {
+        let written = if o_direct {
+            fs.write_direct(id, offset, &data[..len])
+        } else {
+            fs.write(id, offset, &data[..len])
+        };
+        match written {
             Err(Error::NoSpace) => {
                 let shorter = prefix(len as u64 / 2);
                 if shorter >= len {

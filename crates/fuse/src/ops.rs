@@ -4,7 +4,7 @@
 use crate::fileattr_ops;
 use crate::transport::abi::{self, fattr};
 use crate::transport::{DirBuf, Errno, Handler, InitConfig, Op, Reply, Request};
-use crate::{errno, spawn_committer, write_direct, OleoFuse, MAX_IO};
+use crate::{errno, is_o_direct, space_fh, spawn_committer, write_direct, OleoFuse, MAX_IO};
 use oleo::fileattr::{INODE_FLAG_APPEND, INODE_FLAG_IMMUTABLE, INODE_FLAG_SYNC};
 use oleo::{FallocMode, NewInode, SetAttr, XattrSet};
 use std::sync::atomic::Ordering;
@@ -155,7 +155,7 @@ impl Handler for OleoFuse {
             Op::Write { arg, data } => self.write(req, node, &arg, data, reply),
             Op::Statfs => answer(self.statfs(), reply, |s, r| r.statfs(&s)),
             Op::Release(arg) => {
-                self.space.released(arg.fh);
+                self.space.released(space_fh(arg.fh));
                 empty(self.id(node).and_then(|id| self.unpin(id)), reply)
             }
             // fsync of a file or a directory logs it (or commits where the log cannot say
@@ -275,7 +275,7 @@ impl OleoFuse {
     fn getattr(&self, node: u64, fh: Option<u64>) -> Result<abi::AttrOut, Errno> {
         // The kernel asks with the handle before a cached write(2) when attributes are
         // invalid: the moment to stop a writer the page cache would let run on.
-        if fh.is_some_and(|fh| self.space.refuse_cached_write(fh)) {
+        if fh.is_some_and(|fh| self.space.refuse_cached_write(space_fh(fh))) {
             return Err(Errno::ENOSPC);
         }
         let id = self.id(node)?;
@@ -466,16 +466,22 @@ impl OleoFuse {
 
     fn read(&self, node: u64, arg: &abi::ReadIn) -> Result<Vec<u8>, Errno> {
         let id = self.id(node)?;
-        self.fs.read(id, arg.offset, arg.size).map_err(errno)
+        let r = if is_o_direct(arg.fh) {
+            self.fs.read_direct(id, arg.offset, arg.size)
+        } else {
+            self.fs.read(id, arg.offset, arg.size)
+        };
+        r.map_err(errno)
     }
 
     fn write(&self, req: &Request, node: u64, arg: &abi::WriteIn, data: &[u8], reply: Reply<'_>) {
-        let direct = self.space.is_direct(arg.fh);
+        let direct = self.space.is_direct(space_fh(arg.fh));
         let keep = if direct { self.space.keep_free() } else { 0 };
+        let o_direct = is_o_direct(arg.fh);
         let r = self.id(node).and_then(|id| {
             self.mutate(|fs| {
                 let n = if direct {
-                    write_direct(fs, id, arg.offset, data, keep)?
+                    write_direct(fs, id, arg.offset, data, keep, o_direct)?
                 } else {
                     fs.write(id, arg.offset, data)?
                 };

@@ -28,6 +28,9 @@ type Ring = IoUring<squeue::Entry128, cqueue::Entry>;
 /// Room before the payload for the request's header and per-opcode header, so that the
 /// request reads as one contiguous message without copying its payload.
 const PREFIX: usize = size_of::<InHeader>() + u::OP_IN_SZ;
+/// Where the payload starts in an entry's buffer (a page boundary).
+const ALIGN: usize = 4096;
+const _: () = assert!(PREFIX <= ALIGN);
 
 fn new_ring() -> io::Result<Ring> {
     Ring::builder()
@@ -166,7 +169,10 @@ fn serve_queue<H: Handler>(
     // The kernel writes into these while the entry is registered: they are declared
     // before the ring (dropped after it) and leaked if we leave with the entry live.
     let mut headers = vec![0u64; u::HEADERS_SZ.div_ceil(8)];
-    let mut buf = vec![0u8; PREFIX + payload_len];
+    // The payload starts on a page boundary, so O_DIRECT data goes to the device from
+    // where the kernel put it (the engine copies unaligned buffers first).
+    let base = ALIGN - PREFIX;
+    let mut buf = oleo::device::IoBuf::zeroed(ALIGN + payload_len);
     let staged = RefCell::new(Staged::default());
     let mut ring = new_ring()?;
     let iov = [
@@ -175,7 +181,7 @@ fn serve_queue<H: Handler>(
             iov_len: u::HEADERS_SZ,
         },
         libc::iovec {
-            iov_base: buf[PREFIX..].as_mut_ptr().cast(),
+            iov_base: buf[ALIGN..].as_mut_ptr().cast(),
             iov_len: payload_len,
         },
     ];
@@ -212,8 +218,9 @@ fn serve_queue<H: Handler>(
                 return Err(e);
             }
         }
-        let (unique, commit_id) = answer(handler, gate, headers.as_bytes(), &mut buf, &staged);
-        reply_into(&staged, unique, headers.as_mut_bytes(), &mut buf[PREFIX..]);
+        let (unique, commit_id) =
+            answer(handler, gate, headers.as_bytes(), &mut buf[base..], &staged);
+        reply_into(&staged, unique, headers.as_mut_bytes(), &mut buf[ALIGN..]);
         sqe = command(
             ch,
             u::CMD_COMMIT_AND_FETCH,
