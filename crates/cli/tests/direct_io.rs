@@ -66,6 +66,9 @@ fn flag_session(dir: &Path) -> Vec<(String, bool, String)> {
         "rm -f ad/f",
         "touch s && chattr +S +d +A s && lsattr s | cut -c1-22",
         "chattr -S -d -A s && lsattr s | cut -c1-22",
+        // xfs_io speaks FS_IOC_FSGETXATTR/FSSETXATTR (xflags), chattr FS_IOC_GETFLAGS.
+        "touch x && xfs_io -c 'chattr +dA' x && xfs_io -c lsattr x && lsattr x | cut -c1-22",
+        "chattr +C x && xfs_io -c 'chattr -d' x && lsattr x | cut -c1-22",
         "chattr -i i id && chattr -a a ad && rm -rf i a id ad && echo gone",
         "ls",
     ];
@@ -83,7 +86,7 @@ fn chattr_and_lsattr_behave_as_on_kernel_btrfs() {
     if !(require_root("direct_io") && require_fuse("direct_io")) {
         return;
     }
-    for tool in ["chattr", "lsattr", "getfattr", "setfattr"] {
+    for tool in ["chattr", "lsattr", "getfattr", "setfattr", "xfs_io"] {
         if oleo_testkit::env::find_in_path(tool).is_none() {
             assert!(!is_ci(), "{tool} is missing");
             eprintln!("skip: {tool} is missing");
@@ -438,5 +441,58 @@ fn direct_and_buffered_io_on_nocow_files_match_a_reference() {
     assert!(
         flags[0].contains('C') && flags[1].contains('C') && !flags[2].contains('C'),
         "{flags:?}"
+    );
+}
+
+/// `nodatacow` and `nodatasum` give new files the kernel's flags (NOCOW shows in lsattr;
+/// both show in the inode items btrfs-progs prints).
+#[test]
+fn mount_options_nodatacow_and_nodatasum() {
+    if !(require_root("direct_io") && require_fuse("direct_io")) {
+        return;
+    }
+    let tmp = TempDir::new("oleo-nodatacow").expect("tempdir");
+    let mut seen = Vec::new();
+    for (i, opt) in ["nodatacow", "nodatasum"].into_iter().enumerate() {
+        let image = tmp.join(format!("image{i}"));
+        image::empty_image(&image, 256, &[]).expect("mkfs.btrfs");
+        let mnt = tmp.join(format!("mnt{i}"));
+        let m = OleoMount::mount_rw(Path::new(OLEO), &image, &mnt, &[opt]).expect("oleo mount");
+        std::fs::write(m.path().join("f"), b"data").unwrap();
+        std::fs::create_dir(m.path().join("d")).unwrap();
+        let flags = sh(m.path(), "lsattr -d f d | cut -c1-22").1;
+        drop(m);
+        let kimage = tmp.join(format!("kimage{i}"));
+        image::empty_image(&kimage, 256, &[]).expect("mkfs.btrfs");
+        let k = KernelMount::mount(&kimage, &tmp.join(format!("kmnt{i}")), &[opt])
+            .expect("kernel mount");
+        std::fs::write(k.path().join("f"), b"data").unwrap();
+        std::fs::create_dir(k.path().join("d")).unwrap();
+        let kflags = sh(k.path(), "lsattr -d f d | cut -c1-22").1;
+        drop(k);
+        assert_eq!(flags, kflags, "-o {opt}: lsattr");
+        let inode_flags = |img: &Path| {
+            let out = Command::new("btrfs")
+                .args(["inspect-internal", "dump-tree", "-t", "5"])
+                .arg(img)
+                .output()
+                .unwrap();
+            String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .filter(|l| l.contains("sequence") && l.contains("flags"))
+                .map(|l| l.split("flags").nth(1).unwrap().trim().to_string())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            inode_flags(&image),
+            inode_flags(&kimage),
+            "-o {opt}: inode flags"
+        );
+        assert_btrfs_check(&image, opt);
+        seen.push(flags);
+    }
+    assert!(
+        seen[0].lines().next().unwrap().contains('C'),
+        "nodatacow: {seen:?}"
     );
 }
