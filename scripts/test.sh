@@ -21,7 +21,7 @@ bash bench/setup.sh
 # line sums every test binary's results.
 log=$(mktemp)
 status=0
-cargo test -p oleo --features model-check --lib -- commit_pipe tree_log::sync::model 2>&1 | tee "$log" || status=$?
+cargo test -p oleo --features model-check --lib -- commit_pipe tree_log::sync::model nocow::model 2>&1 | tee "$log" || status=$?
 cargo test --workspace --all-targets --no-fail-fast -- --test-threads=2 2>&1 | tee -a "$log" || status=$?
 awk '/^test result:/ { p += $4; f += $6 } END { printf "total: %d passed, %d failed\n", p, f }' "$log"
 rm -f "$log"

@@ -38,6 +38,7 @@ pub mod mkfs;
 mod nocow;
 mod ordered_extent;
 mod orphan;
+mod prealloc_fill;
 mod reservation;
 mod statfs;
 mod subvolume;

@@ -9,9 +9,10 @@
 //! What could share an extent while its data goes out waits for that data instead:
 //! a snapshot or subvolume deletion takes `NocowWriters` alone (the kernel's
 //! snapshot_lock); a reflink out of the file takes the file's lock alone, like every
-//! change of its extents. A write the checks refuse (shared, compressed, prealloc, past
-//! the end of file) takes the copy-on-write path, which copies once; the new extent is
-//! then this file's alone and takes later writes in place.
+//! change of its extents. A write the checks refuse (shared, compressed, past the end of
+//! file) takes the copy-on-write path, which copies once; the new extent is then this
+//! file's alone and takes later writes in place. Prealloc extents take writes in place
+//! too, through `prealloc_fill`, which checks them here.
 //!
 //! Durability: nothing in the trees records an in-place write, so the file goes into
 //! `unsynced` and its next fsync flushes the device even when it has nothing to log.
@@ -22,13 +23,12 @@ use crate::file::Mapping;
 use crate::filesystem::Filesystem;
 use crate::fs::{FileKind, FsCore, InodeId, Timespec};
 use crate::inode_ops::SetAttr;
-use crate::reservation::Reserve;
+use crate::sync::{Condvar, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use oleo_format::items::{
     Compression, ExtentItem, InlineRef, INODE_FLAG_APPEND, INODE_FLAG_IMMUTABLE,
     INODE_FLAG_NODATACOW,
 };
 use oleo_format::key::{item, objectid, Key};
-use parking_lot::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::collections::HashSet;
 use std::ops::Range;
 
@@ -39,11 +39,11 @@ use std::ops::Range;
 pub(crate) struct NocowWriters {
     lock: RwLock<()>,
     /// Files written in place since their last fsync.
-    unsynced: parking_lot::Mutex<HashSet<InodeId>>,
+    unsynced: Mutex<HashSet<InodeId>>,
     /// File ranges whose prealloc items are being turned into written ones: writes that
     /// fill prealloc share the file's lock, so each holds its range alone.
-    filling: parking_lot::Mutex<Vec<(InodeId, u64, u64)>>,
-    filled: parking_lot::Condvar,
+    filling: Mutex<Vec<(InodeId, u64, u64)>>,
+    filled: Condvar,
 }
 
 /// A range of a file held by one prealloc fill.
@@ -54,7 +54,7 @@ pub(crate) struct RangeGuard<'a> {
 
 impl Drop for RangeGuard<'_> {
     fn drop(&mut self) {
-        let mut held = self.owner.filling.lock();
+        let mut held = self.owner.filling.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(i) = held.iter().position(|r| *r == self.range) {
             held.swap_remove(i);
         }
@@ -64,43 +64,49 @@ impl Drop for RangeGuard<'_> {
 
 impl NocowWriters {
     pub(crate) fn shared(&self) -> RwLockReadGuard<'_, ()> {
-        self.lock.try_read().unwrap_or_else(|| {
+        self.lock.try_read().unwrap_or_else(|_| {
             crate::blocking::will_wait();
-            self.lock.read()
+            self.lock.read().unwrap_or_else(|p| p.into_inner())
         })
     }
 
     pub(crate) fn exclusive(&self) -> RwLockWriteGuard<'_, ()> {
-        self.lock.try_write().unwrap_or_else(|| {
+        self.lock.try_write().unwrap_or_else(|_| {
             crate::blocking::will_wait();
-            self.lock.write()
+            self.lock.write().unwrap_or_else(|p| p.into_inner())
         })
     }
 
     /// True if `id` was written in place since the last call (an fsync must flush).
     pub(crate) fn take_unsynced(&self, id: InodeId) -> bool {
-        self.unsynced.lock().remove(&id)
+        self.unsynced
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&id)
+    }
+
+    pub(crate) fn mark_unsynced(&self, id: InodeId) {
+        self.unsynced
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(id);
     }
 
     /// `[start, end)` of `id` alone among prealloc fills.
-    fn lock_range(&self, id: InodeId, start: u64, end: u64) -> RangeGuard<'_> {
-        let mut held = self.filling.lock();
+    pub(crate) fn lock_range(&self, id: InodeId, start: u64, end: u64) -> RangeGuard<'_> {
+        let mut held = self.filling.lock().unwrap_or_else(|p| p.into_inner());
         while held
             .iter()
             .any(|&(i, s, e)| i == id && s < end && start < e)
         {
             crate::blocking::will_wait();
-            self.filled.wait(&mut held);
+            held = self.filled.wait(held).unwrap_or_else(|p| p.into_inner());
         }
         held.push((id, start, end));
         RangeGuard {
             owner: self,
             range: (id, start, end),
         }
-    }
-
-    pub(crate) fn mark_unsynced(&self, id: InodeId) {
-        self.unsynced.lock().insert(id);
     }
 }
 
@@ -130,7 +136,7 @@ fn coarse_now() -> Timespec {
 
 impl FsCore {
     /// ROOT_ITEM.last_snapshot of subvolume `subvol` as current reads see it.
-    fn last_snapshot_of(&self, subvol: u64) -> Result<u64> {
+    pub(crate) fn last_snapshot_of(&self, subvol: u64) -> Result<u64> {
         if let Some(v) = self
             .running
             .as_ref()
@@ -198,7 +204,7 @@ impl FsCore {
     /// The logical address of mapping `m`'s first byte if its extent can be written in
     /// place by `id`: regular (or `prealloc`), uncompressed, newer than the last snapshot,
     /// and referenced by this file's items alone with nothing queued against it.
-    fn nocow_target(
+    pub(crate) fn nocow_target(
         &self,
         id: InodeId,
         m: &Mapping,
@@ -309,198 +315,107 @@ impl Filesystem {
     }
 }
 
-/// A prealloc range filled in place: its file offset and length, and its extent
-/// (disk_bytenr, disk_num_bytes, and the offset of the range's first byte in it).
-struct Filled {
-    at: u64,
-    len: u64,
-    bytenr: u64,
-    disk_len: u64,
-    ext_off: u64,
-}
+/// The in-place protocols under shuttle, which runs the threads through many
+/// interleavings: `cargo test -p oleo --features model-check --lib nocow`.
+#[cfg(all(test, feature = "model-check"))]
+mod model {
+    use super::*;
+    use shuttle::sync::Arc;
+    use shuttle::thread;
 
-/// A write into preallocated extents worked out: the sector-aligned buffer for
-/// `[start, start + len)` (zeros around the data, as prealloc reads) and where it goes.
-struct FillPlan {
-    start: u64,
-    buf: crate::device::IoBuf,
-    len: usize,
-    pieces: Vec<Filled>,
-    sums: bool,
-}
+    const FILE: InodeId = InodeId {
+        subvol: 5,
+        ino: 257,
+    };
 
-impl FsCore {
-    /// The write of `data` at `offset` into preallocated extents of `id`, if every sector
-    /// it touches is one this file alone references (the kernel's can_nocow_extent).
-    fn plan_prealloc_fill(
-        &self,
-        id: InodeId,
-        offset: u64,
-        data: &[u8],
-    ) -> Result<Option<FillPlan>> {
-        let attr = self.getattr(id)?;
-        let sector = u64::from(self.sb.sectorsize);
-        let Some(end) = offset.checked_add(data.len() as u64) else {
-            return Ok(None);
-        };
-        // Growing past a partial last sector needs it zeroed first: the copy path's job.
-        if attr.kind != FileKind::File
-            || data.is_empty()
-            || end > i64::MAX as u64
-            || end > attr.size && !attr.size.is_multiple_of(sector)
+    /// An extent written in place by two writers (check it is not shared, then write,
+    /// holding the shared lock across both) while a snapshot takes the lock alone to
+    /// share it: no write lands in the extent once the snapshot shares it, and a write
+    /// that found it shared does not write (it would copy).
+    fn writes_against_a_snapshot() {
+        struct Extent {
+            shared: bool,
+            data: u64,
+            snapshot: Option<u64>,
+        }
+        let locks = Arc::new(NocowWriters::default());
+        let extent = Arc::new(Mutex::new(Extent {
+            shared: false,
+            data: 0,
+            snapshot: None,
+        }));
+        let mut handles = Vec::new();
+        for w in 1..=2u64 {
+            let (locks, extent) = (Arc::clone(&locks), Arc::clone(&extent));
+            handles.push(thread::spawn(move || {
+                let _g = locks.shared();
+                let in_place = !extent.lock().unwrap().shared;
+                thread::yield_now();
+                if in_place {
+                    let mut e = extent.lock().unwrap();
+                    assert!(!e.shared, "an in-place write went through a snapshot");
+                    e.data = w;
+                }
+            }));
+        }
         {
-            return Ok(None);
+            let (locks, extent) = (Arc::clone(&locks), Arc::clone(&extent));
+            handles.push(thread::spawn(move || {
+                let _g = locks.exclusive();
+                let mut e = extent.lock().unwrap();
+                e.shared = true;
+                e.snapshot = Some(e.data);
+            }));
         }
-        let (a, b) = (offset - offset % sector, end.next_multiple_of(sector));
-        let last_snapshot = self.last_snapshot_of(id.subvol)?;
-        let mut pieces = Vec::new();
-        let mut at = a;
-        for m in self.mappings(id, a, b)? {
-            let file_end = m.file_start.saturating_add(m.file_len).min(b);
-            if file_end <= at {
-                continue;
-            }
-            if m.file_start > at || self.nocow_target(id, &m, last_snapshot, true)?.is_none() {
-                return Ok(None);
-            }
-            let Some((_, bytenr, disk_len, ext_off)) = m.extent else {
-                return Ok(None);
-            };
-            pieces.push(Filled {
-                at,
-                len: file_end - at,
-                bytenr,
-                disk_len,
-                ext_off: ext_off + (at - m.file_start),
-            });
-            at = file_end;
+        for h in handles {
+            h.join().unwrap();
         }
-        if at < b {
-            return Ok(None);
-        }
-        let len = (b - a) as usize;
-        let mut buf = self.take_staging(len);
-        buf[..len].fill(0);
-        buf[(offset - a) as usize..(end - a) as usize].copy_from_slice(data);
-        Ok(Some(FillPlan {
-            start: a,
-            buf,
-            len,
-            pieces,
-            sums: attr.flags & oleo_format::items::INODE_FLAG_NODATASUM == 0,
-        }))
-    }
-}
-
-impl crate::transaction::Transaction<'_> {
-    /// The kernel's btrfs_mark_extent_written: the filled ranges of prealloc items become
-    /// regular items on the same extents (the rest stays prealloc), with their checksums;
-    /// the file grows to `end` if it was smaller.
-    fn mark_extent_written(
-        &mut self,
-        id: InodeId,
-        pieces: &[Filled],
-        sums: &[Vec<u8>],
-        end: u64,
-    ) -> Result<()> {
-        let mut inode = self.read_inode(id)?;
-        for (i, p) in pieces.iter().enumerate() {
-            let dropped = self.drop_extents(id, p.at, p.at + p.len)?;
-            inode.nbytes = inode.nbytes.saturating_sub(dropped);
-            let body = oleo_format::items::FileExtent {
-                generation: self.transid,
-                ram_bytes: p.disk_len,
-                compression: Compression::None,
-                body: oleo_format::items::FileExtentBody::Extent {
-                    prealloc: false,
-                    disk_bytenr: p.bytenr,
-                    disk_num_bytes: p.disk_len,
-                    offset: p.ext_off,
-                    num_bytes: p.len,
-                },
-            }
-            .to_bytes();
-            self.insert_item(id.subvol, Key::new(id.ino, item::EXTENT_DATA, p.at), &body)?;
-            let r = DataRef {
-                root: id.subvol,
-                objectid: id.ino,
-                offset: p.at - p.ext_off,
-            };
-            self.add_data_ref(p.bytenr, p.disk_len, r)?;
-            inode.nbytes = inode.nbytes.saturating_add(p.len);
-            if let Some(s) = sums.get(i).filter(|s| !s.is_empty()) {
-                self.insert_csum_bytes(p.bytenr + p.ext_off, s)?;
-            }
-        }
-        let t = crate::inode_item::now();
-        inode.size = inode.size.max(end);
-        inode.mtime = t;
-        inode.ctime = t;
-        self.write_inode(id, &mut inode)
-    }
-}
-
-impl Filesystem {
-    /// `write`'s path into preallocated extents: the data goes where fallocate put its
-    /// space, then the items say it is written. Ok(None) when the range is not all
-    /// prealloc this file alone references.
-    pub(crate) fn fill_prealloc(
-        &self,
-        id: InodeId,
-        offset: u64,
-        data: &[u8],
-        uncached: bool,
-    ) -> Result<Option<usize>> {
-        // Fills of other ranges (and in-place writes) go on beside this one; changes of
-        // the file's items from anything else wait for the file's lock.
-        let _file = self.inode_locks().lock_shared(id);
-        let sector = u64::from(self.core_read().sb.sectorsize);
-        let end = offset.saturating_add(data.len() as u64);
-        let _range = self.nocow_writers().lock_range(
-            id,
-            offset - offset % sector,
-            end.saturating_add(sector - 1) / sector * sector,
+        let e = extent.lock().unwrap();
+        assert_eq!(
+            e.snapshot,
+            Some(e.data),
+            "the snapshot's data changed after it"
         );
-        let _nocow = self.nocow_writers().shared();
-        let Some(plan) = self.lookup_op(|core| core.plan_prealloc_fill(id, offset, data))? else {
-            return Ok(None);
-        };
-        let r = self.write_fill(id, offset + data.len() as u64, &plan, uncached);
-        self.core_read().give_back_staging(plan.buf);
-        r.map(|()| Some(data.len()))
     }
 
-    fn write_fill(&self, id: InodeId, end: u64, plan: &FillPlan, uncached: bool) -> Result<()> {
-        let (io, csum, sector) = {
-            let core = self.core_read();
-            core.check_subvol_writable(id.subvol)?;
-            core.check_not_immutable(id)?;
-            let sb = core.superblock();
-            (
-                std::sync::Arc::clone(&core.io),
-                sb.csum_type(),
-                sb.sectorsize as usize,
-            )
-        };
-        let mut sums = Vec::with_capacity(plan.pieces.len());
-        for p in &plan.pieces {
-            let from = (p.at - plan.start) as usize;
-            let piece = &plan.buf[from..from + p.len as usize];
-            io.write_logical_mode(p.bytenr + p.ext_off, piece, uncached)?;
-            sums.push(if plan.sums {
-                crate::file_item::data_csums(csum, sector, piece)
-            } else {
-                Vec::new()
-            });
+    /// Prealloc fills of overlapping ranges never hold them at once; every fill finishes.
+    fn fills_hold_their_ranges_alone() {
+        let locks = Arc::new(NocowWriters::default());
+        let holding = Arc::new(Mutex::new(Vec::<(u64, u64)>::new()));
+        let mut handles = Vec::new();
+        for (s, e) in [(0u64, 8u64), (4, 12), (8, 16), (0, 16)] {
+            let (locks, holding) = (Arc::clone(&locks), Arc::clone(&holding));
+            handles.push(thread::spawn(move || {
+                let _r = locks.lock_range(FILE, s, e);
+                {
+                    let mut h = holding.lock().unwrap();
+                    assert!(
+                        !h.iter().any(|&(a, b)| a < e && s < b),
+                        "two fills hold overlapping ranges"
+                    );
+                    h.push((s, e));
+                }
+                thread::yield_now();
+                let mut h = holding.lock().unwrap();
+                let i = h.iter().position(|&r| r == (s, e)).unwrap();
+                h.swap_remove(i);
+            }));
         }
-        debug_assert_eq!(
-            plan.len as u64,
-            plan.pieces.iter().map(|p| p.len).sum::<u64>()
-        );
-        let csums: u64 = sums.iter().map(|s| s.len() as u64).sum();
-        let need = Reserve::items(4 * plan.pieces.len() as u64 + 4).bulk(csums);
-        self.core_mut().write_op(need, |t| {
-            t.mark_extent_written(id, &plan.pieces, &sums, end)
-        })
+        for h in handles {
+            h.join().unwrap();
+        }
+        assert!(locks.filling.lock().unwrap().is_empty());
+    }
+
+    #[test]
+    fn in_place_writes_never_write_through_a_snapshot() {
+        shuttle::check_random(writes_against_a_snapshot, 3000);
+        shuttle::check_pct(writes_against_a_snapshot, 3000, 3);
+    }
+
+    #[test]
+    fn prealloc_fills_hold_their_ranges_alone() {
+        shuttle::check_random(fills_hold_their_ranges_alone, 3000);
+        shuttle::check_pct(fills_hold_their_ranges_alone, 3000, 3);
     }
 }

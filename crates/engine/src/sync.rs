@@ -1,7 +1,8 @@
-//! The locks the commit protocol is built on: std's, or shuttle's when the crate is built
-//! for the model checker (feature `model-check`, see `commit_pipe`'s tests).
+//! The locks the commit protocol and in-place writes are built on: std's, or shuttle's
+//! when the crate is built for the model checker (feature `model-check`, see the tests of
+//! `commit_pipe` and `nocow`).
 
 #[cfg(feature = "model-check")]
-pub(crate) use shuttle::sync::{Condvar, Mutex};
+pub(crate) use shuttle::sync::{Condvar, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 #[cfg(not(feature = "model-check"))]
-pub(crate) use std::sync::{Condvar, Mutex};
+pub(crate) use std::sync::{Condvar, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};

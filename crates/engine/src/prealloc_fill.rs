@@ -1,0 +1,215 @@
+//! Writes into preallocated extents (fallocate's unwritten space), in place as the kernel
+//! writes them: the data goes where fallocate put the space, then the kernel's
+//! btrfs_mark_extent_written turns the written range of the prealloc items into regular
+//! items on the same extent (the rest stays prealloc), with checksums for a checksummed
+//! file. Only extents this file alone references (`nocow::nocow_target`) qualify; others
+//! take the copy-on-write path.
+//!
+//! Fills share the file's lock with each other and with in-place writes, and each holds
+//! its own sector range alone (`NocowWriters::lock_range`), so fills of different parts of
+//! a file have their data in flight together; the items change under the filesystem's
+//! lock, briefly.
+
+use crate::delayed_ref::DataRef;
+use crate::error::Result;
+use crate::filesystem::Filesystem;
+use crate::fs::{FileKind, FsCore, InodeId};
+use crate::reservation::Reserve;
+use oleo_format::items::Compression;
+use oleo_format::key::{item, Key};
+
+/// A prealloc range filled in place: its file offset and length, and its extent
+/// (disk_bytenr, disk_num_bytes, and the offset of the range's first byte in it).
+struct Filled {
+    at: u64,
+    len: u64,
+    bytenr: u64,
+    disk_len: u64,
+    ext_off: u64,
+}
+
+/// A write into preallocated extents worked out: the sector-aligned buffer for
+/// `[start, start + len)` (zeros around the data, as prealloc reads) and where it goes.
+struct FillPlan {
+    start: u64,
+    buf: crate::device::IoBuf,
+    len: usize,
+    pieces: Vec<Filled>,
+    sums: bool,
+}
+
+impl FsCore {
+    /// The write of `data` at `offset` into preallocated extents of `id`, if every sector
+    /// it touches is one this file alone references (the kernel's can_nocow_extent).
+    fn plan_prealloc_fill(
+        &self,
+        id: InodeId,
+        offset: u64,
+        data: &[u8],
+    ) -> Result<Option<FillPlan>> {
+        let attr = self.getattr(id)?;
+        let sector = u64::from(self.sb.sectorsize);
+        let Some(end) = offset.checked_add(data.len() as u64) else {
+            return Ok(None);
+        };
+        // Growing past a partial last sector needs it zeroed first: the copy path's job.
+        if attr.kind != FileKind::File
+            || data.is_empty()
+            || end > i64::MAX as u64
+            || end > attr.size && !attr.size.is_multiple_of(sector)
+        {
+            return Ok(None);
+        }
+        let (a, b) = (offset - offset % sector, end.next_multiple_of(sector));
+        let last_snapshot = self.last_snapshot_of(id.subvol)?;
+        let mut pieces = Vec::new();
+        let mut at = a;
+        for m in self.mappings(id, a, b)? {
+            let file_end = m.file_start.saturating_add(m.file_len).min(b);
+            if file_end <= at {
+                continue;
+            }
+            if m.file_start > at || self.nocow_target(id, &m, last_snapshot, true)?.is_none() {
+                return Ok(None);
+            }
+            let Some((_, bytenr, disk_len, ext_off)) = m.extent else {
+                return Ok(None);
+            };
+            pieces.push(Filled {
+                at,
+                len: file_end - at,
+                bytenr,
+                disk_len,
+                ext_off: ext_off + (at - m.file_start),
+            });
+            at = file_end;
+        }
+        if at < b {
+            return Ok(None);
+        }
+        let len = (b - a) as usize;
+        let mut buf = self.take_staging(len);
+        buf[..len].fill(0);
+        buf[(offset - a) as usize..(end - a) as usize].copy_from_slice(data);
+        Ok(Some(FillPlan {
+            start: a,
+            buf,
+            len,
+            pieces,
+            sums: attr.flags & oleo_format::items::INODE_FLAG_NODATASUM == 0,
+        }))
+    }
+}
+
+impl crate::transaction::Transaction<'_> {
+    /// The kernel's btrfs_mark_extent_written: the filled ranges of prealloc items become
+    /// regular items on the same extents (the rest stays prealloc), with their checksums;
+    /// the file grows to `end` if it was smaller.
+    fn mark_extent_written(
+        &mut self,
+        id: InodeId,
+        pieces: &[Filled],
+        sums: &[Vec<u8>],
+        end: u64,
+    ) -> Result<()> {
+        let mut inode = self.read_inode(id)?;
+        for (i, p) in pieces.iter().enumerate() {
+            let dropped = self.drop_extents(id, p.at, p.at + p.len)?;
+            inode.nbytes = inode.nbytes.saturating_sub(dropped);
+            let body = oleo_format::items::FileExtent {
+                generation: self.transid,
+                ram_bytes: p.disk_len,
+                compression: Compression::None,
+                body: oleo_format::items::FileExtentBody::Extent {
+                    prealloc: false,
+                    disk_bytenr: p.bytenr,
+                    disk_num_bytes: p.disk_len,
+                    offset: p.ext_off,
+                    num_bytes: p.len,
+                },
+            }
+            .to_bytes();
+            self.insert_item(id.subvol, Key::new(id.ino, item::EXTENT_DATA, p.at), &body)?;
+            let r = DataRef {
+                root: id.subvol,
+                objectid: id.ino,
+                offset: p.at - p.ext_off,
+            };
+            self.add_data_ref(p.bytenr, p.disk_len, r)?;
+            inode.nbytes = inode.nbytes.saturating_add(p.len);
+            if let Some(s) = sums.get(i).filter(|s| !s.is_empty()) {
+                self.insert_csum_bytes(p.bytenr + p.ext_off, s)?;
+            }
+        }
+        let t = crate::inode_item::now();
+        inode.size = inode.size.max(end);
+        inode.mtime = t;
+        inode.ctime = t;
+        self.write_inode(id, &mut inode)
+    }
+}
+
+impl Filesystem {
+    /// `write`'s path into preallocated extents: the data goes where fallocate put its
+    /// space, then the items say it is written. Ok(None) when the range is not all
+    /// prealloc this file alone references.
+    pub(crate) fn fill_prealloc(
+        &self,
+        id: InodeId,
+        offset: u64,
+        data: &[u8],
+        uncached: bool,
+    ) -> Result<Option<usize>> {
+        // Fills of other ranges (and in-place writes) go on beside this one; changes of
+        // the file's items from anything else wait for the file's lock.
+        let _file = self.inode_locks().lock_shared(id);
+        let sector = u64::from(self.core_read().sb.sectorsize);
+        let end = offset.saturating_add(data.len() as u64);
+        let _range = self.nocow_writers().lock_range(
+            id,
+            offset - offset % sector,
+            end.saturating_add(sector - 1) / sector * sector,
+        );
+        let _nocow = self.nocow_writers().shared();
+        let Some(plan) = self.lookup_op(|core| core.plan_prealloc_fill(id, offset, data))? else {
+            return Ok(None);
+        };
+        let r = self.write_fill(id, offset + data.len() as u64, &plan, uncached);
+        self.core_read().give_back_staging(plan.buf);
+        r.map(|()| Some(data.len()))
+    }
+
+    fn write_fill(&self, id: InodeId, end: u64, plan: &FillPlan, uncached: bool) -> Result<()> {
+        let (io, csum, sector) = {
+            let core = self.core_read();
+            core.check_subvol_writable(id.subvol)?;
+            core.check_not_immutable(id)?;
+            let sb = core.superblock();
+            (
+                std::sync::Arc::clone(&core.io),
+                sb.csum_type(),
+                sb.sectorsize as usize,
+            )
+        };
+        let mut sums = Vec::with_capacity(plan.pieces.len());
+        for p in &plan.pieces {
+            let from = (p.at - plan.start) as usize;
+            let piece = &plan.buf[from..from + p.len as usize];
+            io.write_logical_mode(p.bytenr + p.ext_off, piece, uncached)?;
+            sums.push(if plan.sums {
+                crate::file_item::data_csums(csum, sector, piece)
+            } else {
+                Vec::new()
+            });
+        }
+        debug_assert_eq!(
+            plan.len as u64,
+            plan.pieces.iter().map(|p| p.len).sum::<u64>()
+        );
+        let csums: u64 = sums.iter().map(|s| s.len() as u64).sum();
+        let need = Reserve::items(4 * plan.pieces.len() as u64 + 4).bulk(csums);
+        self.core_mut().write_op(need, |t| {
+            t.mark_extent_written(id, &plan.pieces, &sums, end)
+        })
+    }
+}
