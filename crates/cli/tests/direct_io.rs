@@ -8,7 +8,7 @@
 //!
 //! Needs root, FUSE and kernel btrfs (a skip elsewhere, a failure under CI=true).
 
-use oleo_testkit::ops::Rng;
+use oleo_testkit::ops::{pattern, put, Rng};
 use oleo_testkit::*;
 use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
@@ -159,18 +159,6 @@ impl Drop for Aligned {
     }
 }
 
-fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
-
 fn direct(path: &Path) -> File {
     OpenOptions::new()
         .read(true)
@@ -178,14 +166,6 @@ fn direct(path: &Path) -> File {
         .custom_flags(libc::O_DIRECT)
         .open(path)
         .unwrap_or_else(|e| panic!("open O_DIRECT {}: {e}", path.display()))
-}
-
-fn put(model: &mut Vec<u8>, at: u64, data: &[u8]) {
-    let end = at as usize + data.len();
-    if model.len() < end {
-        model.resize(end, 0);
-    }
-    model[at as usize..end].copy_from_slice(data);
 }
 
 /// Reads the whole file three ways (buffered, O_DIRECT, mmap): all must agree.

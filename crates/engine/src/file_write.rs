@@ -417,7 +417,7 @@ impl Transaction<'_> {
     /// Without the no-holes feature every gap needs an explicit hole extent. Anything in
     /// the range (preallocated space past EOF) is dropped first; returns the bytes nbytes
     /// loses.
-    fn insert_hole(&mut self, id: InodeId, from: u64, to: u64) -> Result<u64> {
+    pub(crate) fn insert_hole(&mut self, id: InodeId, from: u64, to: u64) -> Result<u64> {
         if from >= to || self.no_holes() {
             return Ok(0);
         }

@@ -110,6 +110,16 @@ impl NocowWriters {
     }
 }
 
+/// Part of a file range that may be written in place: its file offset and length, its
+/// extent (disk_bytenr, disk_num_bytes), and the offset of its first byte in the extent.
+pub(crate) struct Owned {
+    pub at: u64,
+    pub len: u64,
+    pub bytenr: u64,
+    pub disk_len: u64,
+    pub ext_off: u64,
+}
+
 /// An in-place write worked out: where each part of the data goes, and the time stamps
 /// to set first (None while the coarse clock has not moved since the last write).
 struct InPlace {
@@ -119,24 +129,9 @@ struct InPlace {
     _pin: crate::commit_pipe::ReadPin,
 }
 
-/// The clock file times come from in the kernel (jiffies): an in-place write updates
-/// the inode only when it moved, so a stream of writes changes no item between ticks.
-fn coarse_now() -> Timespec {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes one timespec into `ts`.
-    unsafe { libc::clock_gettime(libc::CLOCK_REALTIME_COARSE, &mut ts) };
-    Timespec {
-        sec: ts.tv_sec,
-        nsec: ts.tv_nsec as u32,
-    }
-}
-
 impl FsCore {
     /// ROOT_ITEM.last_snapshot of subvolume `subvol` as current reads see it.
-    pub(crate) fn last_snapshot_of(&self, subvol: u64) -> Result<u64> {
+    fn last_snapshot_of(&self, subvol: u64) -> Result<u64> {
         if let Some(v) = self
             .running
             .as_ref()
@@ -165,33 +160,26 @@ impl FsCore {
         {
             return Ok(None);
         }
-        let last_snapshot = self.last_snapshot_of(id.subvol)?;
-        let mut pieces = Vec::new();
-        let mut at = offset;
-        for m in self.mappings(id, offset, end)? {
-            let file_end = m.file_start.saturating_add(m.file_len).min(end);
-            if file_end <= at {
-                continue;
-            }
-            if m.file_start > at {
-                return Ok(None); // a hole (NO_HOLES)
-            }
-            let Some(logical) = self.nocow_target(id, &m, last_snapshot, false)? else {
+        let Some(owned) = self.owned_range(id, offset, end, false)? else {
+            return Ok(None);
+        };
+        let mut pieces = Vec::with_capacity(owned.len());
+        for o in &owned {
+            let Some(logical) = o.bytenr.checked_add(o.ext_off) else {
                 return Ok(None);
             };
-            let Some(logical) = logical.checked_add(at - m.file_start) else {
-                return Ok(None);
-            };
-            pieces.push((
-                logical,
-                (at - offset) as usize..(file_end - offset) as usize,
-            ));
-            at = file_end;
+            let from = (o.at - offset) as usize;
+            pieces.push((logical, from..from + o.len as usize));
         }
-        if at < end || !self.no_csums(&pieces)? {
+        if !self.no_csums(&pieces)? {
             return Ok(None);
         }
-        let now = coarse_now();
+        // The kernel's coarse clock: it moves once per tick, so does the inode.
+        let t = crate::inode_item::now();
+        let now = Timespec {
+            sec: t.sec,
+            nsec: t.nsec,
+        };
         let touch = (attr.mtime != now || attr.ctime != now).then_some(now);
         Ok(Some(InPlace {
             pieces,
@@ -201,10 +189,53 @@ impl FsCore {
         }))
     }
 
+    /// `[start, end)` of `id` cut at its items, if every part lies in an extent this file
+    /// alone may write in place (regular extents, or prealloc ones with `prealloc`).
+    pub(crate) fn owned_range(
+        &self,
+        id: InodeId,
+        start: u64,
+        end: u64,
+        prealloc: bool,
+    ) -> Result<Option<Vec<Owned>>> {
+        let last_snapshot = self.last_snapshot_of(id.subvol)?;
+        let mut out = Vec::new();
+        let mut at = start;
+        for m in self.mappings(id, start, end)? {
+            let file_end = m.file_start.saturating_add(m.file_len).min(end);
+            if file_end <= at {
+                continue;
+            }
+            // A gap is a hole (NO_HOLES): nothing to write in place.
+            if m.file_start > at
+                || self
+                    .nocow_target(id, &m, last_snapshot, prealloc)?
+                    .is_none()
+            {
+                return Ok(None);
+            }
+            let Some((_, bytenr, disk_len, ext_off)) = m.extent else {
+                return Ok(None);
+            };
+            let Some(ext_off) = ext_off.checked_add(at - m.file_start) else {
+                return Ok(None);
+            };
+            out.push(Owned {
+                at,
+                len: file_end - at,
+                bytenr,
+                disk_len,
+                ext_off,
+            });
+            at = file_end;
+        }
+        Ok((at >= end).then_some(out))
+    }
+
     /// The logical address of mapping `m`'s first byte if its extent can be written in
     /// place by `id`: regular (or `prealloc`), uncompressed, newer than the last snapshot,
     /// and referenced by this file's items alone with nothing queued against it.
-    pub(crate) fn nocow_target(
+    fn nocow_target(
         &self,
         id: InodeId,
         m: &Mapping,

@@ -153,7 +153,7 @@ impl Filesystem {
                 return Ok(n);
             }
         }
-        // Space fallocate set aside takes the data where it is (`nocow`).
+        // Space fallocate set aside takes the data where it is (`prealloc_fill`).
         if flags & INODE_FLAG_PREALLOC != 0 {
             if let Some(n) = self.fill_prealloc(id, offset, data, uncached)? {
                 return Ok(n);

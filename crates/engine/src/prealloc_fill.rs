@@ -14,19 +14,10 @@ use crate::delayed_ref::DataRef;
 use crate::error::Result;
 use crate::filesystem::Filesystem;
 use crate::fs::{FileKind, FsCore, InodeId};
+use crate::nocow::Owned;
 use crate::reservation::Reserve;
 use oleo_format::items::Compression;
 use oleo_format::key::{item, Key};
-
-/// A prealloc range filled in place: its file offset and length, and its extent
-/// (disk_bytenr, disk_num_bytes, and the offset of the range's first byte in it).
-struct Filled {
-    at: u64,
-    len: u64,
-    bytenr: u64,
-    disk_len: u64,
-    ext_off: u64,
-}
 
 /// A write into preallocated extents worked out: the sector-aligned buffer for
 /// `[start, start + len)` (zeros around the data, as prealloc reads) and where it goes.
@@ -34,7 +25,7 @@ struct FillPlan {
     start: u64,
     buf: crate::device::IoBuf,
     len: usize,
-    pieces: Vec<Filled>,
+    pieces: Vec<Owned>,
     sums: bool,
 }
 
@@ -46,6 +37,7 @@ impl FsCore {
         id: InodeId,
         offset: u64,
         data: &[u8],
+        may_grow: bool,
     ) -> Result<Option<FillPlan>> {
         let attr = self.getattr(id)?;
         let sector = u64::from(self.sb.sectorsize);
@@ -56,37 +48,14 @@ impl FsCore {
         if attr.kind != FileKind::File
             || data.is_empty()
             || end > i64::MAX as u64
-            || end > attr.size && !attr.size.is_multiple_of(sector)
+            || end > attr.size && (!may_grow || !attr.size.is_multiple_of(sector))
         {
             return Ok(None);
         }
         let (a, b) = (offset - offset % sector, end.next_multiple_of(sector));
-        let last_snapshot = self.last_snapshot_of(id.subvol)?;
-        let mut pieces = Vec::new();
-        let mut at = a;
-        for m in self.mappings(id, a, b)? {
-            let file_end = m.file_start.saturating_add(m.file_len).min(b);
-            if file_end <= at {
-                continue;
-            }
-            if m.file_start > at || self.nocow_target(id, &m, last_snapshot, true)?.is_none() {
-                return Ok(None);
-            }
-            let Some((_, bytenr, disk_len, ext_off)) = m.extent else {
-                return Ok(None);
-            };
-            pieces.push(Filled {
-                at,
-                len: file_end - at,
-                bytenr,
-                disk_len,
-                ext_off: ext_off + (at - m.file_start),
-            });
-            at = file_end;
-        }
-        if at < b {
+        let Some(pieces) = self.owned_range(id, a, b, true)? else {
             return Ok(None);
-        }
+        };
         let len = (b - a) as usize;
         let mut buf = self.take_staging(len);
         buf[..len].fill(0);
@@ -108,11 +77,18 @@ impl crate::transaction::Transaction<'_> {
     fn mark_extent_written(
         &mut self,
         id: InodeId,
-        pieces: &[Filled],
+        pieces: &[Owned],
         sums: &[Vec<u8>],
         end: u64,
     ) -> Result<()> {
         let mut inode = self.read_inode(id)?;
+        // Growing (the file's lock held alone): where the format wants explicit holes, the
+        // old end up to the range gets one, as a write past the end gets it.
+        if let Some(first) = pieces.first().filter(|_| end > inode.size) {
+            let sector = u64::from(self.filesystem().sb.sectorsize);
+            let dropped = self.insert_hole(id, inode.size.next_multiple_of(sector), first.at)?;
+            inode.nbytes = inode.nbytes.saturating_sub(dropped);
+        }
         for (i, p) in pieces.iter().enumerate() {
             let dropped = self.drop_extents(id, p.at, p.at + p.len)?;
             inode.nbytes = inode.nbytes.saturating_sub(dropped);
@@ -161,17 +137,25 @@ impl Filesystem {
         uncached: bool,
     ) -> Result<Option<usize>> {
         // Fills of other ranges (and in-place writes) go on beside this one; changes of
-        // the file's items from anything else wait for the file's lock.
-        let _file = self.inode_locks().lock_shared(id);
-        let sector = u64::from(self.core_read().sb.sectorsize);
+        // the file's items from anything else wait for the file's lock. A fill that grows
+        // the file changes what lies between the old end and its range (holes), so it
+        // holds the lock alone.
         let end = offset.saturating_add(data.len() as u64);
+        let grows = end > self.lookup_op(|core| core.getattr(id))?.size;
+        let _file = if grows {
+            self.inode_locks().lock(id)
+        } else {
+            self.inode_locks().lock_shared(id)
+        };
+        let sector = u64::from(self.core_read().sb.sectorsize);
         let _range = self.nocow_writers().lock_range(
             id,
             offset - offset % sector,
             end.saturating_add(sector - 1) / sector * sector,
         );
         let _nocow = self.nocow_writers().shared();
-        let Some(plan) = self.lookup_op(|core| core.plan_prealloc_fill(id, offset, data))? else {
+        let plan = self.lookup_op(|core| core.plan_prealloc_fill(id, offset, data, grows))?;
+        let Some(plan) = plan else {
             return Ok(None);
         };
         let r = self.write_fill(id, offset + data.len() as u64, &plan, uncached);

@@ -10,9 +10,10 @@
 
 mod common;
 
+use common::{open_top_rw as open_rw, resolve};
 use oleo::fileattr::fs_flags;
-use oleo::{FallocMode, Filesystem, InodeId, NewInode, OpenOptions};
-use oleo_testkit::ops::Rng;
+use oleo::{FallocMode, Filesystem, InodeId, NewInode};
+use oleo_testkit::ops::{pattern, put, Rng};
 use oleo_testkit::{assert_btrfs_check, KernelMount, TempDir};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -25,39 +26,7 @@ const KIB: u64 = 1024;
 const MIB: u64 = 1024 * KIB;
 
 fn setup(label: &str, mb: u64) -> Option<(TempDir, PathBuf)> {
-    if !oleo_testkit::require_root("nocow tests") {
-        return None;
-    }
-    let tmp = TempDir::new(label).expect("tempdir");
-    let image = tmp.join("image");
-    oleo_testkit::image::empty_image(&image, mb, &[]).expect("mkfs.btrfs");
-    Some((tmp, image))
-}
-
-fn open_rw(image: &Path) -> Filesystem {
-    let opts = OpenOptions {
-        subvolid: Some(5),
-        ..OpenOptions::default()
-    };
-    Filesystem::open_rw(image, opts).expect("open read-write")
-}
-
-fn resolve(fs: &Filesystem, path: &str) -> InodeId {
-    fs.resolve_path(fs.root(), path.as_bytes())
-        .unwrap_or_else(|e| panic!("{path}: {e}"))
-}
-
-/// Bytes that differ for every (seed, offset).
-fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
+    common::scratch_image("nocow tests", label, mb, &[])
 }
 
 fn new_file(fs: &Filesystem, dir: InodeId, name: &str, nocow: bool) -> InodeId {
@@ -81,14 +50,6 @@ fn read_all(fs: &Filesystem, id: InodeId) -> Vec<u8> {
         out.extend_from_slice(&chunk);
     }
     out
-}
-
-fn put(model: &mut Vec<u8>, at: u64, data: &[u8]) {
-    let end = at as usize + data.len();
-    if model.len() < end {
-        model.resize(end, 0);
-    }
-    model[at as usize..end].copy_from_slice(data);
 }
 
 /// (file offset, generation, disk_bytenr, offset, num_bytes, type) of every EXTENT_DATA
@@ -354,10 +315,21 @@ fn writes_into_prealloc_split_it_as_the_kernel_does() {
 /// compared with a reference after every step's file and at the end through the kernel.
 #[test]
 fn random_operations_on_nocow_and_prealloc_files_match_a_reference() {
-    let Some((tmp, image)) = setup("oleo-nocow-random", 512) else {
+    random_case("oleo-nocow-random", &[], 13);
+}
+
+/// The same where holes are explicit extent items (mkfs -O ^no-holes): a write that
+/// grows a file through preallocated space past its end leaves a hole item before it.
+#[test]
+fn random_operations_with_explicit_holes() {
+    random_case("oleo-nocow-random-holes", &["-O", "^no-holes"], 31);
+}
+
+fn random_case(label: &str, mkfs: &[&str], default_seed: u64) {
+    let Some((tmp, image)) = common::scratch_image("nocow tests", label, 512, mkfs) else {
         return;
     };
-    let seed = oleo_testkit::seed(13);
+    let seed = oleo_testkit::seed(default_seed);
     eprintln!("seed {seed} (OLEO_TEST_SEED replays it)");
     let mut rng = Rng::new(seed);
     let fs = open_rw(&image);

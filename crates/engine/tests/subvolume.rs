@@ -10,15 +10,12 @@
 mod common;
 
 use common::tree_log::{diff_trees, kernel_tree, oleo_tree, random_changes, sh, TreeView};
+use common::{open_top_rw as open_rw, resolve};
 use oleo::{Filesystem, InodeId, NewInode, OpenOptions};
 use oleo_testkit::{assert_btrfs_check, KernelMount, TempDir};
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::Command;
-
-fn ready() -> bool {
-    oleo_testkit::require_root("subvolume tests")
-}
 
 /// A scratch directory and an empty mkfs.btrfs image of `mb` MiB in it; None (after a skip
 /// message) where the tests cannot run.
@@ -28,21 +25,7 @@ fn setup(label: &str, mb: u64) -> Option<(TempDir, std::path::PathBuf)> {
 
 /// `setup` with mkfs.btrfs arguments.
 fn setup_with(label: &str, mb: u64, mkfs: &[&str]) -> Option<(TempDir, std::path::PathBuf)> {
-    if !ready() {
-        return None;
-    }
-    let tmp = TempDir::new(label).expect("tempdir");
-    let image = tmp.join("image");
-    oleo_testkit::image::empty_image(&image, mb, mkfs).expect("mkfs.btrfs");
-    Some((tmp, image))
-}
-
-fn open_rw(image: &Path) -> Filesystem {
-    let opts = OpenOptions {
-        subvolid: Some(5),
-        ..OpenOptions::default()
-    };
-    Filesystem::open_rw(image, opts).expect("open read-write")
+    common::scratch_image("subvolume tests", label, mb, mkfs)
 }
 
 fn open_ro(image: &Path) -> Filesystem {
@@ -51,11 +34,6 @@ fn open_ro(image: &Path) -> Filesystem {
         ..OpenOptions::default()
     };
     Filesystem::open(image, opts).expect("open read-only")
-}
-
-fn resolve(fs: &Filesystem, path: &str) -> InodeId {
-    fs.resolve_path(fs.root(), path.as_bytes())
-        .unwrap_or_else(|e| panic!("{path}: {e}"))
 }
 
 /// Writes `data` as file `name` in `dir`, replacing what was there.

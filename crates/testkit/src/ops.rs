@@ -130,6 +130,29 @@ pub enum Op {
     },
 }
 
+/// `len` bytes that differ for every (seed, offset): a write that lands at the wrong place,
+/// or an old version of a block, never reads like the right one.
+pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+/// Writes `data` at `at` of a file's reference copy, growing it with zeros as a file grows.
+pub fn put(model: &mut Vec<u8>, at: u64, data: &[u8]) {
+    let end = at as usize + data.len();
+    if model.len() < end {
+        model.resize(end, 0);
+    }
+    model[at as usize..end].copy_from_slice(data);
+}
+
 pub fn data_for(offset: u64, len: u64, fill: u8) -> Vec<u8> {
     (0..len)
         .map(|i| fill.wrapping_add(((offset + i) / 7) as u8))

@@ -10,7 +10,7 @@ use oleo::{Error, FileKind, Filesystem, InodeId, OpenOptions};
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashSet};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::sync::Once;
 use std::time::{Duration, Instant};
@@ -452,4 +452,36 @@ impl Rng {
     pub fn pick<'a, T>(&mut self, v: &'a [T]) -> &'a T {
         &v[self.below(v.len() as u64) as usize]
     }
+}
+
+/// A scratch directory and an empty mkfs.btrfs image of `mb` MiB in it (with `mkfs`'s
+/// arguments); None, after a skip message naming `what`, where root is missing.
+pub fn scratch_image(
+    what: &str,
+    label: &str,
+    mb: u64,
+    mkfs: &[&str],
+) -> Option<(oleo_testkit::TempDir, PathBuf)> {
+    if !oleo_testkit::require_root(what) {
+        return None;
+    }
+    let tmp = oleo_testkit::TempDir::new(label).expect("tempdir");
+    let image = tmp.join("image");
+    oleo_testkit::image::empty_image(&image, mb, mkfs).expect("mkfs.btrfs");
+    Some((tmp, image))
+}
+
+/// Opens `image` read-write at the top-level subvolume.
+pub fn open_top_rw(image: &Path) -> Filesystem {
+    let opts = OpenOptions {
+        subvolid: Some(5),
+        ..OpenOptions::default()
+    };
+    Filesystem::open_rw(image, opts).expect("open read-write")
+}
+
+/// The inode at `path` from the opened subvolume's root.
+pub fn resolve(fs: &Filesystem, path: &str) -> InodeId {
+    fs.resolve_path(fs.root(), path.as_bytes())
+        .unwrap_or_else(|e| panic!("{path}: {e}"))
 }
