@@ -8,6 +8,7 @@
 //!
 //! Needs root, FUSE and kernel btrfs (a skip elsewhere, a failure under CI=true).
 
+use oleo::device::IoBuf;
 use oleo_testkit::ops::{pattern, put, Rng};
 use oleo_testkit::*;
 use std::collections::BTreeMap;
@@ -118,45 +119,11 @@ fn chattr_and_lsattr_behave_as_on_kernel_btrfs() {
     assert_eq!(sh(m.path(), "lsattr -d d d/x d/y | cut -c1-22").1, listed);
 }
 
-/// A 4 KiB-aligned buffer for O_DIRECT.
-struct Aligned {
-    ptr: *mut u8,
-    len: usize,
-}
-
-impl Aligned {
-    fn new(data: &[u8]) -> Aligned {
-        let layout = std::alloc::Layout::from_size_align(data.len().max(BLOCK), BLOCK).unwrap();
-        // SAFETY: a non-zero size; the copy stays inside the allocation.
-        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
-        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), ptr, data.len()) };
-        Aligned {
-            ptr,
-            len: data.len(),
-        }
-    }
-
-    fn zeroed(len: usize) -> Aligned {
-        Aligned::new(&vec![0; len])
-    }
-
-    fn bytes(&self) -> &[u8] {
-        // SAFETY: `len` bytes allocated and initialised in `new`.
-        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
-    }
-
-    fn bytes_mut(&mut self) -> &mut [u8] {
-        // SAFETY: as `bytes`, and `&mut self` is unique.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
-    }
-}
-
-impl Drop for Aligned {
-    fn drop(&mut self) {
-        let layout = std::alloc::Layout::from_size_align(self.len.max(BLOCK), BLOCK).unwrap();
-        // SAFETY: allocated with this layout in `new`.
-        unsafe { std::alloc::dealloc(self.ptr, layout) };
-    }
+/// `data` in a buffer aligned for O_DIRECT.
+fn aligned(data: &[u8]) -> IoBuf {
+    let mut b = IoBuf::zeroed(data.len());
+    b.copy_from_slice(data);
+    b
 }
 
 fn direct(path: &Path) -> File {
@@ -173,12 +140,10 @@ fn read_three_ways(path: &Path) -> Vec<u8> {
     let buffered = std::fs::read(path).expect("read");
     let len = buffered.len();
     let f = direct(path);
-    let mut d = Aligned::zeroed(len.next_multiple_of(BLOCK).max(BLOCK));
+    let mut d = IoBuf::zeroed(len.next_multiple_of(BLOCK).max(BLOCK));
     let mut got = 0;
     while got < len {
-        let n = f
-            .read_at(&mut d.bytes_mut()[got..], got as u64)
-            .expect("O_DIRECT read");
+        let n = f.read_at(&mut d[got..], got as u64).expect("O_DIRECT read");
         if n == 0 {
             break;
         }
@@ -191,7 +156,7 @@ fn read_three_ways(path: &Path) -> Vec<u8> {
         path.display()
     );
     assert!(
-        d.bytes()[..len] == buffered[..],
+        d[..len] == buffered[..],
         "{}: O_DIRECT and buffered reads differ",
         path.display()
     );
@@ -275,10 +240,10 @@ fn direct_and_buffered_io_on_nocow_files_match_a_reference() {
                 let blocks = 1 + rng.below(32) as usize;
                 let at = rng.below(size / BLOCK as u64 + 4) * BLOCK as u64;
                 let data = pattern(seed ^ step, blocks * BLOCK);
-                let buf = Aligned::new(&data);
+                let buf = aligned(&data);
                 assert_eq!(
                     direct(&path)
-                        .write_at(buf.bytes(), at)
+                        .write_at(&buf[..], at)
                         .expect("O_DIRECT write"),
                     data.len()
                 );
@@ -311,7 +276,7 @@ fn direct_and_buffered_io_on_nocow_files_match_a_reference() {
                                         * BLOCK as u64;
                                     let data =
                                         pattern(seed ^ step ^ (t << 40) ^ (k << 48), 2 * BLOCK);
-                                    f.write_at(Aligned::new(&data).bytes(), at)
+                                    f.write_at(&aligned(&data), at)
                                         .expect("parallel O_DIRECT write");
                                     mine.push((at, data));
                                 }
