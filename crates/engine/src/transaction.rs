@@ -30,8 +30,12 @@
 //! freed from the transaction it looked in from being handed out until it is done.
 //!
 //! ## Lock order
-//! 0. `InodeLocks` (one file's writers: write, truncate, fallocate, copy into it), taken
-//!    before `core`, held across that file's data IO.
+//! 0. `InodeLocks` (one file's writers: write, truncate, fallocate, copy into or out of
+//!    it; in-place writes and prealloc fills share it), taken before `core`, held across
+//!    that file's data IO; two at once only in id order (`lock_two`). Then a prealloc
+//!    fill's range (`NocowWriters::lock_range`), then `NocowWriters`' lock (in-place
+//!    writers share it across their data IO; snapshot and subvolume deletion hold it alone
+//!    before taking `core`).
 //! 1. `Filesystem::core` (RwLock over `FsCore`): reads share it, changes hold it alone.
 //! 2. The deferred queue (taken and let go at once), `CommitOrder::durable`, then
 //!    `CommitOrder::failed`. A thread holding `core` may wait
