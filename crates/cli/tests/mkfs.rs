@@ -11,6 +11,7 @@
 
 use oleo::{Filesystem, InodeId, OpenOptions};
 use oleo_testkit::env::{find_in_path, skip};
+use oleo_testkit::ops::pattern;
 use oleo_testkit::{require_root, KernelMount, TempDir};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -220,24 +221,11 @@ fn lookup_path(fs: &Filesystem, path: &str) -> InodeId {
     })
 }
 
-/// Deterministic incompressible bytes.
-fn pattern(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
-
 /// What the kernel writes and oleo must read back: (path, content).
 fn workload() -> Vec<(&'static str, Vec<u8>)> {
     vec![
         ("hello.txt", b"hello from the kernel\n".to_vec()),
-        ("big.bin", pattern(3 << 20, 7)),
+        ("big.bin", pattern(7, 3 << 20)),
         ("dir/nested.txt", b"nested\n".to_vec()),
         ("sub/inner.txt", b"in a subvolume\n".to_vec()),
     ]
@@ -259,7 +247,7 @@ fn kernel_round_trip(case: &Case, tmp: &TempDir, image: &Path) {
     // A file with a hole: explicit hole items on ^no-holes, none otherwise.
     let sparse = std::fs::File::create(mnt.join("sparse.bin")).unwrap();
     use std::os::unix::fs::FileExt;
-    sparse.write_all_at(&pattern(4096, 3), MIB).unwrap();
+    sparse.write_all_at(&pattern(3, 4096), MIB).unwrap();
     sparse.set_len(2 * MIB).unwrap();
     drop(sparse);
     km.sync().unwrap();
@@ -279,7 +267,7 @@ fn kernel_round_trip(case: &Case, tmp: &TempDir, image: &Path) {
     assert!(sparse[..MIB as usize].iter().all(|&b| b == 0));
     assert_eq!(
         &sparse[MIB as usize..MIB as usize + 4096],
-        &pattern(4096, 3)[..]
+        &pattern(3, 4096)[..]
     );
     assert!(sparse[MIB as usize + 4096..].iter().all(|&b| b == 0));
 }

@@ -83,30 +83,27 @@ impl FsCore {
             let fe = FileExtent::parse(body).map_err(|e| {
                 Error::corrupt(0, format!("extent {key:?} of subvolume {}: {e}", id.subvol))
             })?;
-            let kind = match fe.body {
-                FileExtentBody::Inline { data } => MappingKind::Inline(data.to_vec()),
-                FileExtentBody::Extent { prealloc: true, .. }
-                | FileExtentBody::Extent { disk_bytenr: 0, .. } => MappingKind::Zero,
-                FileExtentBody::Extent {
-                    disk_bytenr,
-                    disk_num_bytes,
-                    offset,
-                    ..
-                } => MappingKind::Disk {
-                    bytenr: disk_bytenr,
-                    disk_len: disk_num_bytes,
-                    offset,
-                },
-            };
-            let extent = match fe.body {
+            // One match over the body: what reads need (`kind`) and the raw fields.
+            let (kind, extent) = match fe.body {
+                FileExtentBody::Inline { data } => (MappingKind::Inline(data.to_vec()), None),
                 FileExtentBody::Extent {
                     prealloc,
                     disk_bytenr,
                     disk_num_bytes,
                     offset,
                     ..
-                } => Some((prealloc, disk_bytenr, disk_num_bytes, offset)),
-                FileExtentBody::Inline { .. } => None,
+                } => {
+                    let kind = if prealloc || disk_bytenr == 0 {
+                        MappingKind::Zero
+                    } else {
+                        MappingKind::Disk {
+                            bytenr: disk_bytenr,
+                            disk_len: disk_num_bytes,
+                            offset,
+                        }
+                    };
+                    (kind, Some((prealloc, disk_bytenr, disk_num_bytes, offset)))
+                }
             };
             let m = Mapping {
                 file_start: key.offset,

@@ -132,9 +132,10 @@ impl Filesystem {
     }
 
     fn write_mode(&self, id: InodeId, offset: u64, data: &[u8], uncached: bool) -> Result<usize> {
-        let flags = self.lookup_op(|core| core.getattr(id))?.flags;
-        let n = self.write_data(id, offset, data, flags, uncached)?;
-        if flags & INODE_FLAG_SYNC != 0 {
+        // Which paths may take the write (the paths check again under their locks).
+        let attr = self.lookup_op(|core| core.getattr(id))?;
+        let n = self.write_data(id, offset, data, &attr, uncached)?;
+        if attr.flags & INODE_FLAG_SYNC != 0 {
             self.fsync(id, false)?;
         }
         Ok(n)
@@ -145,17 +146,18 @@ impl Filesystem {
         id: InodeId,
         offset: u64,
         data: &[u8],
-        flags: u64,
+        attr: &crate::fs::Attr,
         uncached: bool,
     ) -> Result<usize> {
-        if flags & INODE_FLAG_NODATACOW != 0 {
+        if attr.flags & INODE_FLAG_NODATACOW != 0 {
             if let Some(n) = self.write_in_place(id, offset, data, uncached)? {
                 return Ok(n);
             }
         }
         // Space fallocate set aside takes the data where it is (`prealloc_fill`).
-        if flags & INODE_FLAG_PREALLOC != 0 {
-            if let Some(n) = self.fill_prealloc(id, offset, data, uncached)? {
+        if attr.flags & INODE_FLAG_PREALLOC != 0 {
+            let grows = offset.saturating_add(data.len() as u64) > attr.size;
+            if let Some(n) = self.fill_prealloc(id, offset, data, grows, uncached)? {
                 return Ok(n);
             }
         }

@@ -128,20 +128,22 @@ impl crate::transaction::Transaction<'_> {
 impl Filesystem {
     /// `write`'s path into preallocated extents: the data goes where fallocate put its
     /// space, then the items say it is written. Ok(None) when the range is not all
-    /// prealloc this file alone references.
+    /// prealloc this file alone references, or the file turns out to grow after all when
+    /// `grows` said it would not.
     pub(crate) fn fill_prealloc(
         &self,
         id: InodeId,
         offset: u64,
         data: &[u8],
+        grows: bool,
         uncached: bool,
     ) -> Result<Option<usize>> {
         // Fills of other ranges (and in-place writes) go on beside this one; changes of
         // the file's items from anything else wait for the file's lock. A fill that grows
         // the file changes what lies between the old end and its range (holes), so it
         // holds the lock alone.
+        // `grows` (the size the caller saw) picks the lock; the plan checks it again.
         let end = offset.saturating_add(data.len() as u64);
-        let grows = end > self.lookup_op(|core| core.getattr(id))?.size;
         let _file = if grows {
             self.inode_locks().lock(id)
         } else {
