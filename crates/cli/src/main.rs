@@ -46,7 +46,8 @@ enum Command {
     Extents(extents::ExtentsArgs),
     /// Create, snapshot and list subvolumes, on a mount or an image (`btrfs subvolume`).
     Subvolume(subvolume::SubvolumeArgs),
-    /// Get or set a subvolume's read-only flag, on a mount or an image (`btrfs property`).
+    /// Get or set a subvolume's read-only flag or a file's compression, on a mount or an
+    /// image (`btrfs property`).
     Property(property::PropertyArgs),
 }
 

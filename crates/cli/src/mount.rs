@@ -12,7 +12,9 @@ use std::process::ExitCode;
 #[derive(clap::Args)]
 pub struct MountArgs {
     /// Comma-separated mount options: ro, rw (the default), commit=SECONDS (default 30),
-    /// max_inline=BYTES (default 2048), subvol=PATH, subvolid=ID, cache_size=SIZE
+    /// max_inline=BYTES (default 2048), compress[=zlib|lzo|zstd][:LEVEL], compress-force[=...]
+    /// (compression of new data, as btrfs), nodatacow, nodatasum, subvol=PATH, subvolid=ID,
+    /// cache_size=SIZE
     /// (tree-block cache, e.g. 256M), threads=N, readahead=KIB (default 4096), log=PATH,
     /// fuse_uring=on|off (FUSE over io_uring where the kernel offers it; default on),
     /// FUSE's allow_other, allow_root, default_permissions, auto_unmount, fsname=NAME, plus
@@ -77,8 +79,7 @@ const IGNORED: &[&str] = &[
     "loud",
 ];
 
-/// btrfs's own mount options oleo does not act on (allocation tuning, compression of new
-/// data, recovery modes): accepted so an fstab line written for the kernel works. Options
+/// btrfs's own mount options oleo does not act on (allocation tuning, recovery modes): accepted so an fstab line written for the kernel works. Options
 /// with a value are matched by name.
 const BTRFS_IGNORED: &[&str] = &[
     "ssd",
@@ -87,8 +88,6 @@ const BTRFS_IGNORED: &[&str] = &[
     "nossd_spread",
     "discard",
     "nodiscard",
-    "compress",
-    "compress-force",
     "space_cache",
     "nospace_cache",
     "clear_cache",
@@ -156,16 +155,26 @@ fn plan(options: &[String], rw_is_explicit: bool) -> Result<Plan, String> {
         match (name, value) {
             ("ro", None) => p.writable = Some(false),
             ("nologreplay", None) | ("rescue", Some("nologreplay")) => p.open.log_replay = false,
-            // As in the kernel: nodatacow implies nodatasum, datasum implies datacow.
+            // As in the kernel: nodatacow implies nodatasum and ends compression, datasum
+            // implies datacow, compression implies both.
             ("nodatacow", None) => {
                 p.open.nodatacow = true;
                 p.open.nodatasum = true;
+                p.open.compress = None;
             }
             ("datacow", None) => p.open.nodatacow = false,
             ("nodatasum", None) => p.open.nodatasum = true,
             ("datasum", None) => {
                 p.open.nodatasum = false;
                 p.open.nodatacow = false;
+            }
+            ("compress" | "compress-force", v) => {
+                p.open.compress = oleo::compression::Compress::parse(v, name == "compress-force")
+                    .map_err(|e| format!("{opt}: {e}"))?;
+                if p.open.compress.is_some() {
+                    p.open.nodatacow = false;
+                    p.open.nodatasum = false;
+                }
             }
             ("rw", None) if rw_is_explicit => p.writable = Some(true),
             ("rw", None) => {}

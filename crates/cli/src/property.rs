@@ -1,9 +1,13 @@
-//! `oleo property get|set PATH ro [true|false]`: `btrfs property` for a subvolume's
-//! read-only flag, on a mounted oleo filesystem or (`--image`) on an image or device that
-//! is not mounted.
+//! `oleo property get|set PATH [NAME [VALUE]]`: `btrfs property` for a subvolume's
+//! read-only flag (`ro`) and a file's or directory's compression (`compression`, the
+//! btrfs.compression xattr the kernel honours too), on a mounted oleo filesystem or
+//! (`--image`) on an image or device that is not mounted.
 
 use crate::on_mount;
-use crate::subvolume::{open, shown, subvolume_at};
+use crate::subvolume::{open, resolve, shown, subvolume_at};
+use oleo::compression::PROPERTY;
+use std::ffi::CString;
+use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::path::PathBuf;
 
@@ -15,7 +19,7 @@ pub struct PropertyArgs {
 
 #[derive(clap::Subcommand)]
 enum Verb {
-    /// Print a property of the subvolume at PATH (all of them without NAME).
+    /// Print a property of PATH (all that apply without NAME).
     Get {
         /// Image file or block device (not mounted) to work on instead of a mount.
         #[arg(long)]
@@ -23,7 +27,8 @@ enum Verb {
         path: String,
         name: Option<String>,
     },
-    /// Set a property of the subvolume at PATH.
+    /// Set a property of PATH: ro true|false (a subvolume), compression
+    /// zlib|lzo|zstd|no|none, or "" to remove it.
     Set {
         #[arg(long)]
         image: Option<PathBuf>,
@@ -37,10 +42,115 @@ enum Verb {
 }
 
 fn check_name(name: &str) -> Result<(), String> {
-    if name == "ro" {
+    if name == "ro" || name == "compression" {
         Ok(())
     } else {
-        Err(format!("unknown property: {name} (oleo knows: ro)"))
+        Err(format!(
+            "unknown property: {name} (oleo knows: ro, compression)"
+        ))
+    }
+}
+
+fn c_path(path: &Path) -> Result<CString, String> {
+    CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| format!("{}: NUL in path", path.display()))
+}
+
+/// The compression property of `path` on a mount (None: not set).
+fn mount_get_compression(path: &Path) -> Result<Option<Vec<u8>>, String> {
+    let p = c_path(path)?;
+    let n = CString::new(PROPERTY).expect("no NUL");
+    let mut buf = vec![0u8; 256];
+    // SAFETY: NUL-terminated strings, `buf` writable for its length.
+    let len = unsafe { libc::getxattr(p.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    if len < 0 {
+        let e = std::io::Error::last_os_error();
+        return match e.raw_os_error() {
+            Some(libc::ENODATA) => Ok(None),
+            _ => Err(format!("{}: {e}", path.display())),
+        };
+    }
+    buf.truncate(len as usize);
+    Ok(Some(buf))
+}
+
+fn mount_set_compression(path: &Path, value: &str) -> Result<(), String> {
+    let p = c_path(path)?;
+    let n = CString::new(PROPERTY).expect("no NUL");
+    // SAFETY: NUL-terminated strings, `value` readable for its length.
+    let r = unsafe {
+        if value.is_empty() {
+            libc::removexattr(p.as_ptr(), n.as_ptr())
+        } else {
+            libc::setxattr(
+                p.as_ptr(),
+                n.as_ptr(),
+                value.as_ptr().cast(),
+                value.len(),
+                0,
+            )
+        }
+    };
+    if r != 0 {
+        let e = std::io::Error::last_os_error();
+        if !(value.is_empty() && e.raw_os_error() == Some(libc::ENODATA)) {
+            return Err(format!("{}: compression {value:?}: {e}", path.display()));
+        }
+    }
+    Ok(())
+}
+
+fn get_compression(image: &Option<PathBuf>, path: &str) -> Result<Option<Vec<u8>>, String> {
+    match image {
+        None => mount_get_compression(Path::new(path)),
+        Some(image) => {
+            let fs = open(image, true)?;
+            let id = resolve(&fs, path)?;
+            match fs.getxattr(id, PROPERTY) {
+                Ok(v) => Ok(Some(v)),
+                Err(oleo::Error::NoXattr) => Ok(None),
+                Err(e) => Err(format!("{}: {e}", shown(path))),
+            }
+        }
+    }
+}
+
+fn set_compression(image: &Option<PathBuf>, path: &str, value: &str) -> Result<(), String> {
+    match image {
+        None => mount_set_compression(Path::new(path), value),
+        Some(image) => {
+            let fs = open(image, false)?;
+            let id = resolve(&fs, path)?;
+            let r = if value.is_empty() {
+                match fs.removexattr(id, PROPERTY) {
+                    Err(oleo::Error::NoXattr) => Ok(()),
+                    r => r,
+                }
+            } else {
+                fs.setxattr(id, PROPERTY, value.as_bytes(), oleo::XattrSet::Either)
+            };
+            r.and_then(|()| fs.sync().map(|_| ()))
+                .map_err(|e| format!("{}: compression {value:?}: {e}", shown(path)))
+        }
+    }
+}
+
+/// The read-only flag of the subvolume `path` is the root of (`any`: or is in).
+fn get_ro(image: &Option<PathBuf>, path: &str, any: bool) -> Result<bool, String> {
+    match image {
+        None => {
+            let s = if any {
+                on_mount::subvol_of(Path::new(path))?
+            } else {
+                on_mount::subvolume_root(Path::new(path))?
+            };
+            Ok(s.flags & oleo_fuse::subvol_ioctl::RO != 0)
+        }
+        Some(image) => {
+            let fs = open(image, true)?;
+            let id = subvolume_at(&fs, path)?;
+            fs.subvolume_readonly(id).map_err(|e| e.to_string())
+        }
     }
 }
 
@@ -50,18 +160,20 @@ pub fn run(a: &PropertyArgs) -> Result<(), String> {
             if let Some(n) = name {
                 check_name(n)?;
             }
-            let ro = match image {
-                None => {
-                    let s = on_mount::subvol_of(Path::new(path))?;
-                    s.flags & oleo_fuse::subvol_ioctl::RO != 0
+            let want = |n: &str| name.as_deref().is_none_or(|x| x == n);
+            if want("ro") {
+                match get_ro(image, path, name.is_some()) {
+                    Ok(ro) => println!("ro={ro}"),
+                    // Without a name, ro is listed for subvolumes only.
+                    Err(e) if name.is_some() => return Err(e),
+                    Err(_) => {}
                 }
-                Some(image) => {
-                    let fs = open(image, true)?;
-                    let id = subvolume_at(&fs, path)?;
-                    fs.subvolume_readonly(id).map_err(|e| e.to_string())?
+            }
+            if want("compression") {
+                if let Some(v) = get_compression(image, path)? {
+                    println!("compression={}", String::from_utf8_lossy(&v));
                 }
-            };
-            println!("ro={ro}");
+            }
             Ok(())
         }
         Verb::Set {
@@ -72,6 +184,9 @@ pub fn run(a: &PropertyArgs) -> Result<(), String> {
             value,
         } => {
             check_name(name)?;
+            if name == "compression" {
+                return set_compression(image, path, value);
+            }
             let ro = match value.as_str() {
                 "true" => true,
                 "false" => false,

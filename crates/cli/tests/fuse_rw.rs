@@ -25,6 +25,9 @@ enum Start {
     Empty(&'static [&'static str]),
     /// An image the kernel filled first (testkit's populate).
     KernelFilled,
+    /// The same, then every file rewritten compressed by the kernel (`btrfs filesystem
+    /// defragment -r -c<algorithm>`).
+    KernelCompressed(&'static str),
 }
 
 /// Which FUSE transport a case runs on: whatever the machine offers, or one of the two.
@@ -80,6 +83,18 @@ fn run_case(name: &str, start: Start, ops: usize, big: bool) {
 }
 
 fn run_case_on(name: &str, start: Start, ops: usize, big: bool, transport: Transport) {
+    run_case_with(name, start, ops, big, transport, &[])
+}
+
+/// `run_case_on` with more mount options for oleo.
+fn run_case_with(
+    name: &str,
+    start: Start,
+    ops: usize,
+    big: bool,
+    transport: Transport,
+    options: &[&str],
+) {
     if !(require_root(name) && require_fuse(name)) {
         return;
     }
@@ -112,7 +127,7 @@ fn run_case_on(name: &str, start: Start, ops: usize, big: bool, transport: Trans
                     String::from_utf8_lossy(&out.stderr)
                 );
             }
-            Start::KernelFilled => {
+            Start::KernelFilled | Start::KernelCompressed(_) => {
                 let spec = ImageSpec::new(name, seed)
                     .size_mb(2048)
                     .populate(PopulateSpec::basic());
@@ -142,11 +157,23 @@ fn run_case_on(name: &str, start: Start, ops: usize, big: bool, transport: Trans
                         assert!(st.success());
                     }
                 }
+                if let Start::KernelCompressed(algo) = start {
+                    let out = Command::new("btrfs")
+                        .args(["filesystem", "defragment", "-r", &format!("-c{algo}")])
+                        .arg(&kmnt)
+                        .output()
+                        .unwrap();
+                    assert!(out.status.success(), "defragment: {out:?}");
+                    Command::new("sync").status().unwrap();
+                    let (disk, ram) = oleo_testkit::check::compsize(&kmnt);
+                    assert!(disk < ram, "the kernel compressed nothing: {disk} of {ram}");
+                }
                 k.unmount().unwrap();
             }
         }
-        let m = OleoMount::mount_rw(Path::new(OLEO), &image, &mnt, transport.options())
-            .expect("oleo mount rw");
+        let mut opts = transport.options().to_vec();
+        opts.extend_from_slice(options);
+        let m = OleoMount::mount_rw(Path::new(OLEO), &image, &mnt, &opts).expect("oleo mount rw");
         let _dog = m.watchdog(std::time::Duration::from_secs(600));
         compare_trees(&reference, &mnt, "oleo (before)");
         transport.check(&m);
@@ -192,6 +219,11 @@ fn run_case_on(name: &str, start: Start, ops: usize, big: bool, transport: Trans
         {
             let k = KernelMount::mount(&image, &kmnt, &["rw"]).expect("kernel mount");
             compare_trees(&reference, &kmnt, "kernel");
+            if options.iter().any(|o| o.starts_with("compress")) {
+                let (disk, ram) = oleo_testkit::check::compsize(&kmnt);
+                eprintln!("{name} seed {seed}: compsize {disk} of {ram} bytes");
+                assert!(disk < ram, "nothing compressed: {disk} of {ram} bytes");
+            }
             std::fs::write(kmnt.join("kernel-wrote-this"), b"from the kernel").unwrap();
             k.unmount().unwrap();
         }
@@ -245,6 +277,32 @@ fn fuse_rw_over_io_uring() {
 #[test]
 fn fuse_rw_over_dev_fuse() {
     run_case_on("dev-fuse", Start::Empty(&[]), 300, true, Transport::DevFuse);
+}
+
+/// Files the kernel compressed, partially overwritten by oleo compressing with another
+/// algorithm; then the kernel reads everything back.
+#[test]
+fn fuse_rw_kernel_compressed_overwritten_with_lzo() {
+    run_case_with(
+        "kernel-zstd-oleo-lzo",
+        Start::KernelCompressed("zstd"),
+        300,
+        true,
+        Transport::Default,
+        &["compress=lzo"],
+    );
+}
+
+#[test]
+fn fuse_rw_compress_force_zstd() {
+    run_case_with(
+        "force-zstd",
+        Start::Empty(&[]),
+        300,
+        true,
+        Transport::Default,
+        &["compress-force=zstd:7"],
+    );
 }
 
 /// An unlinked file stays readable and writable through open descriptors until the last

@@ -3,13 +3,15 @@
 //! Every change replaces the file extent items over a sector-aligned range
 //! (`drop_extents`, the kernel's btrfs_drop_extents), then inserts the new ones.
 
+use crate::compression;
 use crate::delayed_ref::DataRef;
 use crate::error::{Error, Result};
 use crate::fs::InodeId;
 use crate::inode_item::now;
 use crate::transaction::Transaction;
 use oleo_format::items::{
-    block_group as bg, Compression, FileExtent, FileExtentBody, InodeItem, INODE_FLAG_NODATASUM,
+    block_group as bg, Compression, FileExtent, FileExtentBody, InodeItem, INODE_FLAG_NOCOMPRESS,
+    INODE_FLAG_NODATASUM,
 };
 use oleo_format::key::{item, Key};
 use oleo_format::superblock::incompat;
@@ -20,15 +22,27 @@ pub(crate) const MAX_EXTENT: u64 = 128 << 20;
 /// Largest file size: the kernel's MAX_LFS_FILESIZE on 64-bit.
 const MAX_FILE_SIZE: u64 = i64::MAX as u64;
 
+/// One new data extent of a write: `disk_len` bytes at `bytenr` holding `ram_len` bytes of
+/// the file, compressed with `compression` or as they are.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Piece {
+    pub bytenr: u64,
+    pub disk_len: u64,
+    pub ram_len: u64,
+    pub compression: Compression,
+}
+
 /// A write whose data went to the device outside the filesystem's lock: file offset
-/// `start` (sector-aligned) on, the reserved `pieces` (address, length) in file order and
-/// their checksums (empty for NODATASUM files); the file's size becomes at least `end`.
+/// `start` (sector-aligned) on, the reserved `pieces` in file order and their checksums
+/// (empty for NODATASUM files); the file's size becomes at least `end`. `nocompress`:
+/// compression was tried and did not pay, the file is marked NOCOMPRESS.
 pub(crate) struct OrderedWrite<'a> {
     pub id: InodeId,
     pub start: u64,
     pub end: u64,
-    pub pieces: &'a [(u64, u64)],
+    pub pieces: &'a [Piece],
     pub sums: &'a [Vec<u8>],
+    pub nocompress: bool,
 }
 
 /// A file extent item as found by `drop_extents`.
@@ -207,16 +221,59 @@ impl Transaction<'_> {
         }
     }
 
-    /// Stores `content` (the whole file, uncompressed) as its inline extent.
-    fn insert_inline(&mut self, id: InodeId, content: &[u8]) -> Result<()> {
-        let body = FileExtent {
-            generation: self.transid,
-            ram_bytes: content.len() as u64,
-            compression: Compression::None,
-            body: FileExtentBody::Inline { data: content },
+    /// The inline extent item that stores `content` (the whole file, at most a sector),
+    /// compressed where the file's policy asks and it pays (compress_file_range's inline
+    /// case), or None when neither way fits inline.
+    fn inline_body(
+        &mut self,
+        id: InodeId,
+        inode: &InodeItem,
+        content: &[u8],
+    ) -> Result<Option<Vec<u8>>> {
+        let body = |t: &Self, compression, data: &[u8]| {
+            FileExtent {
+                generation: t.transid,
+                ram_bytes: content.len() as u64,
+                compression,
+                body: FileExtentBody::Inline { data },
+            }
+            .to_bytes()
+        };
+        if let Some(p) = self.filesystem().compress_policy(id, inode.flags)? {
+            let max_inline = self.filesystem().max_inline;
+            let sector = self.sector() as usize;
+            if let Some(z) = compression::compress_inline(&p, content, sector, max_inline) {
+                self.incompat_needed |= compression::incompat_bit(p.kind);
+                return Ok(Some(body(self, p.kind, &z)));
+            }
         }
-        .to_bytes();
-        self.insert_item(id.subvol, Key::new(id.ino, item::EXTENT_DATA, 0), &body)
+        Ok((content.len() as u64 <= self.inline_limit())
+            .then(|| body(self, Compression::None, content)))
+    }
+
+    /// Replaces the file's data (an inline extent, or nothing) by `content`: inline where
+    /// it fits, else one regular extent.
+    fn store_small(&mut self, id: InodeId, inode: &mut InodeItem, content: &[u8]) -> Result<()> {
+        let sector = self.sector();
+        inode.nbytes = inode
+            .nbytes
+            .saturating_sub(self.drop_extents(id, 0, sector)?);
+        if content.is_empty() {
+            return Ok(());
+        }
+        match self.inline_body(id, inode, content)? {
+            Some(body) => {
+                self.insert_item(id.subvol, Key::new(id.ino, item::EXTENT_DATA, 0), &body)?;
+                inode.nbytes = inode.nbytes.saturating_add(content.len() as u64);
+            }
+            None => {
+                let mut padded = content.to_vec();
+                padded.resize(content.len().next_multiple_of(sector as usize), 0);
+                let added = self.insert_data(id, inode, 0, &padded)?;
+                inode.nbytes = inode.nbytes.saturating_add(added);
+            }
+        }
+        Ok(())
     }
 
     /// True if the file has an inline extent (always its only extent).
@@ -268,9 +325,107 @@ impl Transaction<'_> {
         Ok(out)
     }
 
-    /// Writes `data` (sector-aligned length) as new extents at file offset `at`; the range
-    /// must have been dropped. Returns the bytes added to nbytes.
-    fn insert_data(&mut self, id: InodeId, inode: &InodeItem, at: u64, data: &[u8]) -> Result<u64> {
+    /// Writes `data` (sector-aligned length) as new extents at file offset `at`, compressed
+    /// where the file's policy asks (under the lock: only writes that reshape the file come
+    /// here); the range must have been dropped. Returns the bytes added to nbytes.
+    fn insert_data(
+        &mut self,
+        id: InodeId,
+        inode: &mut InodeItem,
+        at: u64,
+        data: &[u8],
+    ) -> Result<u64> {
+        let sector = self.sector();
+        let policy = if data.len() as u64 > sector {
+            self.filesystem().compress_policy(id, inode.flags)?
+        } else {
+            None
+        };
+        let Some(policy) = policy else {
+            return self.insert_plain(id, inode.flags, at, data);
+        };
+        let c = compression::compress_chunks(&policy, data, sector as usize);
+        if c.incompressible {
+            inode.flags |= INODE_FLAG_NOCOMPRESS;
+        }
+        let mut off = 0usize;
+        for chunk in &c.chunks {
+            let piece = &data[off..off + chunk.len as usize];
+            let file_off = at + off as u64;
+            let stored = match &chunk.stream {
+                Some(z) => self.insert_compressed(id, file_off, chunk.len, policy.kind, z)?,
+                None => false,
+            };
+            if !stored {
+                self.insert_plain(id, inode.flags, file_off, piece)?;
+            }
+            off += chunk.len as usize;
+        }
+        Ok(data.len() as u64)
+    }
+
+    /// One compressed extent of `ram_len` file bytes at `file_off`; false when free space
+    /// has no run of its size (the caller writes the data as it is, as the kernel falls
+    /// back).
+    fn insert_compressed(
+        &mut self,
+        id: InodeId,
+        file_off: u64,
+        ram_len: u64,
+        kind: Compression,
+        stream: &[u8],
+    ) -> Result<bool> {
+        let sector = self.sector();
+        let disk_len = stream.len() as u64;
+        let bytenr = match self.block_groups.alloc_aligned(bg::DATA, disk_len, sector) {
+            Ok(b) => b,
+            Err(Error::NoSpace) => return Ok(false),
+            Err(e) => return Err(e),
+        };
+        self.spend_data(disk_len);
+        self.filesystem().io.write_logical(bytenr, stream)?;
+        self.insert_csums(bytenr, stream)?;
+        let piece = Piece {
+            bytenr,
+            disk_len,
+            ram_len,
+            compression: kind,
+        };
+        self.insert_piece(id, file_off, &piece)?;
+        Ok(true)
+    }
+
+    /// The file extent item and backref of a new extent at `file_off`.
+    fn insert_piece(&mut self, id: InodeId, file_off: u64, p: &Piece) -> Result<()> {
+        let body = extent_item(
+            self.transid,
+            p.ram_len,
+            p.compression,
+            false,
+            p.bytenr,
+            p.disk_len,
+            0,
+            p.ram_len,
+        );
+        self.insert_item(
+            id.subvol,
+            Key::new(id.ino, item::EXTENT_DATA, file_off),
+            &body,
+        )?;
+        self.incompat_needed |= compression::incompat_bit(p.compression);
+        self.add_data_ref(
+            p.bytenr,
+            p.disk_len,
+            DataRef {
+                root: id.subvol,
+                objectid: id.ino,
+                offset: file_off,
+            },
+        )
+    }
+
+    /// `data` as it is, in extents of at most MAX_EXTENT.
+    fn insert_plain(&mut self, id: InodeId, flags: u64, at: u64, data: &[u8]) -> Result<u64> {
         let sector = self.sector();
         let mut done = 0usize;
         while done < data.len() {
@@ -278,34 +433,16 @@ impl Transaction<'_> {
             let (bytenr, len) = self.alloc_data(want, sector)?;
             let piece = &data[done..done + len as usize];
             self.filesystem().io.write_logical(bytenr, piece)?;
-            if inode.flags & INODE_FLAG_NODATASUM == 0 {
+            if flags & INODE_FLAG_NODATASUM == 0 {
                 self.insert_csums(bytenr, piece)?;
             }
-            let file_off = at + done as u64;
-            let body = extent_item(
-                self.transid,
-                len,
-                Compression::None,
-                false,
+            let p = Piece {
                 bytenr,
-                len,
-                0,
-                len,
-            );
-            self.insert_item(
-                id.subvol,
-                Key::new(id.ino, item::EXTENT_DATA, file_off),
-                &body,
-            )?;
-            self.add_data_ref(
-                bytenr,
-                len,
-                DataRef {
-                    root: id.subvol,
-                    objectid: id.ino,
-                    offset: file_off,
-                },
-            )?;
+                disk_len: len,
+                ram_len: len,
+                compression: Compression::None,
+            };
+            self.insert_piece(id, at + done as u64, &p)?;
             done += len as usize;
         }
         Ok(data.len() as u64)
@@ -334,6 +471,78 @@ impl Transaction<'_> {
         Ok(out)
     }
 
+    /// Reserves the extents of a write of `len` bytes: as `chunks` say (compressed ones
+    /// one extent each, or as they are when no run of their size is free), else plain.
+    pub(crate) fn reserve_write(
+        &mut self,
+        len: u64,
+        compressed: Option<(&[compression::Chunk], Compression)>,
+    ) -> Result<Vec<Piece>> {
+        let plain = |v: Vec<(u64, u64)>| {
+            v.into_iter().map(|(bytenr, l)| Piece {
+                bytenr,
+                disk_len: l,
+                ram_len: l,
+                compression: Compression::None,
+            })
+        };
+        let Some((chunks, kind)) = compressed else {
+            return Ok(plain(self.reserve_data_extents(len)?).collect());
+        };
+        let sector = self.sector();
+        let mut out: Vec<Piece> = Vec::new();
+        let mut run = 0u64;
+        let mut r = Ok(());
+        for c in chunks {
+            let got = match &c.stream {
+                Some(z) => match self.block_groups.reserve_data(z.len() as u64, sector) {
+                    Ok(b) => Some((b, z.len() as u64)),
+                    Err(Error::NoSpace) => None,
+                    Err(e) => {
+                        r = Err(e);
+                        break;
+                    }
+                },
+                None => None,
+            };
+            let Some((bytenr, disk_len)) = got else {
+                run += c.len;
+                continue;
+            };
+            self.spend_data(disk_len);
+            if run > 0 {
+                match self.reserve_data_extents(run) {
+                    Ok(v) => out.extend(plain(v)),
+                    Err(e) => {
+                        self.block_groups.cancel_reserved(bytenr);
+                        r = Err(e);
+                        break;
+                    }
+                }
+                run = 0;
+            }
+            out.push(Piece {
+                bytenr,
+                disk_len,
+                ram_len: c.len,
+                compression: kind,
+            });
+        }
+        if r.is_ok() && run > 0 {
+            match self.reserve_data_extents(run) {
+                Ok(v) => out.extend(plain(v)),
+                Err(e) => r = Err(e),
+            }
+        }
+        if let Err(e) = r {
+            for p in &out {
+                self.block_groups.cancel_reserved(p.bytenr);
+            }
+            return Err(e);
+        }
+        Ok(out)
+    }
+
     /// Puts in the items of a write whose data is on the device already (see
     /// `ordered_extent`): the range's old extents go, the reserved pieces become extents
     /// with their checksums, the inode grows to `end` if it was smaller.
@@ -341,7 +550,7 @@ impl Transaction<'_> {
         let id = w.id;
         let mut inode = self.read_inode(id)?;
         let sector = self.sector();
-        let len: u64 = w.pieces.iter().map(|p| p.1).sum();
+        let len: u64 = w.pieces.iter().map(|p| p.ram_len).sum();
         let (a, b) = (w.start, w.start + len);
         let old_size = inode.size;
         inode.nbytes = inode.nbytes.saturating_sub(self.drop_extents(id, a, b)?);
@@ -352,34 +561,18 @@ impl Transaction<'_> {
                 .saturating_sub(self.insert_hole(id, hole_from, a)?);
         }
         let mut at = a;
-        for (i, &(bytenr, plen)) in w.pieces.iter().enumerate() {
-            self.block_groups.use_reserved(bytenr, plen)?;
+        for (i, p) in w.pieces.iter().enumerate() {
+            self.block_groups.use_reserved(p.bytenr, p.disk_len)?;
             if let Some(sums) = w.sums.get(i).filter(|s| !s.is_empty()) {
-                self.insert_csum_bytes(bytenr, sums)?;
+                self.insert_csum_bytes(p.bytenr, sums)?;
             }
-            let body = extent_item(
-                self.transid,
-                plen,
-                Compression::None,
-                false,
-                bytenr,
-                plen,
-                0,
-                plen,
-            );
-            self.insert_item(id.subvol, Key::new(id.ino, item::EXTENT_DATA, at), &body)?;
-            self.add_data_ref(
-                bytenr,
-                plen,
-                DataRef {
-                    root: id.subvol,
-                    objectid: id.ino,
-                    offset: at,
-                },
-            )?;
-            at += plen;
+            self.insert_piece(id, at, p)?;
+            at += p.ram_len;
         }
         inode.nbytes = inode.nbytes.saturating_add(len);
+        if w.nocompress {
+            inode.flags |= INODE_FLAG_NOCOMPRESS;
+        }
         let t = now();
         inode.size = old_size.max(w.end);
         inode.mtime = t;
@@ -454,9 +647,8 @@ impl Transaction<'_> {
             inode.nbytes = inode
                 .nbytes
                 .saturating_sub(self.drop_extents(id, 0, sector)?);
-            inode.nbytes = inode
-                .nbytes
-                .saturating_add(self.insert_data(id, inode, 0, &data)?);
+            let added = self.insert_data(id, inode, 0, &data)?;
+            inode.nbytes = inode.nbytes.saturating_add(added);
         } else if !old_size.is_multiple_of(sector) && old_size - old_size % sector < rewritten_from
         {
             let from = old_size - old_size % sector;
@@ -465,9 +657,8 @@ impl Transaction<'_> {
                 inode
                     .nbytes
                     .saturating_sub(self.drop_extents(id, from, from + sector)?);
-            inode.nbytes = inode
-                .nbytes
-                .saturating_add(self.insert_data(id, inode, from, &data)?);
+            let added = self.insert_data(id, inode, from, &data)?;
+            inode.nbytes = inode.nbytes.saturating_add(added);
         }
         Ok(())
     }
@@ -492,13 +683,28 @@ impl Transaction<'_> {
         let sector = self.sector();
         let old_size = inode.size;
         let new_size = old_size.max(end);
-        if new_size <= self.inline_limit() && !self.has_regular_extents(id)? {
+        // A compressed inline extent may hold a whole sector of data.
+        let inline_max = if self
+            .filesystem()
+            .compress_policy(id, inode.flags)?
+            .is_some()
+        {
+            sector
+        } else {
+            self.inline_limit()
+        };
+        let inline = if new_size <= inline_max && !self.has_regular_extents(id)? {
             let mut content = self.read_range(id, 0, new_size, old_size)?;
             content[offset as usize..end as usize].copy_from_slice(data);
+            self.inline_body(id, &inode, &content)?
+        } else {
+            None
+        };
+        if let Some(body) = inline {
             inode.nbytes = inode
                 .nbytes
                 .saturating_sub(self.drop_extents(id, 0, sector)?);
-            self.insert_inline(id, &content)?;
+            self.insert_item(id.subvol, Key::new(id.ino, item::EXTENT_DATA, 0), &body)?;
             inode.nbytes = inode.nbytes.saturating_add(new_size);
         } else {
             let a = offset - offset % sector;
@@ -530,7 +736,7 @@ impl Transaction<'_> {
                     .nbytes
                     .saturating_sub(self.insert_hole(id, hole_from, a)?);
             }
-            let added = self.insert_data(id, &inode, a, &staging[..len]);
+            let added = self.insert_data(id, &mut inode, a, &staging[..len]);
             self.filesystem().give_back_staging(staging);
             inode.nbytes = inode.nbytes.saturating_add(added?);
         }
@@ -563,13 +769,7 @@ impl Transaction<'_> {
         } else if new_size < old_size {
             if self.inline_extent(id)? {
                 let content = self.read_range(id, 0, new_size, old_size)?;
-                inode.nbytes = inode
-                    .nbytes
-                    .saturating_sub(self.drop_extents(id, 0, sector)?);
-                if new_size > 0 {
-                    self.insert_inline(id, &content)?;
-                    inode.nbytes = inode.nbytes.saturating_add(new_size);
-                }
+                self.store_small(id, inode, &content)?;
             } else {
                 inode.nbytes = inode.nbytes.saturating_sub(self.drop_extents(
                     id,
@@ -602,13 +802,7 @@ impl Transaction<'_> {
         if self.inline_extent(id)? {
             let mut content = self.read_range(id, 0, inode.size, inode.size)?;
             content[offset as usize..end as usize].fill(0);
-            let size = inode.size;
-            inode.nbytes = inode
-                .nbytes
-                .saturating_sub(self.drop_extents(id, 0, sector)?);
-            self.insert_inline(id, &content)?;
-            inode.nbytes = inode.nbytes.saturating_add(size);
-            return Ok(());
+            return self.store_small(id, inode, &content);
         }
         let zero = |t: &mut Self, inode: &mut InodeItem, from: u64, to: u64| -> Result<()> {
             if from >= to {
@@ -620,9 +814,8 @@ impl Transaction<'_> {
             inode.nbytes = inode
                 .nbytes
                 .saturating_sub(t.drop_extents(id, s, s + sector)?);
-            inode.nbytes = inode
-                .nbytes
-                .saturating_add(t.insert_data(id, inode, s, &buf)?);
+            let added = t.insert_data(id, inode, s, &buf)?;
+            inode.nbytes = inode.nbytes.saturating_add(added);
             Ok(())
         };
         if a > b {

@@ -118,7 +118,7 @@ fn check_fs_flags(old: u32, new: u32) -> Result<()> {
 const S_IFMT: u32 = 0o170000;
 const S_IFREG: u32 = 0o100000;
 /// The property chattr +c sets (and any other change of flags removes).
-const COMPRESSION_PROP: &[u8] = b"btrfs.compression";
+const COMPRESSION_PROP: &[u8] = crate::compression::PROPERTY;
 
 impl Transaction<'_> {
     fn set_fs_flags(&mut self, id: InodeId, new: u32, nodatasum_mount: bool) -> Result<()> {
@@ -161,8 +161,13 @@ impl Transaction<'_> {
             None
         } else if new & fs_flags::COMPR != 0 {
             flags = (flags & !INODE_FLAG_NOCOMPRESS) | INODE_FLAG_COMPRESS;
-            // The mount's algorithm, zlib without one (oleo writes none yet).
-            Some(b"zlib")
+            // The mount's algorithm, zlib without one.
+            Some(
+                self.filesystem()
+                    .compress
+                    .map_or("zlib", |c| crate::compression::type_name(c.kind))
+                    .as_bytes(),
+            )
         } else {
             flags &= !(INODE_FLAG_COMPRESS | INODE_FLAG_NOCOMPRESS);
             None

@@ -147,6 +147,9 @@ pub struct OpenOptions {
     pub nodatacow: bool,
     /// New regular files get NODATASUM (mount option `nodatasum`).
     pub nodatasum: bool,
+    /// New data is compressed (mount options `compress=`, `compress-force=`; see
+    /// `compression::Compress::parse`).
+    pub compress: Option<crate::compression::Compress>,
 }
 
 impl Default for OpenOptions {
@@ -160,6 +163,7 @@ impl Default for OpenOptions {
             log_replay: true,
             nodatacow: false,
             nodatasum: false,
+            compress: None,
         }
     }
 }
@@ -191,6 +195,8 @@ pub struct FsCore {
     /// Mount options `nodatacow` and `nodatasum`: flags of new regular files.
     pub(crate) mount_nodatacow: bool,
     pub(crate) mount_nodatasum: bool,
+    /// The mount's compress= or compress-force=.
+    pub(crate) compress: Option<crate::compression::Compress>,
     /// Dirty tree blocks beyond this many bytes force a commit.
     pub(crate) dirty_limit: u64,
     /// Next free inode number per subvolume, and next DIR_INDEX per directory (only we
@@ -339,6 +345,7 @@ impl FsCore {
             max_inline: options.max_inline,
             mount_nodatacow: options.nodatacow,
             mount_nodatasum: options.nodatasum || options.nodatacow,
+            compress: options.compress,
             dirty_limit: (cache_bytes / 2).max(4 << 20),
             next_ino: Mutex::new(HashMap::new()),
             next_index: Mutex::new(Default::default()),

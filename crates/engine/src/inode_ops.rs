@@ -4,6 +4,7 @@
 //! filesystem fails it with ENOSPC before anything changed.
 
 use crate::acl::{self, Acl};
+use crate::compression;
 use crate::dir_item::{xattr_entry, EntryTarget};
 use crate::error::{Error, Result};
 use crate::fs::{Attr, FileKind, FsCore, InodeId, Timespec};
@@ -348,6 +349,23 @@ impl Transaction<'_> {
         if regular && self.filesystem().mount_nodatacow {
             flags |= INODE_FLAG_NODATACOW | INODE_FLAG_NODATASUM;
         }
+        // btrfs_inode_inherit_props: files and directories that may compress take their
+        // directory's algorithm (not its "no"), which the kernel marks COMPRESS.
+        let inherited = if (regular || mode & S_IFMT == S_IFDIR)
+            && flags & INODE_FLAG_NODATACOW == 0
+            && dir.flags & INODE_FLAG_COMPRESS != 0
+        {
+            match self.filesystem().getxattr(parent, compression::PROPERTY) {
+                Ok(v) => compression::property_type(&v),
+                Err(Error::NoXattr) => None,
+                Err(e) => return Err(e),
+            }
+        } else {
+            None
+        };
+        if inherited.is_some() {
+            flags = (flags & !INODE_FLAG_NOCOMPRESS) | INODE_FLAG_COMPRESS;
+        }
         let mut inode = InodeItem {
             generation: self.transid,
             transid: self.transid,
@@ -396,6 +414,17 @@ impl Transaction<'_> {
                 &entry,
                 acl::DEFAULT,
             )?;
+        }
+        if let Some(kind) = inherited {
+            let value = compression::type_name(kind).as_bytes();
+            let entry = xattr_entry(transid, compression::PROPERTY, value)?;
+            self.add_hashed_entry(
+                id.subvol,
+                Key::new(ino, item::XATTR_ITEM, name_hash(compression::PROPERTY)),
+                &entry,
+                compression::PROPERTY,
+            )?;
+            self.incompat_needed |= compression::incompat_bit(kind);
         }
         if let Some(a) = access_acl {
             let entry = xattr_entry(transid, acl::ACCESS, &a.to_bytes())?;
@@ -629,6 +658,16 @@ impl Transaction<'_> {
             return Err(Error::NameTooLong);
         }
         let mut inode = self.read_inode(id)?;
+        // The btrfs. namespace holds properties, checked and applied as the kernel does.
+        if name.starts_with(b"btrfs.") {
+            if name != compression::PROPERTY {
+                return Err(Error::InvalidArgument(format!(
+                    "unknown property xattr {}",
+                    String::from_utf8_lossy(name)
+                )));
+            }
+            compression::validate_property(inode.flags, value)?;
+        }
         self.filesystem().default_acls.lock().remove(&id);
         let exists = match self.filesystem().getxattr(id, name) {
             Ok(_) => true,
@@ -661,6 +700,11 @@ impl Transaction<'_> {
             }
         }
         self.add_hashed_entry(id.subvol, key, &entry, name)?;
+        if name == compression::PROPERTY {
+            let (flags, bit) = compression::apply_property(inode.flags, Some(value));
+            inode.flags = flags;
+            self.incompat_needed |= bit;
+        }
         inode.ctime = now();
         self.write_inode(id, &mut inode)
     }
@@ -672,6 +716,9 @@ impl Transaction<'_> {
         match self.remove_hashed_entry(id.subvol, key, name) {
             Err(Error::NotFound) => return Err(Error::NoXattr),
             r => r?,
+        }
+        if name == compression::PROPERTY {
+            inode.flags = compression::apply_property(inode.flags, None).0;
         }
         inode.ctime = now();
         self.write_inode(id, &mut inode)

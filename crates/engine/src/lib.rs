@@ -11,6 +11,7 @@ pub mod blocking;
 mod chunk_alloc;
 pub mod claim;
 mod commit_pipe;
+pub mod compression;
 pub mod ctree;
 mod delayed_inode;
 mod delayed_ref;

@@ -3,7 +3,8 @@
 //! 1. under the shared lock, reads what a partial first or last sector keeps;
 //! 2. under the exclusive lock, briefly, reserves data space (ENOSPC here, before anything
 //!    changed);
-//! 3. with no filesystem lock, writes the data and computes its checksums;
+//! 3. with no filesystem lock, compresses the data if the file asks for it (on all cores,
+//!    `compression`), writes it and computes its checksums;
 //! 4. under the exclusive lock, puts in the extent and csum items and the inode, in the
 //!    running transaction (which may be a later one than in step 2: the reservation
 //!    outlives commits).
@@ -12,15 +13,16 @@
 //! the whole new data of a write. Small writes, and writes that reshape the file (inline
 //! data, an old last sector to zero), take the one-step path under the exclusive lock.
 
+use crate::compression::{compress_chunks, Compressed, Policy};
 use crate::error::{Error, Result};
 use crate::file_item::data_csums;
-use crate::file_write::OrderedWrite;
+use crate::file_write::{OrderedWrite, Piece};
 use crate::filesystem::Filesystem;
 use crate::fs::{FileKind, FsCore, InodeId};
 use crate::reservation::Reserve;
 use oleo_format::items::{
-    FileExtent, FileExtentBody, INODE_FLAG_NODATACOW, INODE_FLAG_NODATASUM, INODE_FLAG_PREALLOC,
-    INODE_FLAG_SYNC,
+    Compression, FileExtent, FileExtentBody, INODE_FLAG_NODATACOW, INODE_FLAG_NODATASUM,
+    INODE_FLAG_PREALLOC, INODE_FLAG_SYNC,
 };
 use oleo_format::key::{item, Key};
 
@@ -34,21 +36,33 @@ struct Plan {
     buf: crate::device::IoBuf,
     len: usize,
     sums: bool,
+    compress: Option<Policy>,
+    sector: usize,
 }
 
 impl FsCore {
     /// Step 1, or None when the write must take the one-step path.
     fn plan_write(&self, id: InodeId, offset: u64, data: &[u8]) -> Result<Option<Plan>> {
-        if data.len() < MIN_ORDERED {
+        let sector = u64::from(self.sb.sectorsize);
+        if data.len() as u64 <= sector {
             return Ok(None);
         }
         let attr = self.getattr(id)?;
+        let compress = self.compress_policy(id, attr.flags)?;
+        // Compression is worth the round trips: it is what step 3 takes out of the lock.
+        if data.len() < MIN_ORDERED && compress.is_none() {
+            return Ok(None);
+        }
         let Some(end) = offset.checked_add(data.len() as u64) else {
             return Ok(None);
         };
-        let sector = u64::from(self.sb.sectorsize);
         let old_size = attr.size;
-        let inline_limit = self.max_inline.min(sector - 1);
+        // A compressed inline extent may hold a whole sector.
+        let inline_limit = if compress.is_some() {
+            sector
+        } else {
+            self.max_inline.min(sector - 1)
+        };
         if attr.kind != FileKind::File
             || end > i64::MAX as u64
             || old_size.max(end) <= inline_limit
@@ -89,6 +103,8 @@ impl FsCore {
             buf,
             len,
             sums: attr.flags & INODE_FLAG_NODATASUM == 0,
+            compress,
+            sector: sector as usize,
         }))
     }
 
@@ -105,14 +121,14 @@ impl FsCore {
     }
 
     /// Gives reserved data space back (a write that could not finish).
-    fn cancel_reservations(&mut self, pieces: &[(u64, u64)]) {
+    fn cancel_reservations(&mut self, pieces: &[Piece]) {
         let groups = match self.running.as_deref_mut() {
             Some(t) => Some(&mut t.block_groups),
             None => self.block_groups.as_mut(),
         };
         if let Some(g) = groups {
-            for &(b, _) in pieces {
-                g.cancel_reserved(b);
+            for p in pieces {
+                g.cancel_reserved(p.bytenr);
             }
         }
     }
@@ -166,20 +182,35 @@ impl Filesystem {
         let Some(plan) = plan else {
             return self.core_mut().write(id, offset, data);
         };
-        let r = self.write_ordered(id, offset + data.len() as u64, &plan);
+        let compressed = plan
+            .compress
+            .as_ref()
+            .map(|p| compress_chunks(p, &plan.buf[..plan.len], plan.sector));
+        let r = self.write_ordered(id, offset + data.len() as u64, &plan, compressed.as_ref());
         self.core_read().give_back_staging(plan.buf);
         r.map(|()| data.len())
     }
 
     /// Steps 2 to 4.
-    fn write_ordered(&self, id: InodeId, end: u64, plan: &Plan) -> Result<()> {
+    fn write_ordered(
+        &self,
+        id: InodeId,
+        end: u64,
+        plan: &Plan,
+        compressed: Option<&Compressed>,
+    ) -> Result<()> {
         let len = plan.len as u64;
+        let layout = compressed
+            .zip(plan.compress.as_ref())
+            .map(|(c, p)| (&c.chunks[..], p.kind));
         let (pieces, io, csum, sector) = {
             let mut core = self.core_mut();
             core.check_subvol_writable(id.subvol)?;
             core.check_not_immutable(id)?;
-            let pieces =
-                core.write_op(Reserve::items(1).data(len), |t| t.reserve_data_extents(len))?;
+            // Reserved as if uncompressed: a compressed extent may find no run of its size.
+            let pieces = core.write_op(Reserve::items(1).data(len), |t| {
+                t.reserve_write(len, layout)
+            })?;
             let sb = core.superblock();
             (
                 pieces,
@@ -188,12 +219,27 @@ impl Filesystem {
                 sb.sectorsize as usize,
             )
         };
+        // Compressed pieces come one per chunk, by file offset.
+        let mut streams = std::collections::HashMap::new();
+        if let Some(c) = compressed {
+            let mut off = 0usize;
+            for chunk in &c.chunks {
+                if let Some(z) = &chunk.stream {
+                    streams.insert(off, &z[..]);
+                }
+                off += chunk.len as usize;
+            }
+        }
         let mut sums = Vec::with_capacity(pieces.len());
         let mut at = 0usize;
         let mut io_result = Ok(());
-        for &(bytenr, plen) in &pieces {
-            let piece = &plan.buf[at..at + plen as usize];
-            if let Err(e) = io.write_logical(bytenr, piece) {
+        for p in &pieces {
+            let piece = if p.compression == Compression::None {
+                &plan.buf[at..at + p.disk_len as usize]
+            } else {
+                streams[&at]
+            };
+            if let Err(e) = io.write_logical(p.bytenr, piece) {
                 io_result = Err(e);
                 break;
             }
@@ -202,7 +248,7 @@ impl Filesystem {
             } else {
                 Vec::new()
             });
-            at += plen as usize;
+            at += p.ram_len as usize;
         }
         let mut core = self.core_mut();
         if let Err(e) = io_result {
@@ -210,7 +256,7 @@ impl Filesystem {
             return Err(e);
         }
         let csize = csum.size() as u64;
-        let extents = len / crate::file_write::MAX_EXTENT + 2;
+        let extents = pieces.len() as u64 + 2;
         let need = Reserve::items(10).bulk(len / sector as u64 * csize + extents * 200);
         let w = OrderedWrite {
             id,
@@ -218,6 +264,7 @@ impl Filesystem {
             end,
             pieces: &pieces,
             sums: &sums,
+            nocompress: compressed.is_some_and(|c| c.incompressible),
         };
         let r = core.write_op(need, |t| t.finish_ordered_write(&w));
         if r.is_err() && core.aborted.is_none() {

@@ -373,7 +373,20 @@ struct Case {
     /// level (out of the operations' reach), deleting one now and then; each snapshot must
     /// stay what the reference was when it was taken.
     snapshots: bool,
+    /// The mount option compress= or compress-force= (e.g. "compress-force=lzo").
+    compress: Option<&'static str>,
 }
+
+impl Case {
+    fn compress(&self) -> Option<oleo::compression::Compress> {
+        let (name, value) = self.compress?.split_once('=').expect("option=value");
+        oleo::compression::Compress::parse(Some(value), name == "compress-force")
+            .expect("compress option")
+    }
+}
+
+/// Files the compression cases write last: 1 MiB that compresses well, 1 MiB that does not.
+const PROBES: [(&str, u8); 2] = [("probe-compressible", 1), ("probe-noise", 0xf0)];
 
 /// The top level's root directory, where the snapshots go.
 const TOP: InodeId = InodeId {
@@ -388,6 +401,7 @@ fn run_case(case: &Case, seed: u64) {
     let mut rng = Rng::new(seed);
     let opts = || OpenOptions {
         subvol: case.snapshots.then(|| b"work".to_vec()),
+        compress: case.compress(),
         ..OpenOptions::default()
     };
     if case.snapshots {
@@ -451,6 +465,16 @@ fn run_case(case: &Case, seed: u64) {
             fs = Filesystem::open_rw(&image, opts()).expect("reopen");
         }
     }
+    if case.compress.is_some() {
+        for (name, fill) in PROBES {
+            let data = data_for(0, 1 << 20, fill);
+            std::fs::write(reference.join(name), &data).unwrap();
+            let a = fs
+                .mknod(fs.root(), name.as_bytes(), &NewInode::file(0o644))
+                .expect("probe");
+            fs.write(a.id, 0, &data).expect("probe write");
+        }
+    }
     fs.sync().expect("final sync");
     compare_oleo(&fs, &reference);
     for (name, copy) in &snaps {
@@ -480,6 +504,16 @@ fn run_case(case: &Case, seed: u64) {
     assert!(st.success(), "kernel mount");
     let r = std::panic::catch_unwind(|| {
         compare_trees(&reference, &top, "kernel");
+        if case.compress.is_some() {
+            // compsize reads the extents the kernel sees: compressible data takes a
+            // fraction of its size, noise all of it.
+            let (disk, ram) = oleo_testkit::check::compsize(&top);
+            eprintln!("{} seed {seed}: compsize {disk} of {ram} bytes", case.name);
+            let (disk, ram) = oleo_testkit::check::compsize(&top.join(PROBES[0].0));
+            assert!(disk * 4 < ram, "compressible probe: {disk} of {ram} bytes");
+            let (disk, ram) = oleo_testkit::check::compsize(&top.join(PROBES[1].0));
+            assert!(disk >= ram, "noise probe: {disk} of {ram} bytes");
+        }
         for (name, copy) in &snaps {
             compare_trees(copy, &scratch.mnt().join(name), &format!("kernel {name}"));
         }
@@ -529,6 +563,7 @@ fn progs_default() {
         ops: 400,
         big: false,
         snapshots: false,
+        compress: None,
     });
 }
 
@@ -540,6 +575,7 @@ fn progs_snapshots_between_operations() {
         ops: 400,
         big: false,
         snapshots: true,
+        compress: None,
     });
 }
 
@@ -551,6 +587,7 @@ fn progs_4k_nodes_no_holes_off() {
         ops: 400,
         big: false,
         snapshots: false,
+        compress: None,
     });
 }
 
@@ -566,6 +603,7 @@ fn oleo_mkfs_sha256() {
         ops: 300,
         big: true,
         snapshots: false,
+        compress: None,
     });
 }
 
@@ -581,6 +619,7 @@ fn oleo_mkfs_xxhash_holes() {
         ops: 300,
         big: false,
         snapshots: false,
+        compress: None,
     });
 }
 
@@ -592,5 +631,46 @@ fn progs_blake2_big_writes() {
         ops: 200,
         big: true,
         snapshots: false,
+        compress: None,
+    });
+}
+
+#[test]
+fn progs_compress_zstd() {
+    run(Case {
+        name: "progs-zstd",
+        maker: Maker::Progs(&[]),
+        ops: 300,
+        big: true,
+        snapshots: false,
+        compress: Some("compress=zstd"),
+    });
+}
+
+#[test]
+fn progs_compress_force_lzo_holes() {
+    run(Case {
+        name: "progs-force-lzo",
+        maker: Maker::Progs(&["-O", "^no-holes"]),
+        ops: 300,
+        big: true,
+        snapshots: false,
+        compress: Some("compress-force=lzo"),
+    });
+}
+
+#[test]
+fn oleo_mkfs_compress_zlib_snapshots() {
+    run(Case {
+        name: "oleo-zlib",
+        maker: Maker::Oleo {
+            nodesize: 16384,
+            csum: "crc32c",
+            no_holes: true,
+        },
+        ops: 300,
+        big: false,
+        snapshots: true,
+        compress: Some("compress=zlib:9"),
     });
 }

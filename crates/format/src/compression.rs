@@ -1,5 +1,5 @@
-//! Decoding compressed extents: zlib, LZO (with btrfs's per-sector framing) and zstd.
-//! Output never exceeds the caller's bound, so a hostile stream cannot blow up memory.
+//! Compressed extents: zlib, LZO (with btrfs's per-sector framing) and zstd, both ways.
+//! Decoding never exceeds the caller's bound, so a hostile stream cannot blow up memory.
 
 use crate::bytes::u32_at;
 use crate::error::{FormatError, Result};
@@ -95,6 +95,102 @@ fn lzo_decompress(input: &[u8], max_out: usize, sectorsize: usize) -> Result<Vec
     Ok(out)
 }
 
+/// Largest input of one compressed extent (the kernel's BTRFS_MAX_UNCOMPRESSED).
+pub const MAX_UNCOMPRESSED: usize = 128 << 10;
+
+/// Default, lowest and highest level of each algorithm as the kernel's mount options take
+/// them (LZO has no levels).
+pub fn level_range(kind: Compression) -> (i32, i32, i32) {
+    match kind {
+        Compression::Zlib => (3, 1, 9),
+        Compression::Zstd => (3, -15, 15),
+        Compression::Lzo | Compression::None => (0, 0, 0),
+    }
+}
+
+/// `level` as the kernel applies it to `kind`: 0 is the default, others are clamped.
+pub fn effective_level(kind: Compression, level: i32) -> i32 {
+    let (default, lo, hi) = level_range(kind);
+    if level == 0 {
+        default
+    } else {
+        level.clamp(lo, hi)
+    }
+}
+
+thread_local! {
+    static ZSTD: std::cell::RefCell<Option<zstd::bulk::Compressor<'static>>> =
+        const { std::cell::RefCell::new(None) };
+    static LZO_DICT: std::cell::RefCell<Option<Box<lzokay::compress::Dict>>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// Encodes `input` (at most MAX_UNCOMPRESSED bytes) the way the kernel frames `kind` on
+/// disk. Whether the result is worth keeping is the caller's call.
+pub fn compress(kind: Compression, level: i32, input: &[u8], sectorsize: usize) -> Result<Vec<u8>> {
+    let level = effective_level(kind, level);
+    match kind {
+        Compression::None => Ok(input.to_vec()),
+        Compression::Zlib => {
+            use std::io::Write;
+            let mut enc = flate2::write::ZlibEncoder::new(
+                Vec::with_capacity(input.len() / 2),
+                flate2::Compression::new(level as u32),
+            );
+            enc.write_all(input).map_err(err)?;
+            enc.finish().map_err(err)
+        }
+        Compression::Zstd => ZSTD.with(|c| {
+            let mut c = c.borrow_mut();
+            if c.is_none() {
+                let mut z = zstd::bulk::Compressor::new(level).map_err(err)?;
+                // Old kernels refuse windows over 2^17 (ZSTD_BTRFS_MAX_WINDOWLOG).
+                z.set_parameter(zstd::zstd_safe::CParameter::WindowLog(
+                    ZSTD_BTRFS_MAX_WINDOWLOG,
+                ))
+                .map_err(err)?;
+                *c = Some(z);
+            }
+            let z = c.as_mut().expect("just made");
+            z.set_compression_level(level).map_err(err)?;
+            z.set_parameter(zstd::zstd_safe::CParameter::WindowLog(
+                ZSTD_BTRFS_MAX_WINDOWLOG,
+            ))
+            .map_err(err)?;
+            z.compress(input).map_err(err)
+        }),
+        Compression::Lzo => lzo_compress(input, sectorsize),
+    }
+}
+
+/// btrfs LZO framing (see `lzo_decompress`): one independent LZO1X block per input sector,
+/// a segment header moved to the next sector boundary when fewer than 4 bytes remain.
+fn lzo_compress(input: &[u8], sectorsize: usize) -> Result<Vec<u8>> {
+    if !(4096..=65536).contains(&sectorsize) {
+        return Err(err(format!("lzo with sectorsize {sectorsize}")));
+    }
+    LZO_DICT.with(|d| {
+        let mut d = d.borrow_mut();
+        let dict = d.get_or_insert_with(lzokay::compress::Dict::new);
+        let mut out = Vec::with_capacity(input.len() / 2 + 64);
+        out.extend_from_slice(&[0; 4]);
+        let mut seg = vec![0u8; lzokay::compress::compress_worst_size(sectorsize)];
+        for sector in input.chunks(sectorsize) {
+            let n = lzokay::compress::compress_no_alloc(sector, &mut seg, dict)
+                .map_err(|e| err(format!("lzo: {e:?}")))?;
+            let to_boundary = sectorsize - out.len() % sectorsize;
+            if to_boundary < 4 {
+                out.resize(out.len() + to_boundary, 0);
+            }
+            out.extend_from_slice(&(n as u32).to_le_bytes());
+            out.extend_from_slice(&seg[..n]);
+        }
+        let total = out.len() as u32;
+        out[..4].copy_from_slice(&total.to_le_bytes());
+        Ok(out)
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -140,6 +236,62 @@ mod tests {
         enc.write_all(&data).unwrap();
         let z = enc.finish().unwrap();
         assert!(decompress(Compression::Zstd, &z, 1 << 20, 4096).is_err());
+    }
+
+    #[test]
+    fn every_encoder_roundtrips() {
+        let mut data: Vec<u8> = (0..131072u32).map(|i| (i / 7 % 251) as u8).collect();
+        data[5000..9000].fill(0);
+        for kind in [Compression::Zlib, Compression::Lzo, Compression::Zstd] {
+            for len in [1usize, 100, 4095, 4096, 4097, 70000, 131072] {
+                let mut z = compress(kind, 0, &data[..len], 4096).unwrap();
+                z.resize(z.len().next_multiple_of(4096), 0);
+                assert_eq!(
+                    decompress(kind, &z, len, 4096).unwrap(),
+                    &data[..len],
+                    "{kind:?} {len}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn lzo_headers_never_straddle_a_sector() {
+        // Incompressible sectors make segments a little longer than a sector, so headers
+        // land at every distance from the boundaries.
+        let mut x = 0x9e3779b97f4a7c15u64;
+        let data: Vec<u8> = (0..131072)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect();
+        let z = compress(Compression::Lzo, 0, &data, 4096).unwrap();
+        let mut off = 4;
+        let total = u32_at(&z, 0).unwrap() as usize;
+        assert_eq!(total, z.len());
+        while off < total {
+            if 4096 - off % 4096 < 4 {
+                off = off.next_multiple_of(4096);
+            }
+            assert!(off % 4096 <= 4092);
+            off += 4 + u32_at(&z, off).unwrap() as usize;
+        }
+        assert_eq!(
+            decompress(Compression::Lzo, &z, 131072, 4096).unwrap(),
+            data
+        );
+    }
+
+    #[test]
+    fn levels_as_the_kernel_takes_them() {
+        assert_eq!(effective_level(Compression::Zlib, 0), 3);
+        assert_eq!(effective_level(Compression::Zlib, 12), 9);
+        assert_eq!(effective_level(Compression::Zstd, 20), 15);
+        assert_eq!(effective_level(Compression::Zstd, -20), -15);
+        assert_eq!(effective_level(Compression::Lzo, 3), 0);
     }
 
     #[test]

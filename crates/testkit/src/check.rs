@@ -57,3 +57,24 @@ pub fn assert_btrfs_check(image: &Path, when: &str) {
         panic!("btrfs check after {when}:\n{text}");
     }
 }
+
+/// compsize's totals for a path on a kernel btrfs mount: (disk bytes, uncompressed bytes)
+/// of its data extents, each extent counted once, inline data included.
+pub fn compsize(path: &Path) -> (u64, u64) {
+    let out = std::process::Command::new("compsize")
+        .arg("-b")
+        .arg(path)
+        .output()
+        .expect("compsize (package btrfs-compsize)");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "compsize {}: {text}", path.display());
+    let total = text
+        .lines()
+        .find(|l| l.starts_with("TOTAL"))
+        .unwrap_or_else(|| panic!("compsize {}: no TOTAL in {text}", path.display()));
+    let n: Vec<u64> = total
+        .split_whitespace()
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    (n[0], n[1])
+}

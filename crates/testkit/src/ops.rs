@@ -155,9 +155,24 @@ pub fn put(model: &mut Vec<u8>, at: u64, data: &[u8]) {
 
 pub fn data_for(offset: u64, len: u64, fill: u8) -> Vec<u8> {
     (0..len)
-        .map(|i| fill.wrapping_add(((offset + i) / 7) as u8))
+        .map(|i| {
+            let at = offset + i;
+            if fill >= NOISE_FILL {
+                // A quarter of the fills write noise no compressor shrinks.
+                let mut z = (at / 8) ^ (u64::from(fill) << 56);
+                z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+                z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+                (z ^ (z >> 31)).to_le_bytes()[(at % 8) as usize]
+            } else {
+                fill.wrapping_add((at / 7) as u8)
+            }
+        })
         .collect()
 }
+
+/// `data_for` fills from this one on give incompressible data, the others runs of seven
+/// equal bytes.
+pub const NOISE_FILL: u8 = 0xc0;
 
 /// The path operations that follow symlinks (truncate, chmod, write, fallocate) are not
 /// applied to symlinks: both sides answer ELOOP, as with O_NOFOLLOW.

@@ -1,0 +1,408 @@
+//! Compressing new data (the kernel's compression.c and the choice in inode.c's
+//! inode_need_compress / compress_file_range): which writes are compressed and how, the
+//! incompressible-data heuristic, and cutting a write into compressed extents of at most
+//! 128 KiB, on all cores and with no filesystem lock held.
+
+use crate::error::{Error, Result};
+use crate::fs::{FsCore, InodeId};
+use oleo_format::compression::{compress, effective_level, MAX_UNCOMPRESSED};
+use oleo_format::items::{
+    Compression, INODE_FLAG_COMPRESS, INODE_FLAG_NOCOMPRESS, INODE_FLAG_NODATACOW,
+    INODE_FLAG_NODATASUM,
+};
+use oleo_format::superblock::incompat;
+use rayon::prelude::*;
+
+/// The property `btrfs property set PATH compression` stores (an xattr).
+pub const PROPERTY: &[u8] = b"btrfs.compression";
+
+/// The mount options `compress=` and `compress-force=`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Compress {
+    pub kind: Compression,
+    /// As given; 0 is the algorithm's default (see `effective_level`).
+    pub level: i32,
+    /// compress-force: no heuristic, and incompressible data never marks the file.
+    pub force: bool,
+}
+
+impl Compress {
+    /// Parses the value of `compress` (`force` false) or `compress-force` as the kernel
+    /// does: none means zlib, `no`/`none` turn compression off (None), a level after `:`
+    /// is clamped to the algorithm's range, LZO ignores one.
+    pub fn parse(value: Option<&str>, force: bool) -> std::result::Result<Option<Self>, String> {
+        let Some(v) = value else {
+            return Ok(Some(Compress {
+                kind: Compression::Zlib,
+                level: 0,
+                force,
+            }));
+        };
+        if v == "no" || v == "none" {
+            return Ok(None);
+        }
+        let bad = || {
+            format!("unrecognized compression value '{v}' (zlib[:1-9], lzo, zstd[:-15..15], no)")
+        };
+        let (name, level) = match v.split_once(':') {
+            Some((n, l)) => (n, Some(l.parse::<i32>().map_err(|_| bad())?)),
+            None => (v, None),
+        };
+        let kind = match name {
+            "zlib" => Compression::Zlib,
+            "lzo" => Compression::Lzo,
+            "zstd" => Compression::Zstd,
+            _ => return Err(bad()),
+        };
+        let level = effective_level(kind, level.unwrap_or(0));
+        Ok(Some(Compress { kind, level, force }))
+    }
+
+    /// How /proc/mounts would show it.
+    pub fn option_string(&self) -> String {
+        let name = if self.force {
+            "compress-force"
+        } else {
+            "compress"
+        };
+        match self.kind {
+            Compression::Lzo => format!("{name}=lzo"),
+            k => format!("{name}={}:{}", type_name(k), effective_level(k, self.level)),
+        }
+    }
+}
+
+/// The property's name for an algorithm.
+pub fn type_name(kind: Compression) -> &'static str {
+    match kind {
+        Compression::None => "",
+        Compression::Zlib => "zlib",
+        Compression::Lzo => "lzo",
+        Compression::Zstd => "zstd",
+    }
+}
+
+/// The algorithm a property value names (the kernel matches by prefix); None for `no`,
+/// `none` and anything else.
+pub fn property_type(value: &[u8]) -> Option<Compression> {
+    [
+        (&b"zlib"[..], Compression::Zlib),
+        (b"lzo", Compression::Lzo),
+        (b"zstd", Compression::Zstd),
+    ]
+    .into_iter()
+    .find(|(p, _)| value.starts_with(p))
+    .map(|(_, k)| k)
+}
+
+/// The kernel's prop_compression_validate: a type, `no`, `none`, or empty (removal), and
+/// only on an inode that keeps checksums and COW.
+pub(crate) fn validate_property(flags: u64, value: &[u8]) -> Result<()> {
+    if flags & (INODE_FLAG_NODATACOW | INODE_FLAG_NODATASUM) != 0 {
+        return Err(Error::InvalidArgument(
+            "compression on a nodatacow or nodatasum inode".into(),
+        ));
+    }
+    if value.is_empty() || value == b"no" || value == b"none" || property_type(value).is_some() {
+        Ok(())
+    } else {
+        Err(Error::InvalidArgument(format!(
+            "invalid compression property '{}'",
+            String::from_utf8_lossy(value)
+        )))
+    }
+}
+
+/// The kernel's prop_compression_apply: the inode flags a property value (None: removed)
+/// gives, and the incompat bit its algorithm needs.
+pub(crate) fn apply_property(flags: u64, value: Option<&[u8]>) -> (u64, u64) {
+    let cleared = flags & !(INODE_FLAG_COMPRESS | INODE_FLAG_NOCOMPRESS);
+    match value {
+        None | Some(b"") => (cleared, 0),
+        Some(v) => match property_type(v) {
+            Some(k) => (cleared | INODE_FLAG_COMPRESS, incompat_bit(k)),
+            None => (cleared | INODE_FLAG_NOCOMPRESS, 0),
+        },
+    }
+}
+
+/// The incompat bit extents of `kind` need (zlib none).
+pub(crate) fn incompat_bit(kind: Compression) -> u64 {
+    match kind {
+        Compression::Lzo => incompat::COMPRESS_LZO,
+        Compression::Zstd => incompat::COMPRESS_ZSTD,
+        _ => 0,
+    }
+}
+
+/// How the data of one write is to be compressed.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Policy {
+    pub kind: Compression,
+    pub level: i32,
+    /// Ask the heuristic first (not under compress-force).
+    pub heuristic: bool,
+    /// Data that does not shrink marks the file NOCOMPRESS (neither compress-force nor a
+    /// property).
+    pub mark: bool,
+}
+
+impl FsCore {
+    /// inode_need_compress with the algorithm compress_file_range picks: None when the
+    /// file's data is written as it is.
+    pub(crate) fn compress_policy(&self, id: InodeId, flags: u64) -> Result<Option<Policy>> {
+        if flags & (INODE_FLAG_NODATACOW | INODE_FLAG_NODATASUM) != 0 {
+            return Ok(None);
+        }
+        let mount = self.compress;
+        let force = mount.is_some_and(|m| m.force);
+        if !force && flags & INODE_FLAG_NOCOMPRESS != 0 {
+            return Ok(None);
+        }
+        // The kernel sets COMPRESS whenever it applies a property, so only such files (and
+        // a compressing mount, for the algorithm) need the xattr looked up.
+        let prop = if flags & INODE_FLAG_COMPRESS != 0 || mount.is_some() {
+            match self.getxattr(id, PROPERTY) {
+                Ok(v) => property_type(&v),
+                Err(Error::NoXattr) => None,
+                Err(e) => return Err(e),
+            }
+        } else {
+            None
+        };
+        if mount.is_none() && flags & INODE_FLAG_COMPRESS == 0 && prop.is_none() {
+            return Ok(None);
+        }
+        let kind = prop.or(mount.map(|m| m.kind)).unwrap_or(Compression::Zlib);
+        let level = effective_level(kind, mount.map_or(0, |m| m.level));
+        Ok(Some(Policy {
+            kind,
+            level,
+            heuristic: !force,
+            mark: !force && prop.is_none(),
+        }))
+    }
+}
+
+/// One piece of a write: `len` bytes of file data, compressed into `stream` (padded to
+/// whole sectors) or stored as they are.
+pub(crate) struct Chunk {
+    pub len: u64,
+    pub stream: Option<Vec<u8>>,
+}
+
+/// What became of a write's data.
+pub(crate) struct Compressed {
+    pub chunks: Vec<Chunk>,
+    /// Some chunk passed the heuristic but did not shrink: the file turns NOCOMPRESS.
+    pub incompressible: bool,
+}
+
+/// Cuts `data` (sector-aligned length) into extents of at most 128 KiB and compresses
+/// each that is worth it, in parallel. A compressed extent must free at least one sector
+/// (compress_file_range's rule); a piece of one sector never can.
+pub(crate) fn compress_chunks(policy: &Policy, data: &[u8], sectorsize: usize) -> Compressed {
+    let one = |piece: &[u8]| -> (Chunk, bool) {
+        let plain = Chunk {
+            len: piece.len() as u64,
+            stream: None,
+        };
+        if piece.len() <= sectorsize || (policy.heuristic && !worth_trying(piece)) {
+            return (plain, false);
+        }
+        match compress(policy.kind, policy.level, piece, sectorsize) {
+            Ok(mut z) if z.len().next_multiple_of(sectorsize) + sectorsize <= piece.len() => {
+                z.resize(z.len().next_multiple_of(sectorsize), 0);
+                (
+                    Chunk {
+                        len: piece.len() as u64,
+                        stream: Some(z),
+                    },
+                    false,
+                )
+            }
+            _ => (plain, true),
+        }
+    };
+    let results: Vec<(Chunk, bool)> = if data.len() > MAX_UNCOMPRESSED {
+        data.par_chunks(MAX_UNCOMPRESSED).map(one).collect()
+    } else {
+        data.chunks(MAX_UNCOMPRESSED).map(one).collect()
+    };
+    let incompressible = policy.mark && results.iter().any(|r| r.1);
+    Compressed {
+        chunks: results.into_iter().map(|r| r.0).collect(),
+        incompressible,
+    }
+}
+
+/// The compressed inline extent of a whole small file (at most a sector), when `content`
+/// compresses below a sector and `max_inline`. As in the kernel, zlib and zstd give up on
+/// output no smaller than the input, LZO only past two sectors (so it may store a tiny
+/// file inflated). Unlike the kernel, a failure here never marks the file NOCOMPRESS: the
+/// kernel tries at writeback, when later appends have usually joined the first bytes;
+/// oleo tries at each write (FUSE writes back at every close), and one short first write
+/// must not turn compression off for what is appended to it.
+pub(crate) fn compress_inline(
+    policy: &Policy,
+    content: &[u8],
+    sectorsize: usize,
+    max_inline: u64,
+) -> Option<Vec<u8>> {
+    if policy.heuristic && !worth_trying(content) {
+        return None;
+    }
+    let z = compress(policy.kind, policy.level, content, sectorsize).ok()?;
+    let shrank = z.len() < content.len() || policy.kind == Compression::Lzo;
+    (shrank && z.len() < sectorsize && z.len() as u64 <= max_inline).then_some(z)
+}
+
+/// Bytes read from each sampling position, and the distance between positions.
+const SAMPLE_READ: usize = 16;
+const SAMPLE_EVERY: usize = 256;
+/// Fewer distinct bytes than this: text-like, compress.
+const BYTE_SET_SMALL: usize = 64;
+/// How many of the most frequent bytes make up 90% of the sample: this few compress, this
+/// many are noise.
+const CORE_SET_LOW: usize = 64;
+const CORE_SET_HIGH: usize = 200;
+/// Entropy in percent of 8 bits per byte: at most this compresses (the kernel also lets
+/// anything under 80 through).
+const ENTROPY_HIGH: f64 = 80.0;
+
+/// The kernel's btrfs_compress_heuristic on the first 128 KiB of `data`: sample 16 bytes
+/// every 256, then compress when the sample repeats itself, uses few distinct bytes, has a
+/// small core of frequent bytes, or has low byte entropy.
+pub(crate) fn worth_trying(data: &[u8]) -> bool {
+    let data = &data[..data.len().min(MAX_UNCOMPRESSED)];
+    let mut sample = Vec::with_capacity(data.len() / SAMPLE_EVERY * SAMPLE_READ + SAMPLE_READ);
+    let mut at = 0;
+    while at + SAMPLE_READ <= data.len() {
+        sample.extend_from_slice(&data[at..at + SAMPLE_READ]);
+        at += SAMPLE_EVERY;
+    }
+    if sample.is_empty() {
+        return true;
+    }
+    let half = sample.len() / 2;
+    if sample[..half] == sample[half..2 * half] {
+        return true;
+    }
+    let mut counts = [0u32; 256];
+    for &b in &sample {
+        counts[b as usize] += 1;
+    }
+    if counts.iter().filter(|&&c| c > 0).count() < BYTE_SET_SMALL {
+        return true;
+    }
+    let mut sorted = counts;
+    sorted.sort_unstable_by(|a, b| b.cmp(a));
+    // How many of the most frequent bytes make up 90% (counted as the kernel does: the
+    // first 64 at once, then one by one up to 200).
+    let threshold = sample.len() as u64 * 90 / 100;
+    let mut sum: u64 = sorted[..CORE_SET_LOW].iter().map(|&c| u64::from(c)).sum();
+    let mut core = CORE_SET_LOW;
+    if sum <= threshold {
+        while core < CORE_SET_HIGH && sorted[core] > 0 {
+            sum += u64::from(sorted[core]);
+            if sum > threshold {
+                break;
+            }
+            core += 1;
+        }
+    }
+    if core <= CORE_SET_LOW {
+        return true;
+    }
+    if core >= CORE_SET_HIGH {
+        return false;
+    }
+    let n = sample.len() as f64;
+    let entropy: f64 = counts
+        .iter()
+        .filter(|&&c| c > 0)
+        .map(|&c| {
+            let p = f64::from(c) / n;
+            -p * p.log2()
+        })
+        .sum();
+    entropy * 100.0 / 8.0 < ENTROPY_HIGH
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn noise(len: usize, seed: u64) -> Vec<u8> {
+        let mut x = seed | 1;
+        (0..len)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect()
+    }
+
+    #[test]
+    fn mount_values_as_the_kernel_parses_them() {
+        let p = |v: Option<&str>| Compress::parse(v, false);
+        assert_eq!(p(None).unwrap().unwrap().kind, Compression::Zlib);
+        assert_eq!(p(Some("zstd:20")).unwrap().unwrap().level, 15);
+        assert_eq!(p(Some("zstd:-20")).unwrap().unwrap().level, -15);
+        assert_eq!(p(Some("zlib:0")).unwrap().unwrap().level, 3);
+        assert_eq!(p(Some("lzo:3")).unwrap().unwrap().level, 0);
+        assert_eq!(p(Some("no")).unwrap(), None);
+        for bad in ["foo", "zlib:x", "zstd:", "ZSTD", "zstdx"] {
+            assert!(p(Some(bad)).is_err(), "{bad}");
+        }
+        assert_eq!(
+            Compress::parse(None, true)
+                .unwrap()
+                .unwrap()
+                .option_string(),
+            "compress-force=zlib:3"
+        );
+    }
+
+    #[test]
+    fn heuristic_tells_noise_from_text_and_zeros() {
+        assert!(!worth_trying(&noise(131072, 7)));
+        assert!(worth_trying(&vec![0u8; 131072]));
+        let text: Vec<u8> = b"the quick brown fox jumps over the lazy dog; "
+            .iter()
+            .cycle()
+            .take(131072)
+            .copied()
+            .collect();
+        assert!(worth_trying(&text));
+    }
+
+    #[test]
+    fn chunks_of_128k_compressed_only_when_a_sector_is_saved() {
+        let policy = Policy {
+            kind: Compression::Zstd,
+            level: 0,
+            heuristic: true,
+            mark: true,
+        };
+        let mut data = vec![0u8; 300 << 10];
+        data[131072..262144].copy_from_slice(&noise(131072, 3));
+        let c = compress_chunks(&policy, &data, 4096);
+        let lens: Vec<u64> = c.chunks.iter().map(|c| c.len).collect();
+        assert_eq!(lens, [131072, 131072, 45056]);
+        assert!(c.chunks[0].stream.as_ref().is_some_and(|s| s.len() == 4096));
+        assert!(c.chunks[1].stream.is_none());
+        assert!(c.chunks[2].stream.is_some());
+        // The heuristic turned the noise away before trying: no mark.
+        assert!(!c.incompressible);
+        let forced = Policy {
+            heuristic: false,
+            mark: false,
+            ..policy
+        };
+        let c = compress_chunks(&forced, &data, 4096);
+        assert!(c.chunks[1].stream.is_none() && !c.incompressible);
+    }
+}
