@@ -53,6 +53,11 @@ class Params:
     uring_iodepth: int = 64
     uring_bssplit: str = SEED_BSSPLIT
 
+    # issue 14: sequential 1 MiB writes under compress=zstd, compressible and not
+    compw_file_mib: int = 4096
+    compw_runtime_s: int = 20
+    compw_compress_percentage: int = 60
+
     # seed 003: dbench
     dbench_clients: list = field(default_factory=lambda: [1, 8, 32])
     dbench_runtime_s: int = 20
@@ -83,6 +88,7 @@ PRESETS = {
         fsmark_files=500, fsmark_loops=2, fsmark_sync_files=100, fsmark_sync_loops=2,
         untar_files=2000, untar_dirs=100, bigdir_entries=2000, bigdir_runtime_s=1,
         uring_file_mib=128, uring_runtime_s=2,
+        compw_file_mib=128, compw_runtime_s=2,
         dbench_clients=[1, 8, 32], dbench_runtime_s=2,
         snap_delay_s=2.0, snap_file_mib=512, snap_max_runtime_s=30,
         rww_file_mib=64, rww_runtime_s=2,

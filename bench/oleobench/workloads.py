@@ -314,6 +314,60 @@ class UringRandrw(Workload):
                 "cpu_s_per_GiB": cpu / moved if moved > 0 else None}
 
 
+class CompressWrite(Workload):
+    """Sequential buffered 1 MiB writes under `compress=zstd` (issue 14), time-based over
+    a file that wraps around, ending in an fsync: data fio makes compressible
+    (buffer_compress_percentage, fresh buffers each write) and data that does not shrink.
+    The ratio is the disk space the file takes (statfs used, after a sync) over its size,
+    the same ruler for the kernel and oleo. Compression is btrfs's: other filesystems run
+    the same writes uncompressed, for reference."""
+    name, needs_fs, variant_name = "compress-write", True, "data"
+    metrics = [Metric("write_MiB_s", "write MiB/s"),
+               Metric("disk_ratio", "disk bytes / file bytes", False),
+               Metric("cpu_s_per_GiB", "CPU s per GiB", False)]
+    goal = ("oleo", "write_MiB_s", 1.0)   # issue 14: at least the kernel's, compressible
+
+    def variants(self):
+        return ["compressible", "incompressible"]
+
+    def image_bytes(self):
+        return max(4 * GiB, self.p.compw_file_mib * MiB * 3 // 2 + 2 * GiB)
+
+    def spec(self):
+        return FsSpec(self.image_bytes(), [], "ssd,compress=zstd")
+
+    def describe(self):
+        return {"file_MiB": self.p.compw_file_mib, "runtime_s": self.p.compw_runtime_s,
+                "bs": "1M", "mount": "compress=zstd",
+                "buffer_compress_percentage": self.p.compw_compress_percentage}
+
+    @staticmethod
+    def used_bytes(path):
+        run(["sync", "-f", path], timeout=600)
+        st = os.statvfs(path)
+        return (st.f_blocks - st.f_bfree) * st.f_frsize
+
+    def run(self, ctx, m, data):
+        opts = {
+            "rw": "write", "bs": "1M", "ioengine": "psync", "direct": 0, "end_fsync": 1,
+            "fallocate": "none", "size": f"{self.p.compw_file_mib}M",
+            "filename": os.path.join(m.path, "compress-write.bin"),
+            "runtime": self.p.compw_runtime_s, "time_based": True, "refill_buffers": 1,
+        }
+        if data == "compressible":
+            opts["buffer_compress_percentage"] = self.p.compw_compress_percentage
+        used = self.used_bytes(m.path)
+        before = cpu_busy_seconds()
+        t = self.fio(ctx, m, opts, timeout=ctx.remaining(), variant=data)
+        cpu = cpu_busy_seconds() - before
+        took = self.used_bytes(m.path) - used
+        size = os.stat(opts["filename"]).st_size
+        moved = t["write"]["io_MiB"] / 1024
+        return {"write_MiB_s": t["write"]["MiB_s"], "written_MiB": t["write"]["io_MiB"],
+                "disk_ratio": took / size if size else None,
+                "cpu_s_per_GiB": cpu / moved if moved > 0 else None}
+
+
 class Dbench(Workload):
     name, seed, variant_name = "dbench", "003", "clients"
     metrics = [Metric("MB_s", "MB/s"), Metric("max_latency_ms", "max latency ms", False),
@@ -643,7 +697,8 @@ class BigDirOps(Workload):
                 "big_over_small": rates["big"] / rates["small"]}
 
 
-ALL = [FsyncWrite, SeqWrite, FsmarkCreate, FsmarkFsync, UntarCopy, BigDirOps, UringRandrw, Dbench,
+ALL = [FsyncWrite, SeqWrite, FsmarkCreate, FsmarkFsync, UntarCopy, BigDirOps, UringRandrw,
+       CompressWrite, Dbench,
        SnapshotUnderWrite, ReadWhileWrite, SeqRead, RandRead, MetaWalk]
 NAMES = [w.name for w in ALL]
 

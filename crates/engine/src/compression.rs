@@ -136,7 +136,7 @@ pub(crate) fn incompat_bit(kind: Compression) -> u64 {
 }
 
 /// How the data of one write is to be compressed.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Policy {
     pub kind: Compression,
     pub level: i32,
@@ -145,6 +145,13 @@ pub(crate) struct Policy {
     /// Data that does not shrink marks the file NOCOMPRESS (neither compress-force nor a
     /// property).
     pub mark: bool,
+}
+
+impl Policy {
+    /// Both would compress the same data the same way.
+    pub(crate) fn same(&self, other: &Policy) -> bool {
+        (self.kind, self.level, self.heuristic) == (other.kind, other.level, other.heuristic)
+    }
 }
 
 impl FsCore {

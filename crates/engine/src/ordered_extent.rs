@@ -38,6 +38,8 @@ struct Plan {
     sums: bool,
     compress: Option<Policy>,
     sector: usize,
+    /// The buffer is the caller's data alone (zero padded): nothing was read from the file.
+    data_only: bool,
 }
 
 impl FsCore {
@@ -89,9 +91,10 @@ impl FsCore {
         if a < offset {
             read_sector(a, &mut buf[..sector as usize])?;
         }
+        let tail_read = end < b && end < old_size;
         if end < b {
             let tail_at = b - sector;
-            if end < old_size {
+            if tail_read {
                 read_sector(tail_at, &mut buf[(tail_at - a) as usize..len])?;
             } else {
                 buf[(end - a) as usize..len].fill(0);
@@ -105,6 +108,7 @@ impl FsCore {
             sums: attr.flags & INODE_FLAG_NODATASUM == 0,
             compress,
             sector: sector as usize,
+            data_only: a == offset && !tail_read,
         }))
     }
 
@@ -177,18 +181,53 @@ impl Filesystem {
                 return Ok(n);
             }
         }
+        let early = self.compress_early(id, offset, data, attr)?;
         let _file = self.inode_locks().lock(id);
         let plan = self.core_read().plan_write(id, offset, data)?;
         let Some(plan) = plan else {
             return self.core_mut().write(id, offset, data);
         };
-        let compressed = plan
-            .compress
-            .as_ref()
-            .map(|p| compress_chunks(p, &plan.buf[..plan.len], plan.sector));
+        let compressed = match (&plan.compress, early) {
+            (Some(p), Some((q, c))) if plan.data_only && p.same(&q) => Some(c),
+            (Some(p), _) => Some(compress_chunks(p, &plan.buf[..plan.len], plan.sector)),
+            (None, _) => None,
+        };
         let r = self.write_ordered(id, offset + data.len() as u64, &plan, compressed.as_ref());
         self.core_read().give_back_staging(plan.buf);
         r.map(|()| data.len())
+    }
+
+    /// A write that starts on a sector is compressed before it waits for its file's lock,
+    /// so the writes of one file compress on all cores at once; step 1 then finds whether
+    /// its buffer is this data alone (else the write compresses again, under the lock).
+    fn compress_early(
+        &self,
+        id: InodeId,
+        offset: u64,
+        data: &[u8],
+        attr: &crate::fs::Attr,
+    ) -> Result<Option<(Policy, Compressed)>> {
+        let (policy, sector) = {
+            let core = self.core_read();
+            (
+                core.compress_policy(id, attr.flags)?,
+                core.superblock().sectorsize as usize,
+            )
+        };
+        let Some(policy) = policy else {
+            return Ok(None);
+        };
+        if !offset.is_multiple_of(sector as u64) || data.len() <= sector {
+            return Ok(None);
+        }
+        let c = if data.len().is_multiple_of(sector) {
+            compress_chunks(&policy, data, sector)
+        } else {
+            let mut padded = data.to_vec();
+            padded.resize(data.len().next_multiple_of(sector), 0);
+            compress_chunks(&policy, &padded, sector)
+        };
+        Ok(Some((policy, c)))
     }
 
     /// Steps 2 to 4.
