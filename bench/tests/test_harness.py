@@ -383,9 +383,11 @@ def test_quick_end_to_end(tmp_path):
         snaps = [x for (w, _), x in oleo.items() if w == "snapshot-under-write"]
         assert len(snaps) == 2 and all(x["status"] != "na" for x in snaps), snaps
         writes = [x for (w, _), x in oleo.items()
-                  if w in ("fsync-write", "seq-write", "fsmark-create", "uring-randrw", "dbench")]
-        # uring-randrw: the seed's mix, 4 KiB random writes, 1 MiB sequential writes.
-        assert len(writes) == 3 + 1 + 1 + 3 + 3
+                  if w in ("fsync-write", "seq-write", "fsmark-create", "uring-randrw",
+                           "compress-write", "dbench")]
+        # uring-randrw: the seed's mix, 4 KiB random writes, 1 MiB sequential writes;
+        # compress-write: compressible and incompressible data.
+        assert len(writes) == 3 + 1 + 1 + 3 + 2 + 3
         for x in writes:
             assert "read-only" not in (x["reason"] or ""), x
             assert x["teardown"] and ("unmount_s" in x["teardown"] or x["teardown"]["warnings"]), x

@@ -104,8 +104,11 @@ impl DelayedRefs {
     }
 
     /// True if a queued change drops a data reference (a commit may then free data space).
+    /// A reference added and dropped in this transaction counts: its extent, written in
+    /// this transaction and overwritten since, is freed by the commit too (a file
+    /// overwritten in a loop holds twice its size until then).
     pub(crate) fn drops_data(&self) -> bool {
-        self.data.values().any(|h| h.refs.values().any(|&d| d < 0))
+        self.data.values().any(|h| h.refs.values().any(|&d| d <= 0))
     }
 
     /// The queued changes to data extent `bytenr`'s references.

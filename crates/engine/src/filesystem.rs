@@ -330,6 +330,17 @@ impl Filesystem {
         fn resolve_path(&self, start: InodeId, path: &[u8]) -> Result<InodeId>;
     }
 
+    /// Commits when that gives data space back (what was freed since the last commit stays
+    /// pinned until one, as in the kernel, which commits before it reports ENOSPC): for
+    /// callers that must see free space as it really is. True if it committed.
+    pub fn reclaim_data_space(&self) -> Result<bool> {
+        if !self.core.read().commit_would_free_data() {
+            return Ok(false);
+        }
+        self.sync()?;
+        Ok(true)
+    }
+
     /// Commits the running transaction, if any: everything before is durable after.
     /// Returns the generation on disk. Operations of other threads go on meanwhile, in the
     /// next transaction: only closing this one holds the lock.

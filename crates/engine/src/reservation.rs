@@ -136,6 +136,18 @@ impl Transaction<'_> {
 }
 
 impl FsCore {
+    /// True if a commit would give back data space: extents freed since the last commit
+    /// (overwritten, truncated, deleted) stay pinned, and still count as used, until one.
+    pub(crate) fn commit_would_free_data(&self) -> bool {
+        match self.running.as_deref() {
+            Some(t) => t.block_groups.has_pinned(bg::DATA) || t.refs.drops_data(),
+            None => self
+                .block_groups
+                .as_ref()
+                .is_some_and(|g| g.has_pinned(bg::DATA)),
+        }
+    }
+
     /// Runs one operation in the running transaction after reserving `need`.
     pub(crate) fn write_op<R>(
         &mut self,

@@ -508,3 +508,62 @@ fn growing_a_partial_last_sector_with_data_full() {
         "growing at full data",
     );
 }
+
+/// A file overwritten again and again within one transaction: its earlier extents, written
+/// in that same transaction, are freed by a commit (their references cancel out), so a
+/// caller short of space (FUSE's ENOSPC guard, a reservation) must see a commit would help.
+/// Then three times the free space goes through a 200 MiB file.
+#[test]
+fn overwriting_in_a_loop_reuses_space_within_a_transaction() {
+    if !oleo_testkit::require_root("overwriting_in_a_loop") {
+        return;
+    }
+    init_log();
+    let s = Scratch::new("loop", 512, &[]);
+    let fs = Filesystem::open_rw(s.image(), OpenOptions::default()).unwrap();
+    let id = fs
+        .mknod(fs.root(), b"loop", &NewInode::file(0o644))
+        .unwrap()
+        .id;
+    let chunk = 1 << 20;
+    let size = 200u64 << 20;
+    let write_pass = |pass: u64| {
+        let mut at = 0;
+        while at < size {
+            fs.write(id, at, &pattern(pass * 1000 + at / chunk as u64, chunk))
+                .unwrap_or_else(|e| panic!("pass {pass} at {at}: {e}"));
+            at += chunk as u64;
+        }
+    };
+    write_pass(0);
+    write_pass(1);
+    let before = fs.data_available().unwrap();
+    assert!(
+        fs.reclaim_data_space().unwrap(),
+        "the first pass's extents are freed by a commit"
+    );
+    let after = fs.data_available().unwrap();
+    assert!(
+        after >= before + (180 << 20),
+        "a commit gave back {} bytes",
+        after.saturating_sub(before)
+    );
+    assert!(
+        !fs.reclaim_data_space().unwrap(),
+        "nothing left to give back"
+    );
+    for pass in 2..5 {
+        write_pass(pass);
+    }
+    fs.sync().unwrap();
+    drop(fs);
+    let expect: Vec<u8> = (0..size / chunk as u64)
+        .flat_map(|i| pattern(4000 + i, chunk))
+        .collect();
+    verify(
+        &s.image(),
+        &s.0.join("mnt"),
+        &[(b"loop".to_vec(), expect)],
+        "overwritten in a loop",
+    );
+}

@@ -656,18 +656,29 @@ impl Drop for Scratch {
 }
 
 fn run(name: &str, mkfs_args: &[&str], ops: usize) {
+    run_compressed(name, mkfs_args, ops, None)
+}
+
+/// `run` with the workload's filesystem mounted with `compress` (e.g. "zstd").
+fn run_compressed(name: &str, mkfs_args: &[&str], ops: usize, compress: Option<&str>) {
     if !oleo_testkit::require_root(name) {
         return;
     }
     let mut states = 0;
     for seed in oleo_testkit::ops::seeds(name, 1) {
-        states += run_seed(name, mkfs_args, ops, seed);
+        states += run_seed(name, mkfs_args, ops, seed, compress);
     }
     eprintln!("{name}: {states} crash states checked in all");
 }
 
 /// One workload and its crash states; how many were checked.
-fn run_seed(name: &str, mkfs_args: &[&str], ops: usize, seed: u64) -> usize {
+fn run_seed(
+    name: &str,
+    mkfs_args: &[&str],
+    ops: usize,
+    seed: u64,
+    compress: Option<&str>,
+) -> usize {
     let scratch = Scratch::new(name);
     let base = scratch.0.join("base.img");
     let work = scratch.0.join("work.img");
@@ -680,7 +691,15 @@ fn run_seed(name: &str, mkfs_args: &[&str], ops: usize, seed: u64) -> usize {
         fs.close().unwrap();
     }
     sparse_copy(&base, &work);
-    let fs = Filesystem::open_rw(&work, OpenOptions::default()).unwrap();
+    let opts = OpenOptions {
+        compress: compress.map(|c| {
+            oleo::compression::Compress::parse(Some(c), false)
+                .unwrap()
+                .unwrap()
+        }),
+        ..OpenOptions::default()
+    };
+    let fs = Filesystem::open_rw(&work, opts).unwrap();
     fs.start_io_recording();
     let mut w = Workload {
         fs,
@@ -855,6 +874,14 @@ fn fsynced_files_survive_crashes_sha256_no_holes_off() {
         &["--csum", "sha256", "-O", "^no-holes"],
         300,
     );
+}
+
+/// Compressed extents (their csums cover the compressed bytes) through the log and both
+/// replays.
+#[test]
+fn fsynced_files_survive_crashes_compressed() {
+    run_compressed("zstd", &[], 300, Some("zstd"));
+    run_compressed("lzo-holes", &["-O", "^no-holes"], 200, Some("lzo"));
 }
 
 /// A fresh 256 MiB image at `img` made by mkfs.btrfs with `args`.

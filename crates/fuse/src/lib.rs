@@ -105,9 +105,15 @@ impl OleoFuse {
         DirtyCap(Arc::clone(&self.space))
     }
 
-    /// Free data space, for decisions that may be approximate.
-    fn available(fs: &Filesystem) -> u64 {
-        fs.data_available().unwrap_or(u64::MAX)
+    /// Free data space, for decisions that may be approximate. Near the low-water mark,
+    /// space freed since the last commit (overwritten or deleted data) is given back first
+    /// by a commit: a file overwritten in a loop must not look like a full disk.
+    fn available(&self, fs: &Filesystem) -> u64 {
+        let a = fs.data_available().unwrap_or(u64::MAX);
+        if a < self.space.low_water() && fs.reclaim_data_space().unwrap_or(false) {
+            return fs.data_available().unwrap_or(u64::MAX);
+        }
+        a
     }
 
     /// Registers an open of `id`: a handle number and how the kernel should treat it.
@@ -118,7 +124,7 @@ impl OleoFuse {
         let writing = self.settings.writable && flags & libc::O_ACCMODE != libc::O_RDONLY;
         if writing && self.space.is_low() {
             // Leaving low space is noticed here, when it matters.
-            self.space.update(Self::available(&self.fs));
+            self.space.update(self.available(&self.fs));
         }
         let mut mode = self.space.open_mode(writing);
         let direct = flags & libc::O_DIRECT != 0 || writing && sync_inode;
@@ -385,7 +391,13 @@ fn write_direct(
     };
     let mut len = data.len();
     if keep > 0 {
-        len = prefix(OleoFuse::available(fs).saturating_sub(keep));
+        let free = || fs.data_available().unwrap_or(u64::MAX);
+        let mut avail = free();
+        // Space freed since the last commit counts once a commit gives it back.
+        if avail.saturating_sub(keep) < data.len() as u64 && fs.reclaim_data_space()? {
+            avail = free();
+        }
+        len = prefix(avail.saturating_sub(keep));
     }
     loop {
         if len == 0 {

@@ -485,7 +485,7 @@ impl OleoFuse {
                 } else {
                     fs.write(id, arg.offset, data)?
                 };
-                Ok((n, Self::available(fs)))
+                Ok((n, self.available(fs)))
             })
         });
         let r = r.and_then(|x| {
@@ -593,7 +593,7 @@ impl OleoFuse {
         let id = self.id(node)?;
         let available = self.mutate(|fs| {
             fs.fallocate(id, arg.offset, arg.length, m)?;
-            Ok(Self::available(fs))
+            Ok(self.available(fs))
         })?;
         self.space.update(available);
         Ok(())
@@ -628,7 +628,7 @@ impl OleoFuse {
         let dst = self.id(arg.nodeid_out)?;
         let (n, available) = self.mutate(|fs| {
             let n = fs.copy_file_range(src, arg.off_in, dst, arg.off_out, arg.len)?;
-            Ok((n, Self::available(fs)))
+            Ok((n, self.available(fs)))
         })?;
         self.space.update(available);
         Ok(n)

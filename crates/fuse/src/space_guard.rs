@@ -88,7 +88,7 @@ impl SpaceGuard {
         Arc::clone(&self.notifier)
     }
 
-    fn low_water(&self) -> u64 {
+    pub(crate) fn low_water(&self) -> u64 {
         2 * self.dirty_limit.load(Ordering::Relaxed)
     }
 
