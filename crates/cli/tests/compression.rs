@@ -7,6 +7,7 @@
 //!
 //! Needs root, FUSE, kernel btrfs and compsize (a skip elsewhere, a failure under CI=true).
 
+use oleo_testkit::cmd::sh;
 use oleo_testkit::ops::pattern;
 use oleo_testkit::*;
 use std::collections::BTreeMap;
@@ -14,19 +15,6 @@ use std::path::Path;
 use std::process::Command;
 
 const OLEO: &str = env!("CARGO_BIN_EXE_oleo");
-
-fn sh(dir: &Path, script: &str) -> (bool, String) {
-    let out = Command::new("sh")
-        .arg("-c")
-        .arg(script)
-        .current_dir(dir)
-        .output()
-        .expect("sh");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).trim().to_string(),
-    )
-}
 
 /// dd copies with read and write: cp and cat would clone (copy_file_range), and the copy
 /// would keep the source's extents whatever the destination's flags.

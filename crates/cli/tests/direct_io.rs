@@ -9,6 +9,7 @@
 //! Needs root, FUSE and kernel btrfs (a skip elsewhere, a failure under CI=true).
 
 use oleo::device::IoBuf;
+use oleo_testkit::cmd::sh;
 use oleo_testkit::ops::{pattern, put, Rng};
 use oleo_testkit::*;
 use std::collections::BTreeMap;
@@ -20,19 +21,6 @@ use std::process::Command;
 
 const OLEO: &str = env!("CARGO_BIN_EXE_oleo");
 const BLOCK: usize = 4096;
-
-fn sh(dir: &Path, script: &str) -> (bool, String) {
-    let out = Command::new("sh")
-        .arg("-c")
-        .arg(script)
-        .current_dir(dir)
-        .output()
-        .expect("sh");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).trim().to_string(),
-    )
-}
 
 /// What a user sees running chattr and friends: each step's success and output.
 fn flag_session(dir: &Path) -> Vec<(String, bool, String)> {

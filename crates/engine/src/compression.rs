@@ -341,15 +341,7 @@ mod tests {
     use super::*;
 
     fn noise(len: usize, seed: u64) -> Vec<u8> {
-        let mut x = seed | 1;
-        (0..len)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x as u8
-            })
-            .collect()
+        oleo_testkit::ops::pattern(seed, len)
     }
 
     #[test]

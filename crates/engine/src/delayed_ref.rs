@@ -104,11 +104,14 @@ impl DelayedRefs {
     }
 
     /// True if a queued change drops a data reference (a commit may then free data space).
-    /// A reference added and dropped in this transaction counts: its extent, written in
-    /// this transaction and overwritten since, is freed by the commit too (a file
-    /// overwritten in a loop holds twice its size until then).
+    /// An extent whose every queued reference cancelled out counts too: written in this
+    /// transaction and overwritten since, the commit frees it (a file overwritten in a
+    /// loop holds twice its size until then). An older extent dropped and referenced again
+    /// looks the same: one commit too many, near full only.
     pub(crate) fn drops_data(&self) -> bool {
-        self.data.values().any(|h| h.refs.values().any(|&d| d <= 0))
+        self.data
+            .values()
+            .any(|h| h.refs.values().any(|&d| d < 0) || h.refs.values().all(|&d| d == 0))
     }
 
     /// The queued changes to data extent `bytenr`'s references.
@@ -153,6 +156,14 @@ mod tests {
         q.change_data(1 << 20, 4096, r(257), 1).unwrap();
         q.change_data(1 << 20, 4096, r(258), 1).unwrap();
         q.change_data(1 << 20, 4096, r(257), -1).unwrap();
+        assert!(!q.drops_data(), "258 still holds the extent");
+        q.change_data(2 << 20, 4096, r(260), 1).unwrap();
+        q.change_data(2 << 20, 4096, r(260), -1).unwrap();
+        assert!(
+            q.drops_data(),
+            "an extent added and dropped is freed at commit"
+        );
+        q.take_data_head(2 << 20).unwrap();
         assert!(!q.drops_data());
         q.change_data(1 << 20, 4096, r(259), -1).unwrap();
         assert!(q.drops_data());

@@ -405,37 +405,25 @@ impl Transaction<'_> {
             .to_bytes();
             self.insert_item(id.subvol, Key::new(ino, item::EXTENT_DATA, 0), &body)?;
         }
-        let transid = self.transid;
         if let (Some(d), true) = (&default_acl, mode & S_IFMT == S_IFDIR) {
-            let entry = xattr_entry(transid, acl::DEFAULT, d)?;
-            self.add_hashed_entry(
-                id.subvol,
-                Key::new(ino, item::XATTR_ITEM, name_hash(acl::DEFAULT)),
-                &entry,
-                acl::DEFAULT,
-            )?;
+            self.add_new_xattr(id, acl::DEFAULT, d)?;
         }
         if let Some(kind) = inherited {
             let value = compression::type_name(kind).as_bytes();
-            let entry = xattr_entry(transid, compression::PROPERTY, value)?;
-            self.add_hashed_entry(
-                id.subvol,
-                Key::new(ino, item::XATTR_ITEM, name_hash(compression::PROPERTY)),
-                &entry,
-                compression::PROPERTY,
-            )?;
+            self.add_new_xattr(id, compression::PROPERTY, value)?;
             self.incompat_needed |= compression::incompat_bit(kind);
         }
         if let Some(a) = access_acl {
-            let entry = xattr_entry(transid, acl::ACCESS, &a.to_bytes())?;
-            self.add_hashed_entry(
-                id.subvol,
-                Key::new(ino, item::XATTR_ITEM, name_hash(acl::ACCESS)),
-                &entry,
-                acl::ACCESS,
-            )?;
+            self.add_new_xattr(id, acl::ACCESS, &a.to_bytes())?;
         }
         Ok(())
+    }
+
+    /// An xattr of an inode made in this operation (no entry of that name yet).
+    fn add_new_xattr(&mut self, id: InodeId, name: &[u8], value: &[u8]) -> Result<()> {
+        let entry = xattr_entry(self.transid, name, value)?;
+        let key = Key::new(id.ino, item::XATTR_ITEM, name_hash(name));
+        self.add_hashed_entry(id.subvol, key, &entry, name)
     }
 
     fn link(&mut self, id: InodeId, parent: InodeId, name: &[u8]) -> Result<()> {

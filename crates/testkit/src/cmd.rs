@@ -92,3 +92,17 @@ pub fn command<S: AsRef<OsStr>>(program: &str, args: &[S]) -> Command {
     c.args(args);
     c
 }
+
+/// Runs `script` with sh in `dir`: whether it succeeded and its trimmed stdout.
+pub fn sh(dir: &std::path::Path, script: &str) -> (bool, String) {
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg(script)
+        .current_dir(dir)
+        .output()
+        .expect("sh");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).trim().to_string(),
+    )
+}
