@@ -271,14 +271,37 @@ impl Filesystem {
         }
         let mut sums = Vec::with_capacity(pieces.len());
         let mut at = 0usize;
+        // Compressed pieces are small: those that lie end to end on disk go out as one
+        // write around the image's page cache (as the kernel's on a direct-IO loop device),
+        // instead of many small buffered ones whose writeback comes back later in a storm.
+        let mut run: Option<(u64, crate::device::IoBuf, usize)> = None;
         let mut io_result = Ok(());
+        let flush = |run: &mut Option<(u64, crate::device::IoBuf, usize)>| -> Result<()> {
+            match run.take() {
+                Some((start, buf, len)) => io.write_logical_mode(start, &buf[..len], true),
+                None => Ok(()),
+            }
+        };
         for p in &pieces {
             let piece = if p.compression == Compression::None {
                 &plan.buf[at..at + p.disk_len as usize]
             } else {
                 streams[&at]
             };
-            if let Err(e) = io.write_logical(p.bytenr, piece) {
+            let r = if p.compression == Compression::None {
+                flush(&mut run).and_then(|()| io.write_logical(p.bytenr, piece))
+            } else {
+                let joins = run
+                    .as_ref()
+                    .is_some_and(|(start, _, len)| start + *len as u64 == p.bytenr);
+                let r = if joins { Ok(()) } else { flush(&mut run) };
+                let (_, buf, len) = run
+                    .get_or_insert_with(|| (p.bytenr, crate::device::IoBuf::zeroed(plan.len), 0));
+                buf[*len..*len + piece.len()].copy_from_slice(piece);
+                *len += piece.len();
+                r
+            };
+            if let Err(e) = r {
                 io_result = Err(e);
                 break;
             }
@@ -288,6 +311,9 @@ impl Filesystem {
                 Vec::new()
             });
             at += p.ram_len as usize;
+        }
+        if io_result.is_ok() {
+            io_result = flush(&mut run);
         }
         let mut core = self.core_mut();
         if let Err(e) = io_result {
