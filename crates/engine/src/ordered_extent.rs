@@ -291,9 +291,11 @@ impl Filesystem {
             let r = if p.compression == Compression::None {
                 flush(&mut run).and_then(|()| io.write_logical(p.bytenr, piece))
             } else {
-                let joins = run
-                    .as_ref()
-                    .is_some_and(|(start, _, len)| start + *len as u64 == p.bytenr);
+                // One write maps to one chunk: adjacent addresses may be two chunks.
+                let chunk_of = |logical: u64| io.chunks().lookup(logical).map(|(start, _)| start);
+                let joins = run.as_ref().is_some_and(|(start, _, len)| {
+                    start + *len as u64 == p.bytenr && chunk_of(*start) == chunk_of(p.bytenr)
+                });
                 let r = if joins { Ok(()) } else { flush(&mut run) };
                 let (_, buf, len) = run
                     .get_or_insert_with(|| (p.bytenr, crate::device::IoBuf::zeroed(plan.len), 0));
