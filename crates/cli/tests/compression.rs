@@ -72,9 +72,11 @@ fn session(dir: &Path, src: &Path) -> Vec<(String, bool, String)> {
         format!("dd if=text of=ptrunc {DD} && sync && truncate -s 69632 ptrunc && md5sum ptrunc"),
         // FICLONE does not pass FUSE: cp clones through copy_file_range.
         "cp --reflink=auto text refl && dd if=zeros of=refl bs=4096 seek=40 count=2 conv=notrunc 2>/dev/null && md5sum refl text".into(),
-        // A first piece that compresses: a few bytes that do not would make the kernel
-        // mark the file NOCOMPRESS whenever its writeback comes before the append's.
-        format!("head -c 1000 text > grow && dd if=text {DD} >> grow && sync && md5sum grow && lsattr grow | cut -c1-22"),
+        // Appends on 128 KiB boundaries, of data that compresses: the kernel cuts extents
+        // where its writeback happens to start (a sync of another test may come between
+        // two writes), and a few incompressible first bytes would mark the file NOCOMPRESS
+        // whenever they went out alone.
+        format!("head -c 131072 text > grow && dd if=text {DD} >> grow && sync && md5sum grow && lsattr grow | cut -c1-22"),
         // Not tiny and tiny_noise: the kernel marks them NOCOMPRESS, oleo does not (see
         // compression::compress_inline); their extents are compared below.
         "sync && lsattr noise text zeros three four five | cut -c1-22".into(),
