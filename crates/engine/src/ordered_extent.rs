@@ -14,6 +14,7 @@
 //! data, an old last sector to zero), take the one-step path under the exclusive lock.
 
 use crate::compression::{compress_chunks, Compressed, Policy};
+use crate::device::IoBuf;
 use crate::error::{Error, Result};
 use crate::file_item::data_csums;
 use crate::file_write::{OrderedWrite, Piece};
@@ -33,7 +34,7 @@ const MIN_ORDERED: usize = 32 << 10;
 /// What step 1 found: the sector-aligned buffer to write at `start`.
 struct Plan {
     start: u64,
-    buf: crate::device::IoBuf,
+    buf: IoBuf,
     len: usize,
     sums: bool,
     compress: Option<Policy>,
@@ -269,14 +270,16 @@ impl Filesystem {
                 off += chunk.len as usize;
             }
         }
+        // A run of compressed pieces never holds more than all of them.
+        let compressed_bytes: usize = streams.values().map(|z| z.len()).sum();
         let mut sums = Vec::with_capacity(pieces.len());
         let mut at = 0usize;
         // Compressed pieces are small: those that lie end to end on disk go out as one
         // write around the image's page cache (as the kernel's on a direct-IO loop device),
         // instead of many small buffered ones whose writeback comes back later in a storm.
-        let mut run: Option<(u64, crate::device::IoBuf, usize)> = None;
+        let mut run: Option<(u64, IoBuf, usize)> = None;
         let mut io_result = Ok(());
-        let flush = |run: &mut Option<(u64, crate::device::IoBuf, usize)>| -> Result<()> {
+        let flush = |run: &mut Option<(u64, IoBuf, usize)>| -> Result<()> {
             match run.take() {
                 Some((start, buf, len)) => io.write_logical_mode(start, &buf[..len], true),
                 None => Ok(()),
@@ -297,8 +300,8 @@ impl Filesystem {
                     start + *len as u64 == p.bytenr && chunk_of(*start) == chunk_of(p.bytenr)
                 });
                 let r = if joins { Ok(()) } else { flush(&mut run) };
-                let (_, buf, len) = run
-                    .get_or_insert_with(|| (p.bytenr, crate::device::IoBuf::zeroed(plan.len), 0));
+                let (_, buf, len) =
+                    run.get_or_insert_with(|| (p.bytenr, IoBuf::zeroed(compressed_bytes), 0));
                 buf[*len..*len + piece.len()].copy_from_slice(piece);
                 *len += piece.len();
                 r
