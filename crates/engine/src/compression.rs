@@ -205,6 +205,43 @@ pub(crate) struct Compressed {
     pub incompressible: bool,
 }
 
+/// The threads that compress the pieces of a write, one per core; None if none could be
+/// started (pieces then compress in turn).
+pub(crate) fn workers() -> Option<&'static rayon::ThreadPool> {
+    static WORKERS: std::sync::OnceLock<Option<rayon::ThreadPool>> = std::sync::OnceLock::new();
+    WORKERS.get_or_init(build_workers).as_ref()
+}
+
+fn build_workers() -> Option<rayon::ThreadPool> {
+    // A new thread inherits its creator's CPUs, and rayon counts them: the first writer to
+    // compress may be a FUSE ring thread pinned to one CPU, which would leave one thread.
+    let cpus = process_cpus();
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(cpus.map_or(0, |(_, n)| n))
+        .thread_name(|i| format!("oleo-compress-{i}"))
+        .start_handler(move |_| {
+            if let Some((set, _)) = cpus {
+                // SAFETY: sched_setaffinity reads exactly the set's size. Failing leaves
+                // the thread where it was: slower, never wrong.
+                unsafe { libc::sched_setaffinity(0, std::mem::size_of_val(&set), &set) };
+            }
+        })
+        .build()
+        .map_err(|e| log::warn!("no compression threads ({e}): one core compresses"))
+        .ok()
+}
+
+/// The CPUs the process (its main thread) may run on, and how many.
+fn process_cpus() -> Option<(libc::cpu_set_t, usize)> {
+    // SAFETY: a zeroed cpu_set_t is valid; the calls read or write at most its size.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        let size = std::mem::size_of_val(&set);
+        let got = libc::sched_getaffinity(libc::getpid(), size, &mut set) == 0;
+        got.then(|| (set, libc::CPU_COUNT(&set) as usize))
+    }
+}
+
 /// Cuts `data` (sector-aligned length) into extents of at most 128 KiB and compresses
 /// each that is worth it, in parallel. A compressed extent must free at least one sector
 /// (compress_file_range's rule); a piece of one sector never can.
@@ -231,10 +268,11 @@ pub(crate) fn compress_chunks(policy: &Policy, data: &[u8], sectorsize: usize) -
             _ => (plain, true),
         }
     };
-    let results: Vec<(Chunk, bool)> = if data.len() > MAX_UNCOMPRESSED {
-        data.par_chunks(MAX_UNCOMPRESSED).map(one).collect()
-    } else {
-        data.chunks(MAX_UNCOMPRESSED).map(one).collect()
+    let results: Vec<(Chunk, bool)> = match workers() {
+        Some(pool) if data.len() > MAX_UNCOMPRESSED => {
+            pool.install(|| data.par_chunks(MAX_UNCOMPRESSED).map(one).collect())
+        }
+        _ => data.chunks(MAX_UNCOMPRESSED).map(one).collect(),
     };
     let incompressible = policy.mark && results.iter().any(|r| r.1);
     Compressed {
@@ -295,10 +333,18 @@ pub(crate) fn worth_trying(data: &[u8]) -> bool {
     if sample[..half] == sample[half..2 * half] {
         return true;
     }
-    let mut counts = [0u32; 256];
-    for &b in &sample {
-        counts[b as usize] += 1;
+    // Four tables: a run of one byte value (zeros) would otherwise wait on one counter.
+    let mut lanes = [[0u32; 256]; 4];
+    let mut quads = sample.chunks_exact(4);
+    for q in &mut quads {
+        for (lane, &b) in lanes.iter_mut().zip(q) {
+            lane[b as usize] += 1;
+        }
     }
+    for &b in quads.remainder() {
+        lanes[0][b as usize] += 1;
+    }
+    let counts: [u32; 256] = std::array::from_fn(|i| lanes.iter().map(|l| l[i]).sum());
     if counts.iter().filter(|&&c| c > 0).count() < BYTE_SET_SMALL {
         return true;
     }
@@ -342,6 +388,46 @@ mod tests {
 
     fn noise(len: usize, seed: u64) -> Vec<u8> {
         oleo_testkit::ops::pattern(seed, len)
+    }
+
+    /// CPUs `pid`'s thread may run on (0: this thread).
+    fn cpus_of(pid: libc::pid_t) -> usize {
+        // SAFETY: a zeroed cpu_set_t is valid; the call writes exactly its size.
+        unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            assert_eq!(
+                libc::sched_getaffinity(pid, std::mem::size_of::<libc::cpu_set_t>(), &mut set),
+                0
+            );
+            libc::CPU_COUNT(&set) as usize
+        }
+    }
+
+    #[test]
+    fn compression_threads_use_every_cpu_even_when_built_by_a_pinned_thread() {
+        // SAFETY: getpid has no preconditions.
+        let all = cpus_of(unsafe { libc::getpid() });
+        let seen = std::thread::spawn(|| {
+            // SAFETY: as above; CPU_SET stays inside the set.
+            unsafe {
+                let mut one: libc::cpu_set_t = std::mem::zeroed();
+                let size = std::mem::size_of::<libc::cpu_set_t>();
+                assert_eq!(libc::sched_getaffinity(0, size, &mut one), 0);
+                let first = (0..libc::CPU_SETSIZE as usize)
+                    .find(|&c| libc::CPU_ISSET(c, &one))
+                    .unwrap();
+                libc::CPU_ZERO(&mut one);
+                libc::CPU_SET(first, &mut one);
+                assert_eq!(libc::sched_setaffinity(0, size, &one), 0);
+            }
+            assert_eq!(cpus_of(0), 1);
+            let pool = build_workers().expect("compression threads");
+            pool.broadcast(|_| cpus_of(0))
+        })
+        .join()
+        .unwrap();
+        assert_eq!(seen.len(), all, "one thread per CPU");
+        assert!(seen.iter().all(|&n| n == all), "{seen:?} of {all} CPUs");
     }
 
     #[test]

@@ -31,10 +31,11 @@ use oleo_format::key::{item, Key};
 /// more than the data IO they take out of the lock.
 const MIN_ORDERED: usize = 32 << 10;
 
-/// What step 1 found: the sector-aligned buffer to write at `start`.
+/// What step 1 found: the sector-aligned bytes to write at `start`.
 struct Plan {
     start: u64,
-    buf: IoBuf,
+    /// None when the caller's data is those bytes (sector-aligned at both ends).
+    buf: Option<IoBuf>,
     len: usize,
     sums: bool,
     compress: Option<Policy>,
@@ -82,6 +83,18 @@ impl FsCore {
             return Ok(None);
         }
         let len = (b - a) as usize;
+        let plan = |buf: Option<IoBuf>, data_only: bool| Plan {
+            start: a,
+            buf,
+            len,
+            sums: attr.flags & INODE_FLAG_NODATASUM == 0,
+            compress,
+            sector: sector as usize,
+            data_only,
+        };
+        if a == offset && end == b {
+            return Ok(Some(plan(None, true)));
+        }
         let mut buf = self.take_staging(len);
         let read_sector = |at: u64, dst: &mut [u8]| -> Result<()> {
             let got = self.read(id, at, sector as u32)?;
@@ -102,15 +115,7 @@ impl FsCore {
             }
         }
         buf[(offset - a) as usize..(end - a) as usize].copy_from_slice(data);
-        Ok(Some(Plan {
-            start: a,
-            buf,
-            len,
-            sums: attr.flags & INODE_FLAG_NODATASUM == 0,
-            compress,
-            sector: sector as usize,
-            data_only: a == offset && !tail_read,
-        }))
+        Ok(Some(plan(Some(buf), a == offset && !tail_read)))
     }
 
     /// True if the file's data is an inline extent (always its only one).
@@ -188,13 +193,17 @@ impl Filesystem {
         let Some(plan) = plan else {
             return self.core_mut().write(id, offset, data);
         };
+        let bytes = plan.buf.as_deref().map_or(data, |b| &b[..plan.len]);
         let compressed = match (&plan.compress, early) {
             (Some(p), Some((q, c))) if plan.data_only && p.same(&q) => Some(c),
-            (Some(p), _) => Some(compress_chunks(p, &plan.buf[..plan.len], plan.sector)),
+            (Some(p), _) => Some(compress_chunks(p, bytes, plan.sector)),
             (None, _) => None,
         };
-        let r = self.write_ordered(id, offset + data.len() as u64, &plan, compressed.as_ref());
-        self.core_read().give_back_staging(plan.buf);
+        let end = offset + data.len() as u64;
+        let r = self.write_ordered(id, end, &plan, bytes, compressed.as_ref());
+        if let Some(buf) = plan.buf {
+            self.core_read().give_back_staging(buf);
+        }
         r.map(|()| data.len())
     }
 
@@ -231,12 +240,13 @@ impl Filesystem {
         Ok(Some((policy, c)))
     }
 
-    /// Steps 2 to 4.
+    /// Steps 2 to 4; `bytes` are the plan's.
     fn write_ordered(
         &self,
         id: InodeId,
         end: u64,
         plan: &Plan,
+        bytes: &[u8],
         compressed: Option<&Compressed>,
     ) -> Result<()> {
         let len = plan.len as u64;
@@ -272,39 +282,44 @@ impl Filesystem {
         }
         // A run of compressed pieces never holds more than all of them.
         let compressed_bytes: usize = streams.values().map(|z| z.len()).sum();
+        let mut stage =
+            (compressed_bytes > 0).then(|| self.core_read().take_staging(compressed_bytes));
         let mut sums = Vec::with_capacity(pieces.len());
         let mut at = 0usize;
         // Compressed pieces are small: those that lie end to end on disk go out as one
         // write around the image's page cache (as the kernel's on a direct-IO loop device),
         // instead of many small buffered ones whose writeback comes back later in a storm.
-        let mut run: Option<(u64, IoBuf, usize)> = None;
+        // The run (start, length) is gathered in `stage`.
+        let mut run: Option<(u64, usize)> = None;
         let mut io_result = Ok(());
-        let flush = |run: &mut Option<(u64, IoBuf, usize)>| -> Result<()> {
+        let flush = |run: &mut Option<(u64, usize)>, buf: &[u8]| -> Result<()> {
             match run.take() {
-                Some((start, buf, len)) => io.write_logical_mode(start, &buf[..len], true),
+                Some((start, len)) => io.write_logical_mode(start, &buf[..len], true),
                 None => Ok(()),
             }
         };
         for p in &pieces {
             let piece = if p.compression == Compression::None {
-                &plan.buf[at..at + p.disk_len as usize]
+                &bytes[at..at + p.disk_len as usize]
             } else {
                 streams[&at]
             };
-            let r = if p.compression == Compression::None {
-                flush(&mut run).and_then(|()| io.write_logical(p.bytenr, piece))
-            } else {
-                // One write maps to one chunk: adjacent addresses may be two chunks.
-                let chunk_of = |logical: u64| io.chunks().lookup(logical).map(|(start, _)| start);
-                let joins = run.as_ref().is_some_and(|(start, _, len)| {
-                    start + *len as u64 == p.bytenr && chunk_of(*start) == chunk_of(p.bytenr)
-                });
-                let r = if joins { Ok(()) } else { flush(&mut run) };
-                let (_, buf, len) =
-                    run.get_or_insert_with(|| (p.bytenr, IoBuf::zeroed(compressed_bytes), 0));
-                buf[*len..*len + piece.len()].copy_from_slice(piece);
-                *len += piece.len();
-                r
+            let r = match stage.as_mut() {
+                Some(buf) if p.compression != Compression::None => {
+                    // One write maps to one chunk: adjacent addresses may be two chunks.
+                    let chunk_of =
+                        |logical: u64| io.chunks().lookup(logical).map(|(start, _)| start);
+                    let joins = run.is_some_and(|(start, len)| {
+                        start + len as u64 == p.bytenr && chunk_of(start) == chunk_of(p.bytenr)
+                    });
+                    let r = if joins { Ok(()) } else { flush(&mut run, buf) };
+                    let (_, len) = run.get_or_insert((p.bytenr, 0));
+                    buf[*len..*len + piece.len()].copy_from_slice(piece);
+                    *len += piece.len();
+                    r
+                }
+                _ => flush(&mut run, stage.as_deref().unwrap_or_default())
+                    .and_then(|()| io.write_logical(p.bytenr, piece)),
             };
             if let Err(e) = r {
                 io_result = Err(e);
@@ -318,7 +333,10 @@ impl Filesystem {
             at += p.ram_len as usize;
         }
         if io_result.is_ok() {
-            io_result = flush(&mut run);
+            io_result = flush(&mut run, stage.as_deref().unwrap_or_default());
+        }
+        if let Some(buf) = stage {
+            self.core_read().give_back_staging(buf);
         }
         let mut core = self.core_mut();
         if let Err(e) = io_result {
