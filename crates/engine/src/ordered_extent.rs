@@ -282,44 +282,24 @@ impl Filesystem {
         }
         // A run of compressed pieces never holds more than all of them.
         let compressed_bytes: usize = streams.values().map(|z| z.len()).sum();
-        let mut stage =
-            (compressed_bytes > 0).then(|| self.core_read().take_staging(compressed_bytes));
+        let mut gather = Gather {
+            io: &io,
+            buf: (compressed_bytes > 0).then(|| self.core_read().take_staging(compressed_bytes)),
+            run: None,
+        };
         let mut sums = Vec::with_capacity(pieces.len());
         let mut at = 0usize;
-        // Compressed pieces are small: those that lie end to end on disk go out as one
-        // write around the image's page cache (as the kernel's on a direct-IO loop device),
-        // instead of many small buffered ones whose writeback comes back later in a storm.
-        // The run (start, length) is gathered in `stage`.
-        let mut run: Option<(u64, usize)> = None;
         let mut io_result = Ok(());
-        let flush = |run: &mut Option<(u64, usize)>, buf: &[u8]| -> Result<()> {
-            match run.take() {
-                Some((start, len)) => io.write_logical_mode(start, &buf[..len], true),
-                None => Ok(()),
-            }
-        };
         for p in &pieces {
-            let piece = if p.compression == Compression::None {
-                &bytes[at..at + p.disk_len as usize]
+            let (piece, r) = if p.compression == Compression::None {
+                let piece = &bytes[at..at + p.disk_len as usize];
+                let r = gather
+                    .flush()
+                    .and_then(|()| io.write_logical(p.bytenr, piece));
+                (piece, r)
             } else {
-                streams[&at]
-            };
-            let r = match stage.as_mut() {
-                Some(buf) if p.compression != Compression::None => {
-                    // One write maps to one chunk: adjacent addresses may be two chunks.
-                    let chunk_of =
-                        |logical: u64| io.chunks().lookup(logical).map(|(start, _)| start);
-                    let joins = run.is_some_and(|(start, len)| {
-                        start + len as u64 == p.bytenr && chunk_of(start) == chunk_of(p.bytenr)
-                    });
-                    let r = if joins { Ok(()) } else { flush(&mut run, buf) };
-                    let (_, len) = run.get_or_insert((p.bytenr, 0));
-                    buf[*len..*len + piece.len()].copy_from_slice(piece);
-                    *len += piece.len();
-                    r
-                }
-                _ => flush(&mut run, stage.as_deref().unwrap_or_default())
-                    .and_then(|()| io.write_logical(p.bytenr, piece)),
+                let piece = streams[&at];
+                (piece, gather.push(p.bytenr, piece))
             };
             if let Err(e) = r {
                 io_result = Err(e);
@@ -333,9 +313,9 @@ impl Filesystem {
             at += p.ram_len as usize;
         }
         if io_result.is_ok() {
-            io_result = flush(&mut run, stage.as_deref().unwrap_or_default());
+            io_result = gather.flush();
         }
-        if let Some(buf) = stage {
+        if let Some(buf) = gather.buf {
             self.core_read().give_back_staging(buf);
         }
         let mut core = self.core_mut();
@@ -360,5 +340,47 @@ impl Filesystem {
             core.cancel_reservations(&pieces);
         }
         r
+    }
+}
+
+/// Compressed pieces are small: those that lie end to end on disk go out as one write
+/// around the image's page cache (as the kernel's on a direct-IO loop device), instead of
+/// many small buffered ones whose writeback comes back later in a storm.
+struct Gather<'a> {
+    io: &'a crate::disk_io::DiskIo,
+    /// Holds the run; big enough for all of a write's compressed pieces.
+    buf: Option<IoBuf>,
+    /// Logical start and length of the run, and the chunk it lies in.
+    run: Option<(u64, usize, Option<u64>)>,
+}
+
+impl Gather<'_> {
+    fn push(&mut self, bytenr: u64, piece: &[u8]) -> Result<()> {
+        let Some(buf) = self.buf.as_mut() else {
+            return self.io.write_logical_mode(bytenr, piece, true);
+        };
+        // One write maps to one chunk: adjacent addresses may be two chunks.
+        let chunk = self.io.chunks().lookup(bytenr).map(|(start, _)| start);
+        let joins = self
+            .run
+            .is_some_and(|(start, len, c)| start + len as u64 == bytenr && c == chunk);
+        if !joins {
+            if let Some((start, len, _)) = self.run.take() {
+                self.io.write_logical_mode(start, &buf[..len], true)?;
+            }
+        }
+        let (_, len, _) = self.run.get_or_insert((bytenr, 0, chunk));
+        buf[*len..*len + piece.len()].copy_from_slice(piece);
+        *len += piece.len();
+        Ok(())
+    }
+
+    fn flush(&mut self) -> Result<()> {
+        match (self.run.take(), &self.buf) {
+            (Some((start, len, _)), Some(buf)) => {
+                self.io.write_logical_mode(start, &buf[..len], true)
+            }
+            _ => Ok(()),
+        }
     }
 }
