@@ -142,11 +142,10 @@ fn run_case_with(
                     .status()
                     .unwrap();
                 assert!(st.success());
+                // Read each tree once: a shape holds every file's content.
+                let mut copied = shapes(&reference);
                 for (path, shape) in shapes(&kmnt) {
-                    let have = shapes(&reference)
-                        .remove(&path)
-                        .map(|s| s.xattrs)
-                        .unwrap_or_default();
+                    let have = copied.remove(&path).map(|s| s.xattrs).unwrap_or_default();
                     for name in shape.xattrs.keys().filter(|n| !have.contains_key(*n)) {
                         let st = Command::new("setfattr")
                             .arg("-x")
