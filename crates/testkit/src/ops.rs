@@ -560,7 +560,9 @@ pub struct Shape {
     pub size: u64,
     pub nlink: u64,
     pub rdev: u64,
-    pub content: Option<Vec<u8>>,
+    /// A digest of each 64 KiB of a regular file: whole contents of every file of two trees
+    /// do not fit in memory.
+    pub content: Option<Vec<[u8; 16]>>,
     pub target: Option<Vec<u8>>,
     pub xattrs: BTreeMap<Vec<u8>, Vec<u8>>,
     /// Explicit times from utimens (sec >= 1e9 and < 2.2e9 are ours), else None.
@@ -594,6 +596,69 @@ pub fn xattrs_of(p: &Path) -> BTreeMap<Vec<u8>, Vec<u8>> {
     out
 }
 
+const DIGEST_CHUNK: usize = 64 << 10;
+
+/// Reads from `f` until `buf` is full or the file ends; the bytes read.
+fn fill(f: &mut std::fs::File, buf: &mut [u8]) -> usize {
+    use std::io::Read;
+    let mut n = 0;
+    while n < buf.len() {
+        match f.read(&mut buf[n..]).unwrap() {
+            0 => break,
+            k => n += k,
+        }
+    }
+    n
+}
+
+fn digest(chunk: &[u8]) -> [u8; 16] {
+    use sha2::Digest;
+    sha2::Sha256::digest(chunk)[..16].try_into().unwrap()
+}
+
+/// The digests `digests` gives for a file holding `data`.
+pub fn digests_of(data: &[u8]) -> Vec<[u8; 16]> {
+    data.chunks(DIGEST_CHUNK).map(digest).collect()
+}
+
+/// One SHA-256 (cut to 16 bytes) per `DIGEST_CHUNK` of the file at `p`.
+pub fn digests(p: &Path) -> Vec<[u8; 16]> {
+    let mut f = std::fs::File::open(p).unwrap();
+    let mut buf = vec![0u8; DIGEST_CHUNK];
+    let mut out = Vec::new();
+    loop {
+        let n = fill(&mut f, &mut buf);
+        if n > 0 {
+            out.push(digest(&buf[..n]));
+        }
+        if n < buf.len() {
+            return out;
+        }
+    }
+}
+
+/// The first offset where the files at `a` and `b` differ (one ending early counts), if
+/// they do.
+pub fn first_difference(a: &Path, b: &Path) -> Option<u64> {
+    let (mut fa, mut fb) = (std::fs::File::open(a).ok()?, std::fs::File::open(b).ok()?);
+    let (mut ba, mut bb) = (vec![0u8; DIGEST_CHUNK], vec![0u8; DIGEST_CHUNK]);
+    let mut at = 0u64;
+    loop {
+        let (na, nb) = (fill(&mut fa, &mut ba), fill(&mut fb, &mut bb));
+        let same = na.min(nb);
+        if let Some(i) = ba[..same].iter().zip(&bb[..same]).position(|(x, y)| x != y) {
+            return Some(at + i as u64);
+        }
+        if na != nb {
+            return Some(at + same as u64);
+        }
+        if na < DIGEST_CHUNK {
+            return None;
+        }
+        at += na as u64;
+    }
+}
+
 pub fn shapes(root: &Path) -> BTreeMap<Vec<u8>, Shape> {
     let (dirs, others) = walk(root);
     let mut out = BTreeMap::new();
@@ -614,7 +679,7 @@ pub fn shapes(root: &Path) -> BTreeMap<Vec<u8>, Shape> {
                 size: if is_dir { 0 } else { m.size() },
                 nlink: if is_dir { 1 } else { m.nlink() },
                 rdev: m.rdev(),
-                content: m.is_file().then(|| std::fs::read(&p).unwrap()),
+                content: m.is_file().then(|| digests(&p)),
                 target: m.file_type().is_symlink().then(|| {
                     std::fs::read_link(&p)
                         .unwrap()
@@ -679,11 +744,8 @@ pub fn compare_trees(reference: &Path, other: &Path, what: &str) {
                     );
                 }
                 if s.content != t.content {
-                    let first = s
-                        .content
-                        .as_ref()
-                        .zip(t.content.as_ref())
-                        .and_then(|(x, y)| x.iter().zip(y.iter()).position(|(a, b)| a != b));
+                    let rel = std::ffi::OsStr::from_bytes(p);
+                    let first = first_difference(&reference.join(rel), &other.join(rel));
                     d += &format!(" content differs (first at {first:?})");
                 }
                 diffs.push(d);
@@ -798,4 +860,32 @@ pub fn seeds(test: &str, default_count: u64) -> Vec<u64> {
     let v: Vec<u64> = (0..n).map(|i| base + i * 7919).collect();
     eprintln!("{test}: seeds {v:?} (OLEO_TEST_SEED=N replays one)");
     v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn digests_and_first_difference_find_the_changed_byte() {
+        let dir = crate::tempdir::TempDir::new("ops-digests").unwrap();
+        let (a, b) = (dir.join("a"), dir.join("b"));
+        let data = pattern(3, 200_000);
+        std::fs::write(&a, &data).unwrap();
+        std::fs::write(&b, &data).unwrap();
+        assert_eq!(digests(&a).len(), 4);
+        assert_eq!(digests(&a), digests(&b));
+        assert_eq!(digests(&a), digests_of(&data));
+        assert_eq!(first_difference(&a, &b), None);
+        let mut changed = data.clone();
+        changed[70_001] ^= 1;
+        std::fs::write(&b, &changed).unwrap();
+        assert_ne!(digests(&a), digests(&b));
+        assert_eq!(first_difference(&a, &b), Some(70_001));
+        std::fs::write(&b, &data[..DIGEST_CHUNK]).unwrap();
+        assert_eq!(first_difference(&a, &b), Some(DIGEST_CHUNK as u64));
+        std::fs::write(&b, b"").unwrap();
+        assert!(digests(&b).is_empty());
+        assert_eq!(first_difference(&b, &a), Some(0));
+    }
 }
