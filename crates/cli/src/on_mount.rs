@@ -113,13 +113,28 @@ fn push_page_cache(dir: &Path) -> Result<(), String> {
             }
         }
     }
-    for path in seen {
-        // A file deleted since, or no longer a file: nothing of it goes into a snapshot.
-        let Ok(f) = File::open(&path) else { continue };
-        if f.metadata().is_ok_and(|m| m.is_file()) {
-            f.sync_all()
-                .map_err(|e| format!("{}: fsync: {e}", path.display()))?;
-        }
+    // Each file's writeback waits on the daemon: all at once, so it has them all to work on.
+    std::thread::scope(|scope| {
+        let pushes: Vec<_> = seen
+            .iter()
+            .map(|path| scope.spawn(move || push_file(path)))
+            .collect();
+        pushes.into_iter().try_for_each(|p| {
+            p.join()
+                .unwrap_or_else(|_| Err("fsync thread panicked".into()))
+        })
+    })
+}
+
+/// fsync(2) of `path` if it is still a regular file.
+fn push_file(path: &Path) -> Result<(), String> {
+    // A file deleted since, or no longer a file: nothing of it goes into a snapshot.
+    let Ok(f) = File::open(path) else {
+        return Ok(());
+    };
+    if f.metadata().is_ok_and(|m| m.is_file()) {
+        f.sync_all()
+            .map_err(|e| format!("{}: fsync: {e}", path.display()))?;
     }
     Ok(())
 }

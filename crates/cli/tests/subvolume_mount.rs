@@ -57,28 +57,38 @@ fn subvolumes_and_snapshots_on_a_mount() {
     oleo(&["subvolume", "create", &s("vol")]);
     assert!(top.join("vol").is_dir(), "a new subvolume shows at once");
     std::fs::write(top.join("vol/before"), b"written before any snapshot").expect("write");
-    // A writer appends 4 KiB records to vol/log through the page cache meanwhile.
-    let written = AtomicU64::new(0);
+    // Two writers append 4 KiB records to vol/log0 and vol/log1 through the page cache
+    // meanwhile (the CLI pushes open files all at once).
+    let written = [AtomicU64::new(0), AtomicU64::new(0)];
     let stop = AtomicBool::new(false);
     let mut bounds = Vec::new();
     std::thread::scope(|sc| {
-        sc.spawn(|| {
-            let mut f = std::fs::File::create(top.join("vol/log")).expect("create log");
-            let mut n = 0u64;
-            while !stop.load(Ordering::SeqCst) {
-                if n < 20_000 {
-                    f.write_all(&[(n % 251) as u8 + 1; 4096]).expect("append");
-                    n += 1;
-                    written.store(n, Ordering::SeqCst);
-                } else {
-                    // Still open (as fio keeps its files): its pages may still be dirty.
-                    std::thread::sleep(std::time::Duration::from_millis(5));
+        for (w, written) in written.iter().enumerate() {
+            let (top, stop) = (&top, &stop);
+            sc.spawn(move || {
+                let mut f =
+                    std::fs::File::create(top.join(format!("vol/log{w}"))).expect("create log");
+                let mut n = 0u64;
+                while !stop.load(Ordering::SeqCst) {
+                    // Bursts small enough (12 MiB in all) that the kernel keeps them in its
+                    // page cache, unwritten, until something makes it write them back.
+                    if n < 1_536 {
+                        for _ in 0..64 {
+                            f.write_all(&[(n % 251) as u8 + 1; 4096]).expect("append");
+                            n += 1;
+                            written.store(n, Ordering::SeqCst);
+                        }
+                        std::thread::sleep(std::time::Duration::from_millis(30));
+                    } else {
+                        // Still open (as fio keeps its files): its pages may still be dirty.
+                        std::thread::sleep(std::time::Duration::from_millis(5));
+                    }
                 }
-            }
-        });
+            });
+        }
         for i in 0..4 {
             std::thread::sleep(std::time::Duration::from_millis(100));
-            let before = written.load(Ordering::SeqCst);
+            let before = written.each_ref().map(|w| w.load(Ordering::SeqCst));
             let name = format!("snap{i}");
             if i % 2 == 0 {
                 oleo(&["subvolume", "snapshot", "-r", &s("vol"), &s(&name)]);
@@ -90,18 +100,21 @@ fn subvolumes_and_snapshots_on_a_mount() {
         stop.store(true, Ordering::SeqCst);
     });
     for (name, before) in &bounds {
-        let log = std::fs::read(top.join(name).join("log")).expect("log in the snapshot");
-        let records = log.len() as u64 / 4096;
-        assert_eq!(log.len() % 4096, 0, "{name}: whole records");
-        assert!(
-            records >= *before,
-            "{name}: {records} records, but {before} were written before the snapshot began"
-        );
-        for (k, rec) in log.chunks(4096).enumerate() {
+        for (w, before) in before.iter().enumerate() {
+            let log =
+                std::fs::read(top.join(name).join(format!("log{w}"))).expect("log in the snapshot");
+            let records = log.len() as u64 / 4096;
+            assert_eq!(log.len() % 4096, 0, "{name}: whole records");
             assert!(
-                rec.iter().all(|&b| b == (k as u64 % 251) as u8 + 1),
-                "{name}: record {k}"
+                records >= *before,
+                "{name} log{w}: {records} records, but {before} were written before the snapshot began"
             );
+            for (k, rec) in log.chunks(4096).enumerate() {
+                assert!(
+                    rec.iter().all(|&b| b == (k as u64 % 251) as u8 + 1),
+                    "{name} log{w}: record {k}"
+                );
+            }
         }
         assert_eq!(
             std::fs::read(top.join(name).join("before")).expect("before"),

@@ -8,9 +8,12 @@ use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// Writes at least this large go around the page cache (O_DIRECT, when aligned) or get
-/// their writeback started at once (see `write_all_at`).
-const WRITEBACK_KICK: usize = 64 << 10;
+/// Writes at least this large go around the page cache (O_DIRECT, when aligned).
+const DIRECT_MIN: usize = 64 << 10;
+/// Once this much has gone into the image's page cache, its writeback is started: a
+/// flush (every fsync) writes back all that is dirty in the image, not only the
+/// fsynced file's part, so what is dirty there must stay small.
+const WRITEBACK_BATCH: u64 = 8 << 20;
 /// Offset, length and memory alignment O_DIRECT needs (the largest logical block size).
 pub const DIRECT_ALIGN: usize = 4096;
 
@@ -91,6 +94,8 @@ pub struct Device {
     write_budget: AtomicU64,
     writes: AtomicU64,
     flushes: AtomicU64,
+    /// Bytes written into the page cache since its writeback was last started.
+    unkicked: AtomicU64,
 }
 
 impl Device {
@@ -141,6 +146,7 @@ impl Device {
             write_budget: AtomicU64::new(u64::MAX),
             writes: AtomicU64::new(0),
             flushes: AtomicU64::new(0),
+            unkicked: AtomicU64::new(0),
         })
     }
 
@@ -190,9 +196,7 @@ impl Device {
         }
         let aligned = |x: u64| x.is_multiple_of(DIRECT_ALIGN as u64);
         let direct = self.direct.as_ref().filter(|_| {
-            (buf.len() >= WRITEBACK_KICK || uncached)
-                && aligned(offset)
-                && aligned(buf.len() as u64)
+            (buf.len() >= DIRECT_MIN || uncached) && aligned(offset) && aligned(buf.len() as u64)
         });
         if let Some(d) = direct {
             let staged;
@@ -212,19 +216,8 @@ impl Device {
         } else {
             self.file.write_all_at(buf, offset)?;
         }
-        if direct.is_none() && buf.len() >= WRITEBACK_KICK {
-            // Start writing large (data) writes out now, so the commit's flush finds little
-            // left to do instead of the whole transaction's data in the page cache.
-            use std::os::fd::AsRawFd;
-            // SAFETY: a plain syscall on our open descriptor; failure only loses the hint.
-            unsafe {
-                libc::sync_file_range(
-                    self.file.as_raw_fd(),
-                    offset as i64,
-                    buf.len() as i64,
-                    libc::SYNC_FILE_RANGE_WRITE,
-                )
-            };
+        if direct.is_none() {
+            self.kick_writeback(buf.len() as u64);
         }
         if let Some(log) = self.recording.lock().as_mut() {
             log.push(IoEvent::Write {
@@ -234,6 +227,19 @@ impl Device {
         }
         self.writes.fetch_add(1, Ordering::Relaxed);
         Ok(())
+    }
+
+    /// Counts `len` bytes into the page cache and, every `WRITEBACK_BATCH`, starts the
+    /// writeback of all the image's dirty pages (in one go: adjacent ones merge), so a flush
+    /// finds little left to write and host memory does not fill with them.
+    fn kick_writeback(&self, len: u64) {
+        if self.unkicked.fetch_add(len, Ordering::Relaxed) + len < WRITEBACK_BATCH {
+            return;
+        }
+        self.unkicked.store(0, Ordering::Relaxed);
+        use std::os::fd::AsRawFd;
+        // SAFETY: a plain syscall on our open descriptor; failure only loses the hint.
+        unsafe { libc::sync_file_range(self.file.as_raw_fd(), 0, 0, libc::SYNC_FILE_RANGE_WRITE) };
     }
 
     /// Waits until every write so far is on stable storage (a cache flush).
