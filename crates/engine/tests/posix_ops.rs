@@ -16,8 +16,8 @@ use oleo::{
 };
 use oleo_testkit::assert_btrfs_check;
 use oleo_testkit::ops::{
-    apply_path, compare_trees, data_for, digests_of, follows, random_op, seeds, shapes, split, Op,
-    Rng,
+    apply_path, compare_trees, content_hash, data_for, follows, random_op, seeds, shapes, split,
+    Op, Rng,
 };
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -355,7 +355,7 @@ fn compare_oleo_at(fs: &Filesystem, root: InodeId, reference: &Path) {
                 fs.read(id, 0, s.size as u32 + 10).unwrap()
             };
             assert!(
-                digests_of(&got) == *c,
+                content_hash(&got) == *c,
                 "{} content differs through oleo",
                 String::from_utf8_lossy(rel)
             );

@@ -236,7 +236,8 @@ fn errno_name(e: &io::Error) -> String {
     }
 }
 
-fn hash_file(f: &mut File) -> io::Result<[u8; 32]> {
+/// sha256 of what is left to read of `f`.
+pub fn hash_file(f: &mut File) -> io::Result<[u8; 32]> {
     let mut h = Sha256::new();
     let mut buf = vec![0u8; 1 << 20];
     loop {

@@ -560,9 +560,9 @@ pub struct Shape {
     pub size: u64,
     pub nlink: u64,
     pub rdev: u64,
-    /// A digest of each 64 KiB of a regular file: whole contents of every file of two trees
-    /// do not fit in memory.
-    pub content: Option<Vec<[u8; 16]>>,
+    /// sha256 of a regular file's contents: whole contents of every file of two trees do
+    /// not fit in memory.
+    pub content: Option<[u8; 32]>,
     pub target: Option<Vec<u8>>,
     pub xattrs: BTreeMap<Vec<u8>, Vec<u8>>,
     /// Explicit times from utimens (sec >= 1e9 and < 2.2e9 are ours), else None.
@@ -596,7 +596,7 @@ pub fn xattrs_of(p: &Path) -> BTreeMap<Vec<u8>, Vec<u8>> {
     out
 }
 
-const DIGEST_CHUNK: usize = 64 << 10;
+const COMPARE_CHUNK: usize = 64 << 10;
 
 /// Reads from `f` until `buf` is full or the file ends; the bytes read.
 fn fill(f: &mut std::fs::File, buf: &mut [u8]) -> usize {
@@ -611,37 +611,17 @@ fn fill(f: &mut std::fs::File, buf: &mut [u8]) -> usize {
     n
 }
 
-fn digest(chunk: &[u8]) -> [u8; 16] {
+/// The `Shape::content` of a file holding `data`.
+pub fn content_hash(data: &[u8]) -> [u8; 32] {
     use sha2::Digest;
-    sha2::Sha256::digest(chunk)[..16].try_into().unwrap()
-}
-
-/// The digests `digests` gives for a file holding `data`.
-pub fn digests_of(data: &[u8]) -> Vec<[u8; 16]> {
-    data.chunks(DIGEST_CHUNK).map(digest).collect()
-}
-
-/// One SHA-256 (cut to 16 bytes) per `DIGEST_CHUNK` of the file at `p`.
-pub fn digests(p: &Path) -> Vec<[u8; 16]> {
-    let mut f = std::fs::File::open(p).unwrap();
-    let mut buf = vec![0u8; DIGEST_CHUNK];
-    let mut out = Vec::new();
-    loop {
-        let n = fill(&mut f, &mut buf);
-        if n > 0 {
-            out.push(digest(&buf[..n]));
-        }
-        if n < buf.len() {
-            return out;
-        }
-    }
+    sha2::Sha256::digest(data).into()
 }
 
 /// The first offset where the files at `a` and `b` differ (one ending early counts), if
 /// they do.
 pub fn first_difference(a: &Path, b: &Path) -> Option<u64> {
     let (mut fa, mut fb) = (std::fs::File::open(a).ok()?, std::fs::File::open(b).ok()?);
-    let (mut ba, mut bb) = (vec![0u8; DIGEST_CHUNK], vec![0u8; DIGEST_CHUNK]);
+    let (mut ba, mut bb) = (vec![0u8; COMPARE_CHUNK], vec![0u8; COMPARE_CHUNK]);
     let mut at = 0u64;
     loop {
         let (na, nb) = (fill(&mut fa, &mut ba), fill(&mut fb, &mut bb));
@@ -652,7 +632,7 @@ pub fn first_difference(a: &Path, b: &Path) -> Option<u64> {
         if na != nb {
             return Some(at + same as u64);
         }
-        if na < DIGEST_CHUNK {
+        if na < COMPARE_CHUNK {
             return None;
         }
         at += na as u64;
@@ -679,7 +659,9 @@ pub fn shapes(root: &Path) -> BTreeMap<Vec<u8>, Shape> {
                 size: if is_dir { 0 } else { m.size() },
                 nlink: if is_dir { 1 } else { m.nlink() },
                 rdev: m.rdev(),
-                content: m.is_file().then(|| digests(&p)),
+                content: m.is_file().then(|| {
+                    crate::manifest::hash_file(&mut std::fs::File::open(&p).unwrap()).unwrap()
+                }),
                 target: m.file_type().is_symlink().then(|| {
                     std::fs::read_link(&p)
                         .unwrap()
@@ -867,25 +849,24 @@ mod tests {
     use super::*;
 
     #[test]
-    fn digests_and_first_difference_find_the_changed_byte() {
+    fn hashes_and_first_difference_find_the_changed_byte() {
         let dir = crate::tempdir::TempDir::new("ops-digests").unwrap();
         let (a, b) = (dir.join("a"), dir.join("b"));
         let data = pattern(3, 200_000);
         std::fs::write(&a, &data).unwrap();
         std::fs::write(&b, &data).unwrap();
-        assert_eq!(digests(&a).len(), 4);
-        assert_eq!(digests(&a), digests(&b));
-        assert_eq!(digests(&a), digests_of(&data));
+        let hash = |p: &Path| crate::manifest::hash_file(&mut std::fs::File::open(p).unwrap());
+        assert_eq!(hash(&a).unwrap(), content_hash(&data));
         assert_eq!(first_difference(&a, &b), None);
         let mut changed = data.clone();
         changed[70_001] ^= 1;
         std::fs::write(&b, &changed).unwrap();
-        assert_ne!(digests(&a), digests(&b));
+        assert_ne!(hash(&b).unwrap(), content_hash(&data));
         assert_eq!(first_difference(&a, &b), Some(70_001));
-        std::fs::write(&b, &data[..DIGEST_CHUNK]).unwrap();
-        assert_eq!(first_difference(&a, &b), Some(DIGEST_CHUNK as u64));
+        std::fs::write(&b, &data[..COMPARE_CHUNK]).unwrap();
+        assert_eq!(first_difference(&a, &b), Some(COMPARE_CHUNK as u64));
         std::fs::write(&b, b"").unwrap();
-        assert!(digests(&b).is_empty());
+        assert_eq!(hash(&b).unwrap(), content_hash(b""));
         assert_eq!(first_difference(&b, &a), Some(0));
     }
 }
