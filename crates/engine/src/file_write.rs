@@ -43,6 +43,8 @@ pub(crate) struct OrderedWrite<'a> {
     pub pieces: &'a [Piece],
     pub sums: &'a [Vec<u8>],
     pub nocompress: bool,
+    /// mtime and ctime stay (see `Filesystem::write_keep_times`).
+    pub keep_times: bool,
 }
 
 /// A file extent item as found by `drop_extents`.
@@ -573,10 +575,12 @@ impl Transaction<'_> {
         if w.nocompress {
             inode.flags |= INODE_FLAG_NOCOMPRESS;
         }
-        let t = now();
         inode.size = old_size.max(w.end);
-        inode.mtime = t;
-        inode.ctime = t;
+        if !w.keep_times {
+            let t = now();
+            inode.mtime = t;
+            inode.ctime = t;
+        }
         self.write_inode(id, &mut inode)
     }
 
@@ -664,7 +668,13 @@ impl Transaction<'_> {
     }
 
     /// Writes `data` at `offset` of regular file `id`.
-    pub(crate) fn write_file(&mut self, id: InodeId, offset: u64, data: &[u8]) -> Result<()> {
+    pub(crate) fn write_file(
+        &mut self,
+        id: InodeId,
+        offset: u64,
+        data: &[u8],
+        keep_times: bool,
+    ) -> Result<()> {
         let mut inode = self.read_inode(id)?;
         if inode.mode & 0o170000 != 0o100000 {
             return Err(if inode.mode & 0o170000 == 0o040000 {
@@ -740,10 +750,12 @@ impl Transaction<'_> {
             self.filesystem().give_back_staging(staging);
             inode.nbytes = inode.nbytes.saturating_add(added?);
         }
-        let t = now();
         inode.size = new_size;
-        inode.mtime = t;
-        inode.ctime = t;
+        if !keep_times {
+            let t = now();
+            inode.mtime = t;
+            inode.ctime = t;
+        }
         self.write_inode(id, &mut inode)
     }
 
@@ -777,6 +789,14 @@ impl Transaction<'_> {
                     u64::MAX,
                 )?);
             }
+        } else if !self.inline_extent(id)? {
+            // The same size still drops what lies past EOF (fallocate KEEP_SIZE), as
+            // btrfs_setsize does: `truncate -s SIZE` and O_TRUNC of an empty file free it.
+            inode.nbytes = inode.nbytes.saturating_sub(self.drop_extents(
+                id,
+                new_size.next_multiple_of(sector),
+                u64::MAX,
+            )?);
         }
         inode.size = new_size;
         Ok(())

@@ -559,8 +559,9 @@ impl Transaction<'_> {
             }
             // Times change with the size (POSIX); ftruncate's own time update arrives as
             // explicit mtime/ctime.
-            if size != inode.size {
-                self.truncate_file(id, &mut inode, size)?;
+            let changed = size != inode.size;
+            self.truncate_file(id, &mut inode, size)?;
+            if changed {
                 inode.mtime = t;
             }
         }
@@ -916,11 +917,17 @@ impl FsCore {
     }
 
     /// Writes `data` at `offset`; returns the bytes written (all of them).
-    pub fn write(&mut self, id: InodeId, offset: u64, data: &[u8]) -> Result<usize> {
+    pub fn write(
+        &mut self,
+        id: InodeId,
+        offset: u64,
+        data: &[u8],
+        keep_times: bool,
+    ) -> Result<usize> {
         self.check_subvol_writable(id.subvol)?;
         self.check_not_immutable(id)?;
         let need = self.write_reserve(id, offset, data.len() as u64)?;
-        self.write_op(need, |t| t.write_file(id, offset, data))?;
+        self.write_op(need, |t| t.write_file(id, offset, data, keep_times))?;
         Ok(data.len())
     }
 
@@ -1063,7 +1070,7 @@ impl FsCore {
             if data.is_empty() {
                 break;
             }
-            self.write(dst, dst_off + done, &data)?;
+            self.write(dst, dst_off + done, &data, false)?;
             done += data.len() as u64;
         }
         Ok(done)

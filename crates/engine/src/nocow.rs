@@ -322,14 +322,14 @@ impl Filesystem {
         id: InodeId,
         offset: u64,
         data: &[u8],
-        uncached: bool,
+        how: crate::ordered_extent::WriteHow,
     ) -> Result<Option<usize>> {
         let _file = self.inode_locks().lock_shared(id);
         let _nocow = self.nocow_writers().shared();
         let Some(plan) = self.lookup_op(|core| core.plan_in_place(id, offset, data.len()))? else {
             return Ok(None);
         };
-        if let Some(t) = plan.touch {
+        if let Some(t) = plan.touch.filter(|_| !how.keep_times) {
             let set = SetAttr {
                 mtime: Some(t),
                 ctime: Some(t),
@@ -339,7 +339,7 @@ impl Filesystem {
         }
         for (logical, r) in &plan.pieces {
             plan.io
-                .write_logical_mode(*logical, &data[r.clone()], uncached)?;
+                .write_logical_mode(*logical, &data[r.clone()], how.uncached)?;
         }
         self.nocow_writers().mark_unsynced(id);
         Ok(Some(data.len()))

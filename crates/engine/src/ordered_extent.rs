@@ -144,23 +144,47 @@ impl FsCore {
     }
 }
 
+/// How a write reaches the file.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct WriteHow {
+    /// A caller's O_DIRECT write: data goes around the image's page cache.
+    pub uncached: bool,
+    /// mtime and ctime stay (their owner sends them itself, see `write_keep_times`).
+    pub keep_times: bool,
+}
+
 impl Filesystem {
     /// Writes `data` at `offset` of `id`; returns the bytes written (all of them).
     /// A file flagged SYNC (chattr +S) is made durable before this returns.
     pub fn write(&self, id: InodeId, offset: u64, data: &[u8]) -> Result<usize> {
-        self.write_mode(id, offset, data, false)
+        self.write_mode(id, offset, data, WriteHow::default())
+    }
+
+    /// `write` for the write-back of a cache whose owner keeps the file's mtime and
+    /// ctime itself and sends them later (the kernel's FUSE writeback cache): the
+    /// write leaves both as they are, so they never step back and forth.
+    pub fn write_keep_times(&self, id: InodeId, offset: u64, data: &[u8]) -> Result<usize> {
+        let how = WriteHow {
+            keep_times: true,
+            ..WriteHow::default()
+        };
+        self.write_mode(id, offset, data, how)
     }
 
     /// `write` for a caller's O_DIRECT write: data written in place goes to the device
     /// itself, not into an image file's page cache, wherever it is sector aligned.
     pub fn write_direct(&self, id: InodeId, offset: u64, data: &[u8]) -> Result<usize> {
-        self.write_mode(id, offset, data, true)
+        let how = WriteHow {
+            uncached: true,
+            ..WriteHow::default()
+        };
+        self.write_mode(id, offset, data, how)
     }
 
-    fn write_mode(&self, id: InodeId, offset: u64, data: &[u8], uncached: bool) -> Result<usize> {
+    fn write_mode(&self, id: InodeId, offset: u64, data: &[u8], how: WriteHow) -> Result<usize> {
         // Which paths may take the write (the paths check again under their locks).
         let attr = self.lookup_op(|core| core.getattr(id))?;
-        let n = self.write_data(id, offset, data, &attr, uncached)?;
+        let n = self.write_data(id, offset, data, &attr, how)?;
         if attr.flags & INODE_FLAG_SYNC != 0 {
             self.fsync(id, false)?;
         }
@@ -173,17 +197,17 @@ impl Filesystem {
         offset: u64,
         data: &[u8],
         attr: &crate::fs::Attr,
-        uncached: bool,
+        how: WriteHow,
     ) -> Result<usize> {
         if attr.flags & INODE_FLAG_NODATACOW != 0 {
-            if let Some(n) = self.write_in_place(id, offset, data, uncached)? {
+            if let Some(n) = self.write_in_place(id, offset, data, how)? {
                 return Ok(n);
             }
         }
         // Space fallocate set aside takes the data where it is (`prealloc_fill`).
         if attr.flags & INODE_FLAG_PREALLOC != 0 {
             let grows = offset.saturating_add(data.len() as u64) > attr.size;
-            if let Some(n) = self.fill_prealloc(id, offset, data, grows, uncached)? {
+            if let Some(n) = self.fill_prealloc(id, offset, data, grows, how)? {
                 return Ok(n);
             }
         }
@@ -191,7 +215,7 @@ impl Filesystem {
         let _file = self.inode_locks().lock(id);
         let plan = self.core_read().plan_write(id, offset, data)?;
         let Some(plan) = plan else {
-            return self.core_mut().write(id, offset, data);
+            return self.core_mut().write(id, offset, data, how.keep_times);
         };
         let bytes = plan.buf.as_deref().map_or(data, |b| &b[..plan.len]);
         let compressed = match (&plan.compress, early) {
@@ -200,7 +224,7 @@ impl Filesystem {
             (None, _) => None,
         };
         let end = offset + data.len() as u64;
-        let r = self.write_ordered(id, end, &plan, bytes, compressed.as_ref());
+        let r = self.write_ordered(id, end, &plan, bytes, compressed.as_ref(), how);
         if let Some(buf) = plan.buf {
             self.core_read().give_back_staging(buf);
         }
@@ -248,6 +272,7 @@ impl Filesystem {
         plan: &Plan,
         bytes: &[u8],
         compressed: Option<&Compressed>,
+        how: WriteHow,
     ) -> Result<()> {
         let len = plan.len as u64;
         let layout = compressed
@@ -333,6 +358,7 @@ impl Filesystem {
             pieces: &pieces,
             sums: &sums,
             nocompress: compressed.is_some_and(|c| c.incompressible),
+            keep_times: how.keep_times,
         };
         let r = core.write_op(need, |t| t.finish_ordered_write(&w));
         if r.is_err() && core.aborted.is_none() {

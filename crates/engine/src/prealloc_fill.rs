@@ -80,6 +80,7 @@ impl crate::transaction::Transaction<'_> {
         pieces: &[Owned],
         sums: &[Vec<u8>],
         end: u64,
+        keep_times: bool,
     ) -> Result<()> {
         let mut inode = self.read_inode(id)?;
         // Growing (the file's lock held alone): where the format wants explicit holes, the
@@ -117,10 +118,12 @@ impl crate::transaction::Transaction<'_> {
                 self.insert_csum_bytes(p.bytenr + p.ext_off, s)?;
             }
         }
-        let t = crate::inode_item::now();
         inode.size = inode.size.max(end);
-        inode.mtime = t;
-        inode.ctime = t;
+        if !keep_times {
+            let t = crate::inode_item::now();
+            inode.mtime = t;
+            inode.ctime = t;
+        }
         self.write_inode(id, &mut inode)
     }
 }
@@ -136,7 +139,7 @@ impl Filesystem {
         offset: u64,
         data: &[u8],
         grows: bool,
-        uncached: bool,
+        how: crate::ordered_extent::WriteHow,
     ) -> Result<Option<usize>> {
         // Fills of other ranges (and in-place writes) go on beside this one; changes of
         // the file's items from anything else wait for the file's lock. A fill that grows
@@ -160,12 +163,18 @@ impl Filesystem {
         let Some(plan) = plan else {
             return Ok(None);
         };
-        let r = self.write_fill(id, offset + data.len() as u64, &plan, uncached);
+        let r = self.write_fill(id, offset + data.len() as u64, &plan, how);
         self.core_read().give_back_staging(plan.buf);
         r.map(|()| Some(data.len()))
     }
 
-    fn write_fill(&self, id: InodeId, end: u64, plan: &FillPlan, uncached: bool) -> Result<()> {
+    fn write_fill(
+        &self,
+        id: InodeId,
+        end: u64,
+        plan: &FillPlan,
+        how: crate::ordered_extent::WriteHow,
+    ) -> Result<()> {
         let (io, csum, sector) = {
             let core = self.core_read();
             core.check_subvol_writable(id.subvol)?;
@@ -181,7 +190,7 @@ impl Filesystem {
         for p in &plan.pieces {
             let from = (p.at - plan.start) as usize;
             let piece = &plan.buf[from..from + p.len as usize];
-            io.write_logical_mode(p.bytenr + p.ext_off, piece, uncached)?;
+            io.write_logical_mode(p.bytenr + p.ext_off, piece, how.uncached)?;
             sums.push(if plan.sums {
                 crate::file_item::data_csums(csum, sector, piece)
             } else {
@@ -195,7 +204,7 @@ impl Filesystem {
         let csums: u64 = sums.iter().map(|s| s.len() as u64).sum();
         let need = Reserve::items(4 * plan.pieces.len() as u64 + 4).bulk(csums);
         self.core_mut().write_op(need, |t| {
-            t.mark_extent_written(id, &plan.pieces, &sums, end)
+            t.mark_extent_written(id, &plan.pieces, &sums, end, how.keep_times)
         })
     }
 }

@@ -380,6 +380,7 @@ fn write_direct(
     data: &[u8],
     keep: u64,
     o_direct: bool,
+    writeback: bool,
 ) -> oleo::Result<usize> {
     const SECTOR: u64 = 4096;
     // The longest prefix of `n` bytes that ends on a sector boundary (or all of data).
@@ -403,11 +404,7 @@ fn write_direct(
         if len == 0 {
             return Err(Error::NoSpace);
         }
-        let written = if o_direct {
-            fs.write_direct(id, offset, &data[..len])
-        } else {
-            fs.write(id, offset, &data[..len])
-        };
+        let written = write_once(fs, id, offset, &data[..len], o_direct, writeback);
         match written {
             Err(Error::NoSpace) => {
                 let shorter = prefix(len as u64 / 2);
@@ -418,6 +415,27 @@ fn write_direct(
             }
             r => return r,
         }
+    }
+}
+
+/// One write as the kernel sent it: O_DIRECT data goes around the image's page cache; the
+/// write-back of the kernel's page cache (FUSE_WRITE_CACHE) leaves mtime and ctime to the
+/// kernel, which owns them under WRITEBACK_CACHE and sends them in a SETATTR of its own
+/// (stamping ours too made them step by a clock tick between mount and remount).
+fn write_once(
+    fs: &Filesystem,
+    id: InodeId,
+    offset: u64,
+    data: &[u8],
+    o_direct: bool,
+    writeback: bool,
+) -> oleo::Result<usize> {
+    if writeback {
+        fs.write_keep_times(id, offset, data)
+    } else if o_direct {
+        fs.write_direct(id, offset, data)
+    } else {
+        fs.write(id, offset, data)
     }
 }
 

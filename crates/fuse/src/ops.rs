@@ -4,7 +4,9 @@
 use crate::fileattr_ops;
 use crate::transport::abi::{self, fattr};
 use crate::transport::{DirBuf, Errno, Handler, InitConfig, Op, Reply, Request};
-use crate::{errno, is_o_direct, space_fh, spawn_committer, write_direct, OleoFuse, MAX_IO};
+use crate::{
+    errno, is_o_direct, space_fh, spawn_committer, write_direct, write_once, OleoFuse, MAX_IO,
+};
 use oleo::fileattr::{INODE_FLAG_APPEND, INODE_FLAG_IMMUTABLE, INODE_FLAG_SYNC};
 use oleo::{FallocMode, NewInode, SetAttr, XattrSet};
 use std::sync::atomic::Ordering;
@@ -31,6 +33,44 @@ fn entry(r: Result<abi::EntryOut, Errno>, reply: Reply<'_>) {
 }
 
 /// The INIT flags oleo asks for (`nullfs`, bench's FUSE floor, asks for the same).
+///
+/// Each flag is a promise to the kernel; `crates/cli/tests/fuse_promises.rs` has a test
+/// per promise that checks the result through the mount and again on disk (after an
+/// unmount, by oleo and by the kernel):
+/// - ASYNC_READ: READs of one file may come at once and out of order; each is answered
+///   from the file as it stands.
+/// - BIG_WRITES, MAX_PAGES (`max_write`, `max_pages`): one WRITE carries up to 1 MiB and
+///   is written whole or fails whole (`big_writes_land_whole`).
+/// - ATOMIC_O_TRUNC: OPEN with O_TRUNC truncates before it answers, with do_truncate's
+///   rules (`open` below; `o_trunc_truncates_on_disk`).
+/// - DO_READDIRPLUS: each listed entry carries its attributes, counted as a lookup
+///   (`readdirplus_attributes_are_current`).
+/// - ASYNC_DIO: O_DIRECT requests of one caller may come at once (`parallel_direct_io`).
+/// - PARALLEL_DIROPS: lookups and listings of one directory may come at once; the
+///   engine's locks order changes (`fuse_concurrent.rs`).
+/// - CACHE_SYMLINKS: a link's target never changes once created (`symlinks_cached`).
+/// - POSIX_ACL: the kernel checks and caches ACLs; we keep the mode and the access ACL
+///   in step and make new nodes inherit default ACLs (`acl_mode_in_step`).
+/// - HANDLE_KILLPRIV_V2: setuid/setgid go on write, truncate, O_TRUNC and chown by a
+///   caller without CAP_FSETID, and the kernel is told at once (`setuid_dropped`).
+/// - DONT_MASK: the umask is applied here, unless a default ACL replaces it
+///   (`umask_and_default_acl`).
+/// - SETXATTR_EXT: an access ACL set with ACL_KILL_SGID drops S_ISGID
+///   (`acl_kill_sgid`).
+/// - WRITEBACK_CACHE: the kernel caches writes and owns mtime/ctime of regular files;
+///   its write-backs leave times alone and its SETATTRs set them
+///   (`times_survive_remount`).
+/// - DIRECT_IO_ALLOW_MMAP: DIRECT_IO handles may be mmapped; their pages are written
+///   back like any other (`mmap_of_direct_handle`).
+/// - OVER_IO_URING: the same requests over io_uring (`fuse_rw.rs` runs both).
+///
+/// Replies promise too: STATX gives the birth time btrfs keeps (`statx_birth_time`);
+/// FOPEN_KEEP_CACHE says a file's data changes only through this kernel (no request
+/// rewrites data behind it: copy_file_range comes through the kernel, which drops the
+/// range itself; `reopen_reads_what_was_written`);
+/// FOPEN_CACHE_DIR says the same of a listing (a snapshot or subvolume made by ioctl
+/// drops the parent's listing, `listing_shows_new_snapshot`); entry and attribute
+/// timeouts and negative entries hold for `TTL`/`RW_TTL` unless we invalidate them.
 pub fn init_flags(writable: bool, uring: bool) -> u64 {
     let mut flags = abi::init::ASYNC_READ
         | abi::init::BIG_WRITES
@@ -43,7 +83,11 @@ pub fn init_flags(writable: bool, uring: bool) -> u64 {
         // The kernel then caches ACLs (found or absent) instead of asking per access.
         | abi::init::POSIX_ACL
         // Else every write(2) first asks for security.capability (a round trip).
-        | abi::init::HANDLE_KILLPRIV_V2;
+        | abi::init::HANDLE_KILLPRIV_V2
+        // The umask is ours to apply, so a parent's default ACL can replace it.
+        | abi::init::DONT_MASK
+        // Setting an access ACL tells us when S_ISGID must go (ACL_KILL_SGID).
+        | abi::init::SETXATTR_EXT;
     if uring {
         // Offered only where the fuse module's enable_uring is set.
         flags |= abi::init::OVER_IO_URING;
@@ -121,6 +165,11 @@ impl Handler for OleoFuse {
                 reply.none()
             }
             Op::Getattr { fh } => answer(self.getattr(node, fh), reply, |a, r| r.attr(&a)),
+            // statx(2) asking for more than the basic fields (the birth time).
+            Op::Statx(arg) => {
+                let fh = (arg.getattr_flags & abi::GETATTR_FH != 0).then_some(arg.fh);
+                answer(self.statx(node, fh), reply, |s, r| r.statx(&s))
+            }
             Op::Setattr(arg) => answer(self.setattr(req, node, &arg), reply, |a, r| r.attr(&a)),
             Op::Readlink => answer(self.readlink(node), reply, |t, r| r.data(&t)),
             Op::Symlink { name, target } => entry(self.symlink(req, node, name, target), reply),
@@ -188,9 +237,15 @@ impl Handler for OleoFuse {
                 }
                 _ => reply.error(Errno::ENOTTY),
             },
-            Op::Setxattr { flags, name, value } => {
-                empty(self.setxattr(node, name, value, flags), reply)
-            }
+            Op::Setxattr {
+                flags,
+                setxattr_flags,
+                name,
+                value,
+            } => empty(
+                self.setxattr(node, name, value, flags, setxattr_flags),
+                reply,
+            ),
             Op::Getxattr { size, name } => {
                 let r = self
                     .id(node)
@@ -273,14 +328,68 @@ impl OleoFuse {
     }
 
     fn getattr(&self, node: u64, fh: Option<u64>) -> Result<abi::AttrOut, Errno> {
-        // The kernel asks with the handle before a cached write(2) when attributes are
-        // invalid: the moment to stop a writer the page cache would let run on.
+        self.attr_out(&self.fresh_attr(node, fh)?)
+    }
+
+    /// An inode's attributes for GETATTR or STATX. The kernel asks with the handle before
+    /// a cached write(2) when attributes are invalid: the moment to stop a writer the page
+    /// cache would let run on.
+    fn fresh_attr(&self, node: u64, fh: Option<u64>) -> Result<oleo::Attr, Errno> {
         if fh.is_some_and(|fh| self.space.refuse_cached_write(space_fh(fh))) {
             return Err(Errno::ENOSPC);
         }
         let id = self.id(node)?;
-        let a = self.fs.getattr(id).map_err(errno)?;
-        self.attr_out(&a)
+        self.fs.getattr(id).map_err(errno)
+    }
+
+    /// STATX: what GETATTR says, plus the birth time (btrfs's otime) and the inode flags
+    /// statx(2) reports, as kernel btrfs fills them.
+    fn statx(&self, node: u64, fh: Option<u64>) -> Result<abi::StatxOut, Errno> {
+        let a = self.fresh_attr(node, fh)?;
+        let f = self.file_attr(&a)?;
+        let t = |sec: u64, nsec: u32| abi::SxTime {
+            tv_sec: sec as i64,
+            tv_nsec: nsec,
+            reserved: 0,
+        };
+        let flag = |bit: u64, attr: u64| if a.flags & bit != 0 { attr } else { 0 };
+        const COMPRESSED: u64 = 0x4;
+        const IMMUTABLE: u64 = 0x10;
+        const APPEND: u64 = 0x20;
+        const NODUMP: u64 = 0x40;
+        use oleo::format::items::{
+            INODE_FLAG_APPEND as A, INODE_FLAG_COMPRESS as C, INODE_FLAG_IMMUTABLE as I,
+            INODE_FLAG_NODUMP as N,
+        };
+        let rdev = u64::from(f.rdev);
+        Ok(abi::StatxOut {
+            attr_valid: self.ttl.as_secs(),
+            attr_valid_nsec: self.ttl.subsec_nanos(),
+            stat: abi::Statx {
+                mask: abi::STATX_BASIC_STATS | abi::STATX_BTIME,
+                blksize: f.blksize,
+                attributes: flag(A, APPEND)
+                    | flag(C, COMPRESSED)
+                    | flag(I, IMMUTABLE)
+                    | flag(N, NODUMP),
+                attributes_mask: APPEND | COMPRESSED | IMMUTABLE | NODUMP,
+                nlink: f.nlink,
+                uid: f.uid,
+                gid: f.gid,
+                mode: f.mode as u16,
+                ino: f.ino,
+                size: f.size,
+                blocks: f.blocks,
+                atime: t(f.atime, f.atimensec),
+                btime: t(a.crtime.sec as u64, a.crtime.nsec),
+                ctime: t(f.ctime, f.ctimensec),
+                mtime: t(f.mtime, f.mtimensec),
+                rdev_major: libc::major(rdev as libc::dev_t),
+                rdev_minor: libc::minor(rdev as libc::dev_t),
+                ..Default::default()
+            },
+            ..Default::default()
+        })
     }
 
     fn setattr(
@@ -332,7 +441,7 @@ impl OleoFuse {
 
     /// Drops setuid/setgid as the kernel asked (HANDLE_KILLPRIV_V2) for a caller of group
     /// `caller_gid`; nothing to do on most files, which have neither.
-    fn kill_suid(&self, id: oleo::InodeId, caller_gid: u32) -> Result<(), Errno> {
+    fn kill_suid(&self, node: u64, id: oleo::InodeId, caller_gid: u32) -> Result<(), Errno> {
         let Some(mode) = killed_mode(&self.fs.getattr(id).map_err(errno)?, caller_gid) else {
             return Ok(());
         };
@@ -340,7 +449,11 @@ impl OleoFuse {
             mode: Some(mode),
             ..Default::default()
         };
-        self.mutate(|fs| fs.setattr(id, &set)).map(drop)
+        self.mutate(|fs| fs.setattr(id, &set))?;
+        // The kernel keeps its cached mode after a direct write: stat would show the
+        // bits for up to a second.
+        self.attrs_changed(node);
+        Ok(())
     }
 
     fn readlink(&self, node: u64) -> Result<Vec<u8>, Errno> {
@@ -421,8 +534,28 @@ impl OleoFuse {
         let id = self.id(node)?;
         let inode_flags = self.fs.getattr(id).map_err(errno)?.flags;
         check_open_allowed(inode_flags, flags)?;
-        if open_flags & abi::OPEN_KILL_SUIDGID != 0 {
-            self.kill_suid(id, req.gid)?;
+        if flags & libc::O_TRUNC != 0 {
+            // ATOMIC_O_TRUNC: the truncation is ours, done before the open answers, under
+            // the kernel's inode lock (it sets its own size to 0 once we answer). As
+            // do_truncate: to 0 even when empty (extents past EOF go too), times stamped,
+            // setuid/setgid dropped for a caller without CAP_FSETID.
+            let t = oleo::now();
+            let stamp = oleo::Timespec {
+                sec: t.sec,
+                nsec: t.nsec,
+            };
+            let mut set = SetAttr {
+                size: Some(0),
+                mtime: Some(stamp),
+                ctime: Some(stamp),
+                ..Default::default()
+            };
+            if open_flags & abi::OPEN_KILL_SUIDGID != 0 {
+                set.mode = killed_mode(&self.fs.getattr(id).map_err(errno)?, req.gid);
+            }
+            self.mutate(|fs| fs.setattr(id, &set))?;
+        } else if open_flags & abi::OPEN_KILL_SUIDGID != 0 {
+            self.kill_suid(node, id, req.gid)?;
         }
         // An open file outlives its last name (it becomes an orphan until release).
         self.fs.pin_open(id);
@@ -478,19 +611,20 @@ impl OleoFuse {
         let direct = self.space.is_direct(space_fh(arg.fh));
         let keep = if direct { self.space.keep_free() } else { 0 };
         let o_direct = is_o_direct(arg.fh);
+        let writeback = arg.write_flags & abi::WRITE_CACHE != 0;
         let r = self.id(node).and_then(|id| {
             self.mutate(|fs| {
                 let n = if direct {
-                    write_direct(fs, id, arg.offset, data, keep, o_direct)?
+                    write_direct(fs, id, arg.offset, data, keep, o_direct, writeback)?
                 } else {
-                    fs.write(id, arg.offset, data)?
+                    write_once(fs, id, arg.offset, data, false, writeback)?
                 };
                 Ok((n, self.available(fs)))
             })
         });
         let r = r.and_then(|x| {
             if arg.write_flags & abi::WRITE_KILL_SUIDGID != 0 {
-                self.kill_suid(self.id(node)?, req.gid)?;
+                self.kill_suid(node, self.id(node)?, req.gid)?;
             }
             Ok(x)
         });
@@ -524,7 +658,14 @@ impl OleoFuse {
         })
     }
 
-    fn setxattr(&self, node: u64, name: &[u8], value: &[u8], flags: u32) -> Result<(), Errno> {
+    fn setxattr(
+        &self,
+        node: u64,
+        name: &[u8],
+        value: &[u8],
+        flags: u32,
+        setxattr_flags: u32,
+    ) -> Result<(), Errno> {
         let how = match flags as i32 {
             0 => XattrSet::Either,
             libc::XATTR_CREATE => XattrSet::Create,
@@ -532,7 +673,35 @@ impl OleoFuse {
             _ => return Err(Errno::EINVAL),
         };
         let id = self.id(node)?;
-        self.mutate(|fs| fs.setxattr(id, name, value, how))
+        self.mutate(|fs| fs.setxattr(id, name, value, how))?;
+        // posix_acl_update_mode's rule, which FUSE leaves to us: an access ACL set by a
+        // caller outside the file's group without CAP_FSETID drops S_ISGID.
+        if setxattr_flags & abi::SETXATTR_ACL_KILL_SGID != 0 && name == b"system.posix_acl_access" {
+            let a = self.fs.getattr(id).map_err(errno)?;
+            if a.mode & libc::S_ISGID != 0 {
+                let set = SetAttr {
+                    mode: Some(a.mode & 0o7777 & !libc::S_ISGID),
+                    ..Default::default()
+                };
+                self.mutate(|fs| fs.setattr(id, &set))?;
+            }
+            self.attrs_changed(node);
+        }
+        Ok(())
+    }
+
+    /// Tells the kernel that what it caches of `node`'s attributes is stale (a change it
+    /// did not ask for by SETATTR, such as setuid/setgid dropped on a write).
+    fn attrs_changed(&self, node: u64) {
+        let Some(n) = self.notifier() else {
+            return;
+        };
+        // Offset -1: attributes only, the page cache stays.
+        if let Err(e) = n.inval_inode(node, -1, 0) {
+            if e.raw_os_error() != Some(libc::ENOENT) {
+                log::warn!("cannot tell the kernel that inode {node} changed: {e}");
+            }
+        }
     }
 
     fn readdir(&self, req: &Request, node: u64, arg: &abi::ReadIn, reply: Reply<'_>) {

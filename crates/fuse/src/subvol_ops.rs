@@ -101,12 +101,13 @@ impl OleoFuse {
         }
     }
 
-    /// The kernel may hold `name` in `dir` as absent, and `dir`'s size and times: both go.
+    /// The kernel may hold `name` in `dir` as absent, `dir`'s size and times, and its
+    /// listing (CACHE_DIR keeps listings in the directory's page cache): all go.
     fn entry_changed(&self, dir: u64, name: &[u8]) {
         let Some(n) = self.notifier() else {
             return;
         };
-        for r in [n.inval_entry(dir, name), n.inval_inode(dir, -1, 0)] {
+        for r in [n.inval_entry(dir, name), n.inval_inode(dir, 0, 0)] {
             if let Err(e) = r {
                 if e.raw_os_error() != Some(libc::ENOENT) {
                     log::warn!("cannot tell the kernel that directory {dir} changed: {e}");

@@ -230,7 +230,7 @@ impl Copy<'_> {
                 if got == 0 {
                     break;
                 }
-                self.fs.write(id, pos, &self.buf[..got])?;
+                self.fs.write(id, pos, &self.buf[..got], false)?;
                 self.done.bytes += got as u64;
                 pos += got as u64;
             }

@@ -55,6 +55,7 @@ pub mod opcode {
     pub const COPY_FILE_RANGE: u32 = 47;
     pub const SYNCFS: u32 = 50;
     pub const TMPFILE: u32 = 51;
+    pub const STATX: u32 = 52;
 }
 
 /// INIT flags (`flags` holds bits 0..32, `flags2` bits 32..64 when INIT_EXT is set).
@@ -62,6 +63,8 @@ pub mod init {
     pub const ASYNC_READ: u64 = 1 << 0;
     pub const ATOMIC_O_TRUNC: u64 = 1 << 3;
     pub const BIG_WRITES: u64 = 1 << 5;
+    /// The kernel leaves the umask to the server (a default ACL replaces it).
+    pub const DONT_MASK: u64 = 1 << 6;
     pub const DO_READDIRPLUS: u64 = 1 << 13;
     /// O_DIRECT requests of an asynchronous caller (io_uring, libaio) travel in parallel.
     pub const ASYNC_DIO: u64 = 1 << 15;
@@ -76,6 +79,8 @@ pub mod init {
     /// The server drops setuid/setgid on write, truncate and chown; the kernel then
     /// stops asking for security.capability before every write (SB_NOSEC).
     pub const HANDLE_KILLPRIV_V2: u64 = 1 << 28;
+    /// SETXATTR carries `setxattr_flags` (ACL_KILL_SGID).
+    pub const SETXATTR_EXT: u64 = 1 << 29;
     pub const DIRECT_IO_ALLOW_MMAP: u64 = 1 << 36;
     /// Requests and replies travel through io_uring commands (Linux 6.14+).
     pub const OVER_IO_URING: u64 = 1 << 41;
@@ -109,9 +114,17 @@ pub mod fattr {
 /// HANDLE_KILLPRIV_V2: a WRITE (write_flags) or an OPEN with O_TRUNC (open_flags) by a
 /// caller without CAP_FSETID must drop setuid/setgid.
 pub const WRITE_KILL_SUIDGID: u32 = 1 << 2;
+/// A WRITE that writes back the kernel's page cache (not a caller's write(2) itself).
+pub const WRITE_CACHE: u32 = 1 << 0;
 pub const OPEN_KILL_SUIDGID: u32 = 1 << 0;
 
 pub const GETATTR_FH: u32 = 1 << 0;
+/// SETXATTR_EXT: setting this ACL must drop S_ISGID (caller outside the file's group,
+/// without CAP_FSETID).
+pub const SETXATTR_ACL_KILL_SGID: u32 = 1 << 0;
+/// `fuse_statx.mask` bits (STATX_* of statx(2)) we fill.
+pub const STATX_BASIC_STATS: u32 = 0x7ff;
+pub const STATX_BTIME: u32 = 0x800;
 pub const FSYNC_FDATASYNC: u32 = 1 << 0;
 pub const NOTIFY_INVAL_INODE: i32 = 2;
 pub const NOTIFY_INVAL_ENTRY: i32 = 3;
@@ -340,10 +353,58 @@ wire! {
         pub padding: u32,
     }
 
-    /// Without FUSE_SETXATTR_EXT (which we do not ask for) the kernel sends these 8 bytes.
+    /// Without SETXATTR_EXT the kernel sends only `size` and `flags` (see `request`).
     pub struct SetxattrIn {
         pub size: u32,
         pub flags: u32,
+        pub setxattr_flags: u32,
+        pub padding: u32,
+    }
+
+    pub struct StatxIn {
+        pub getattr_flags: u32,
+        pub reserved: u32,
+        pub fh: u64,
+        pub sx_flags: u32,
+        pub sx_mask: u32,
+    }
+
+    pub struct SxTime {
+        pub tv_sec: i64,
+        pub tv_nsec: u32,
+        pub reserved: i32,
+    }
+
+    pub struct Statx {
+        pub mask: u32,
+        pub blksize: u32,
+        pub attributes: u64,
+        pub nlink: u32,
+        pub uid: u32,
+        pub gid: u32,
+        pub mode: u16,
+        pub spare0: u16,
+        pub ino: u64,
+        pub size: u64,
+        pub blocks: u64,
+        pub attributes_mask: u64,
+        pub atime: SxTime,
+        pub btime: SxTime,
+        pub ctime: SxTime,
+        pub mtime: SxTime,
+        pub rdev_major: u32,
+        pub rdev_minor: u32,
+        pub dev_major: u32,
+        pub dev_minor: u32,
+        pub spare2: [u64; 14],
+    }
+
+    pub struct StatxOut {
+        pub attr_valid: u64,
+        pub attr_valid_nsec: u32,
+        pub flags: u32,
+        pub spare: [u64; 2],
+        pub stat: Statx,
     }
 
     pub struct GetxattrIn {
@@ -432,6 +493,10 @@ mod tests {
     /// The sizes the kernel checks replies against.
     #[test]
     fn sizes_match_the_kernel() {
+        assert_eq!(size_of::<StatxIn>(), 24);
+        assert_eq!(size_of::<Statx>(), 256);
+        assert_eq!(size_of::<StatxOut>(), 288);
+        assert_eq!(size_of::<SetxattrIn>(), 16);
         assert_eq!(size_of::<InHeader>(), 40);
         assert_eq!(size_of::<OutHeader>(), 16);
         assert_eq!(size_of::<InitOut>(), 64);

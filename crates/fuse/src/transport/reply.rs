@@ -178,6 +178,10 @@ impl<'a> Reply<'a> {
         self.send(0, &[w.as_bytes()])
     }
 
+    pub fn statx(self, s: &abi::StatxOut) {
+        self.send(0, &[s.as_bytes()])
+    }
+
     pub fn statfs(self, s: &abi::StatfsOut) {
         self.send(0, &[s.as_bytes()])
     }

@@ -2,6 +2,7 @@
 //! that does not parse is answered EINVAL (a kernel we do not understand), never trusted.
 
 use super::abi::{self, opcode, InHeader};
+use std::sync::atomic::{AtomicBool, Ordering};
 use zerocopy::FromBytes;
 
 /// Who asked, and about which node.
@@ -75,6 +76,8 @@ pub enum Op<'a> {
     },
     Setxattr {
         flags: u32,
+        /// SETXATTR_EXT's flags (0 without it).
+        setxattr_flags: u32,
         name: &'a [u8],
         value: &'a [u8],
     },
@@ -106,6 +109,7 @@ pub enum Op<'a> {
         arg: abi::CreateIn,
         name: &'a [u8],
     },
+    Statx(abi::StatxIn),
     /// O_TMPFILE in directory `nodeid`: a create without a name.
     Tmpfile(abi::CreateIn),
     Fallocate(abi::FallocateIn),
@@ -149,6 +153,14 @@ impl<'a> Cursor<'a> {
         self.0 = rest;
         Ok(b)
     }
+}
+
+/// Whether the kernel sends SETXATTR's longer header (set once, at INIT).
+static SETXATTR_EXT: AtomicBool = AtomicBool::new(false);
+
+/// Records what INIT agreed on that changes how requests are laid out.
+pub fn set_setxattr_ext(on: bool) {
+    SETXATTR_EXT.store(on, Ordering::Relaxed);
 }
 
 /// Splits a buffer read from the device into the request and its operation.
@@ -275,12 +287,20 @@ fn op<'a>(code: u32, c: &mut Cursor<'a>) -> Result<Op<'a>, Malformed> {
             }
         }
         opcode::SETXATTR => {
-            let s: abi::SetxattrIn = c.get()?;
+            // The longer header only once INIT agreed on SETXATTR_EXT.
+            let (size, flags) = (c.get::<u32>()?, c.get::<u32>()?);
+            let setxattr_flags = if SETXATTR_EXT.load(Ordering::Relaxed) {
+                let ext = (c.get::<u32>()?, c.get::<u32>()?);
+                ext.0
+            } else {
+                0
+            };
             let name = c.name()?;
             Op::Setxattr {
-                flags: s.flags,
+                flags,
+                setxattr_flags,
                 name,
-                value: c.bytes(s.size as usize)?,
+                value: c.bytes(size as usize)?,
             }
         }
         opcode::GETXATTR => {
@@ -310,6 +330,7 @@ fn op<'a>(code: u32, c: &mut Cursor<'a>) -> Result<Op<'a>, Malformed> {
         },
         // The kernel sends a placeholder name ("/"): it means nothing.
         opcode::TMPFILE => Op::Tmpfile(c.get()?),
+        opcode::STATX => Op::Statx(c.get()?),
         opcode::FALLOCATE => Op::Fallocate(c.get()?),
         opcode::LSEEK => Op::Lseek(c.get()?),
         opcode::COPY_FILE_RANGE => Op::CopyFileRange(c.get()?),
@@ -369,6 +390,48 @@ mod tests {
                 (newdir, flags, name, newname),
                 (9, 1, &b"old"[..], &b"new"[..])
             ),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn setxattr_header_follows_what_init_agreed() {
+        let body = |ext: bool| {
+            let mut b = [3u32, 1].as_bytes().to_vec();
+            if ext {
+                b.extend_from_slice([abi::SETXATTR_ACL_KILL_SGID, 0].as_bytes());
+            }
+            b.extend_from_slice(b"user.a\0xyz");
+            b
+        };
+        let decoded = |ext: bool| match parse(&message(opcode::SETXATTR, &body(ext))).unwrap().1 {
+            Op::Setxattr {
+                flags,
+                setxattr_flags,
+                name,
+                value,
+            } => (flags, setxattr_flags, name.to_vec(), value.to_vec()),
+            other => panic!("{other:?}"),
+        };
+        // One test flips the switch, so both layouts are checked here in turn.
+        set_setxattr_ext(true);
+        let with = decoded(true);
+        set_setxattr_ext(false);
+        let without = decoded(false);
+        assert_eq!(with, (1, 1, b"user.a".to_vec(), b"xyz".to_vec()));
+        assert_eq!(without, (1, 0, b"user.a".to_vec(), b"xyz".to_vec()));
+    }
+
+    #[test]
+    fn statx_decodes() {
+        let body = abi::StatxIn {
+            getattr_flags: abi::GETATTR_FH,
+            fh: 5,
+            sx_mask: abi::STATX_BTIME,
+            ..Default::default()
+        };
+        match parse(&message(opcode::STATX, body.as_bytes())).unwrap().1 {
+            Op::Statx(s) => assert_eq!((s.fh, s.sx_mask), (5, abi::STATX_BTIME)),
             other => panic!("{other:?}"),
         }
     }

@@ -215,6 +215,7 @@ impl<H: Handler> Session<H> {
                 arg.major,
                 arg.minor
             );
+            super::request::set_setxattr_ext(flags & init::SETXATTR_EXT != 0);
             reply.init(&out);
             return Ok((max_write, flags & init::OVER_IO_URING != 0));
         }
