@@ -115,14 +115,27 @@ fn check_fs_flags(old: u32, new: u32) -> Result<()> {
     Ok(())
 }
 
+/// Chattr flags `old` with the xflags bits of FS_IOC_FSSETXATTR's `x` (NOCOW and
+/// compression stay).
+pub fn with_xflags(old: u32, x: u32) -> u32 {
+    (old & !fs_flags::COMMON) | from_xflags(x)
+}
+
 const S_IFMT: u32 = 0o170000;
 const S_IFREG: u32 = 0o100000;
 /// The property chattr +c sets (and any other change of flags removes).
 const COMPRESSION_PROP: &[u8] = crate::compression::PROPERTY;
 
 impl Transaction<'_> {
-    fn set_fs_flags(&mut self, id: InodeId, new: u32, nodatasum_mount: bool) -> Result<()> {
+    fn set_fs_flags(
+        &mut self,
+        id: InodeId,
+        new: u32,
+        nodatasum_mount: bool,
+        keep_ctime: bool,
+    ) -> Result<()> {
         let inode = self.read_inode(id)?;
+        let old_ctime = inode.ctime;
         let old = to_fs_flags(inode.flags);
         check_fs_flags(old, new)?;
         let regular = inode.mode & S_IFMT == S_IFREG;
@@ -181,7 +194,7 @@ impl Transaction<'_> {
         }
         let mut inode = self.read_inode(id)?;
         inode.flags = flags;
-        inode.ctime = now();
+        inode.ctime = if keep_ctime { old_ctime } else { now() };
         self.write_inode(id, &mut inode)
     }
 }
@@ -254,12 +267,24 @@ impl Filesystem {
     /// FS_IOC_SETFLAGS with the kernel's rules (who may set immutable and append-only is
     /// the caller's to check, as the VFS does before btrfs sees the call).
     pub fn set_fs_flags(&self, id: InodeId, flags: u32) -> Result<()> {
+        self.set_fs_flags_how(id, flags, false)
+    }
+
+    /// `set_fs_flags` leaving ctime as it was: for a caller whose cache owns the file's
+    /// times and would never show a ctime changed here (FUSE's writeback cache).
+    pub fn set_fs_flags_keep_ctime(&self, id: InodeId, flags: u32) -> Result<()> {
+        self.set_fs_flags_how(id, flags, true)
+    }
+
+    fn set_fs_flags_how(&self, id: InodeId, flags: u32, keep_ctime: bool) -> Result<()> {
         // A NOCOW change depends on the file being empty: no write may come between.
         let _file = self.inode_locks().lock(id);
         let mut core = self.core_mut();
         core.check_subvol_writable(id.subvol)?;
         let nodatasum = core.mount_nodatasum;
-        core.write_op(Reserve::items(4), |t| t.set_fs_flags(id, flags, nodatasum))
+        core.write_op(Reserve::items(4), |t| {
+            t.set_fs_flags(id, flags, nodatasum, keep_ctime)
+        })
     }
 
     /// FS_IOC_FSGETXATTR's xflags.
@@ -270,6 +295,6 @@ impl Filesystem {
     /// FS_IOC_FSSETXATTR: the xflags' bits change, the others (NOCOW, compression) stay.
     pub fn set_xflags(&self, id: InodeId, x: u32) -> Result<()> {
         let old = self.get_fs_flags(id)?;
-        self.set_fs_flags(id, (old & !fs_flags::COMMON) | from_xflags(x))
+        self.set_fs_flags(id, with_xflags(old, x))
     }
 }

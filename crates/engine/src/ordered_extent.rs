@@ -163,10 +163,17 @@ impl Filesystem {
     /// `write` for the write-back of a cache whose owner keeps the file's mtime and
     /// ctime itself and sends them later (the kernel's FUSE writeback cache): the
     /// write leaves both as they are, so they never step back and forth.
-    pub fn write_keep_times(&self, id: InodeId, offset: u64, data: &[u8]) -> Result<usize> {
+    /// `uncached` as for `write_direct`.
+    pub fn write_keep_times(
+        &self,
+        id: InodeId,
+        offset: u64,
+        data: &[u8],
+        uncached: bool,
+    ) -> Result<usize> {
         let how = WriteHow {
             keep_times: true,
-            ..WriteHow::default()
+            uncached,
         };
         self.write_mode(id, offset, data, how)
     }

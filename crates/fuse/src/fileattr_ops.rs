@@ -48,18 +48,31 @@ impl OleoFuse {
             }
             SETFLAGS | SETFLAGS32 => {
                 let f = u32_arg(data)?;
-                self.mutate(|fs| fs.set_fs_flags(id, f))?;
-                self.attr_changed(node);
+                self.set_flags(node, id, f)?;
                 Ok(Vec::new())
             }
             FSSETXATTR => {
                 let x = u32_arg(data)?;
-                self.mutate(|fs| fs.set_xflags(id, x))?;
-                self.attr_changed(node);
+                let old = self.fs.get_fs_flags(id).map_err(errno)?;
+                self.set_flags(node, id, oleo::fileattr::with_xflags(old, x))?;
                 Ok(Vec::new())
             }
             _ => Err(Errno::ENOTTY),
         }
+    }
+
+    /// A regular file's times are the kernel's under WRITEBACK_CACHE: it would keep
+    /// showing the old ctime, so the change leaves it (btrfs stamps one; stat showing a
+    /// time the disk lacks would be worse). Other inodes take the new ctime.
+    fn set_flags(&self, node: u64, id: oleo::InodeId, flags: u32) -> Result<(), Errno> {
+        let regular = self.fs.getattr(id).map_err(errno)?.kind == oleo::FileKind::File;
+        if regular && self.kernel_owns_times() {
+            self.mutate(|fs| fs.set_fs_flags_keep_ctime(id, flags))?;
+        } else {
+            self.mutate(|fs| fs.set_fs_flags(id, flags))?;
+        }
+        self.attr_changed(node);
+        Ok(())
     }
 
     /// The kernel's cached attributes (ctime) are stale.

@@ -75,6 +75,9 @@ pub struct OleoFuse {
     listings: parking_lot::Mutex<listings::Listings>,
     /// The kernel opens directories without OPENDIR (see `listings`).
     no_opendir: std::sync::atomic::AtomicBool,
+    /// WRITEBACK_CACHE was agreed: the kernel owns regular files' mtime and ctime (it
+    /// stamps them, sends them by SETATTR, and ignores ours while it caches the inode).
+    kernel_times: AtomicBool,
 }
 
 impl OleoFuse {
@@ -90,6 +93,7 @@ impl OleoFuse {
             space: Arc::new(SpaceGuard::new(space_guard::kernel_dirty_limit())),
             listings: Default::default(),
             no_opendir: Default::default(),
+            kernel_times: Default::default(),
             lookups: parking_lot::Mutex::new(Default::default()),
         }
     }
@@ -117,9 +121,13 @@ impl OleoFuse {
     }
 
     /// Registers an open of `id`: a handle number and how the kernel should treat it.
-    /// O_DIRECT opens, and writers of a SYNC file (each write made durable as it is made),
-    /// bypass the page cache; direct writes to one file that do not extend it run in
+    /// Writers of a SYNC file (each write made durable as it is made) bypass the page
+    /// cache (FOPEN_DIRECT_IO); direct writes to one file that do not extend it run in
     /// parallel (in-place writes share the file's lock, see the engine's `nocow`).
+    /// O_DIRECT opens keep the kernel's own direct-IO path: it goes around the page cache
+    /// too, and stamps mtime/ctime as it does for every write under WRITEBACK_CACHE (with
+    /// FOPEN_DIRECT_IO it stamps nothing, and ignores the times we stamp, so stat would
+    /// show the old mtime until the kernel forgot the inode).
     fn open_handle(&self, ino: u64, flags: i32, sync_inode: bool) -> (u64, u32) {
         let writing = self.settings.writable && flags & libc::O_ACCMODE != libc::O_RDONLY;
         if writing && self.space.is_low() {
@@ -127,7 +135,7 @@ impl OleoFuse {
             self.space.update(self.available(&self.fs));
         }
         let mut mode = self.space.open_mode(writing);
-        let direct = flags & libc::O_DIRECT != 0 || writing && sync_inode;
+        let direct = writing && sync_inode;
         if direct && mode == OpenMode::Cached {
             mode = OpenMode::Direct;
         }
@@ -141,6 +149,10 @@ impl OleoFuse {
         } else {
             (fh, abi::fopen::KEEP_CACHE)
         }
+    }
+
+    fn kernel_owns_times(&self) -> bool {
+        self.kernel_times.load(Ordering::Relaxed)
     }
 
     /// What tells the kernel its caches went stale (once the session exists).
@@ -380,7 +392,7 @@ fn write_direct(
     data: &[u8],
     keep: u64,
     o_direct: bool,
-    writeback: bool,
+    kernel_times: bool,
 ) -> oleo::Result<usize> {
     const SECTOR: u64 = 4096;
     // The longest prefix of `n` bytes that ends on a sector boundary (or all of data).
@@ -404,7 +416,7 @@ fn write_direct(
         if len == 0 {
             return Err(Error::NoSpace);
         }
-        let written = write_once(fs, id, offset, &data[..len], o_direct, writeback);
+        let written = write_once(fs, id, offset, &data[..len], o_direct, kernel_times);
         match written {
             Err(Error::NoSpace) => {
                 let shorter = prefix(len as u64 / 2);
@@ -418,20 +430,21 @@ fn write_direct(
     }
 }
 
-/// One write as the kernel sent it: O_DIRECT data goes around the image's page cache; the
-/// write-back of the kernel's page cache (FUSE_WRITE_CACHE) leaves mtime and ctime to the
-/// kernel, which owns them under WRITEBACK_CACHE and sends them in a SETATTR of its own
-/// (stamping ours too made them step by a clock tick between mount and remount).
+/// One write as the kernel sent it: O_DIRECT data goes around the image's page cache.
+/// `kernel_times`: the kernel stamped mtime and ctime itself (every write but one through
+/// a FOPEN_DIRECT_IO handle, under WRITEBACK_CACHE) and sends them in a SETATTR of its
+/// own; it ignores ours, so stamping them too left the disk a clock tick apart from what
+/// stat showed.
 fn write_once(
     fs: &Filesystem,
     id: InodeId,
     offset: u64,
     data: &[u8],
     o_direct: bool,
-    writeback: bool,
+    kernel_times: bool,
 ) -> oleo::Result<usize> {
-    if writeback {
-        fs.write_keep_times(id, offset, data)
+    if kernel_times {
+        fs.write_keep_times(id, offset, data, o_direct)
     } else if o_direct {
         fs.write_direct(id, offset, data)
     } else {

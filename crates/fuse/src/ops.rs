@@ -65,6 +65,10 @@ fn entry(r: Result<abi::EntryOut, Errno>, reply: Reply<'_>) {
 /// - OVER_IO_URING: the same requests over io_uring (`fuse_rw.rs` runs both).
 ///
 /// Replies promise too: STATX gives the birth time btrfs keeps (`statx_birth_time`);
+/// FOPEN_DIRECT_IO (writers of a SYNC file, every writer near full; not O_DIRECT opens,
+/// which take the kernel's own direct path) sends that handle's writes to us as made;
+/// the kernel stamps no times for them and ignores ours, so its stat of such a file
+/// lags the disk's mtime until it forgets the inode (a limit of FUSE's writeback cache).
 /// FOPEN_KEEP_CACHE says a file's data changes only through this kernel (no request
 /// rewrites data behind it: copy_file_range comes through the kernel, which drops the
 /// range itself; `reopen_reads_what_was_written`);
@@ -128,6 +132,10 @@ impl Handler for OleoFuse {
         // A worker about to wait for a commit or another writer wakes a spare one.
         oleo::blocking::set_hook(crate::transport::will_block);
         let flags = init_flags(self.settings.writable, self.settings.uring);
+        self.kernel_times.store(
+            flags & kernel_flags & abi::init::WRITEBACK_CACHE != 0,
+            Ordering::Relaxed,
+        );
         InitConfig {
             flags,
             max_write: MAX_IO,
@@ -537,21 +545,28 @@ impl OleoFuse {
         if flags & libc::O_TRUNC != 0 {
             // ATOMIC_O_TRUNC: the truncation is ours, done before the open answers, under
             // the kernel's inode lock (it sets its own size to 0 once we answer). As
-            // do_truncate: to 0 even when empty (extents past EOF go too), times stamped,
-            // setuid/setgid dropped for a caller without CAP_FSETID.
-            let t = oleo::now();
-            let stamp = oleo::Timespec {
-                sec: t.sec,
-                nsec: t.nsec,
+            // do_truncate: to 0 even when empty (extents past EOF go too), setuid/setgid
+            // dropped for a caller without CAP_FSETID, times stamped: by the kernel under
+            // WRITEBACK_CACHE (it ignores ours and sends its own), else here.
+            let a = self.fs.getattr(id).map_err(errno)?;
+            let (mtime, ctime) = if self.kernel_owns_times() {
+                (a.mtime, a.ctime)
+            } else {
+                let t = oleo::now();
+                let t = oleo::Timespec {
+                    sec: t.sec,
+                    nsec: t.nsec,
+                };
+                (t, t)
             };
             let mut set = SetAttr {
                 size: Some(0),
-                mtime: Some(stamp),
-                ctime: Some(stamp),
+                mtime: Some(mtime),
+                ctime: Some(ctime),
                 ..Default::default()
             };
             if open_flags & abi::OPEN_KILL_SUIDGID != 0 {
-                set.mode = killed_mode(&self.fs.getattr(id).map_err(errno)?, req.gid);
+                set.mode = killed_mode(&a, req.gid);
             }
             self.mutate(|fs| fs.setattr(id, &set))?;
         } else if open_flags & abi::OPEN_KILL_SUIDGID != 0 {
@@ -611,13 +626,15 @@ impl OleoFuse {
         let direct = self.space.is_direct(space_fh(arg.fh));
         let keep = if direct { self.space.keep_free() } else { 0 };
         let o_direct = is_o_direct(arg.fh);
-        let writeback = arg.write_flags & abi::WRITE_CACHE != 0;
+        // Only a FOPEN_DIRECT_IO handle's own writes leave the times to us.
+        let kernel_times =
+            self.kernel_owns_times() && (arg.write_flags & abi::WRITE_CACHE != 0 || !direct);
         let r = self.id(node).and_then(|id| {
             self.mutate(|fs| {
                 let n = if direct {
-                    write_direct(fs, id, arg.offset, data, keep, o_direct, writeback)?
+                    write_direct(fs, id, arg.offset, data, keep, o_direct, kernel_times)?
                 } else {
-                    write_once(fs, id, arg.offset, data, false, writeback)?
+                    write_once(fs, id, arg.offset, data, o_direct, kernel_times)?
                 };
                 Ok((n, self.available(fs)))
             })
