@@ -939,9 +939,10 @@ impl FsCore {
         let end = offset.saturating_add(len);
         let mut data = end.next_multiple_of(sector) - (offset - offset % sector);
         // The sector at the old end is rewritten with zeros past it, and an inline extent
-        // turns into a regular one (inline files are smaller than a sector).
+        // turns into a regular one (inline files are at most a sector: a compressed one
+        // may hold a whole sector).
         if end > size && size % sector != 0 && size - size % sector < offset - offset % sector
-            || size > 0 && size < sector
+            || size > 0 && size <= sector
         {
             data += sector;
         }

@@ -72,3 +72,39 @@ fn compressed_writes_across_data_chunks() {
     let (disk, ram) = oleo_testkit::check::compsize(k.path());
     assert!(disk * 16 < ram, "compsize: {disk} of {ram} bytes");
 }
+
+/// A compressed inline extent may hold a whole sector; growing such a file turns it into
+/// a regular extent, which the write must have reserved (debug builds assert every
+/// allocation against its reservation). Found by the syscall differential test: the
+/// kernel wrote back page 0 of a small file before its new last page.
+#[test]
+fn a_full_sector_inline_extent_grows_within_its_reservation() {
+    if !oleo_testkit::require_root("a_full_sector_inline_extent_grows_within_its_reservation") {
+        return;
+    }
+    let tmp = TempDir::new("oleo-compress-inline").expect("tempdir");
+    let img = tmp.join("image");
+    image::empty_image(&img, 256, &[]).expect("mkfs.btrfs");
+    let opts = OpenOptions {
+        compress: Compress::parse(Some("zstd"), false).unwrap(),
+        ..OpenOptions::default()
+    };
+    let fs = Filesystem::open_rw(&img, opts).expect("open_rw");
+    let id = fs
+        .mknod(fs.root(), b"f", &NewInode::file(0o644))
+        .unwrap()
+        .id;
+    fs.write(id, 0, &[7u8; 1000]).unwrap();
+    fs.sync().unwrap();
+    // The whole first page, compressible: a one-sector compressed inline extent.
+    let mut page = vec![184u8; 1653];
+    page.resize(4096, 7);
+    fs.write(id, 0, &page).unwrap();
+    // Then the end of the page at the new end, far past the old one.
+    fs.write(id, 696_320, &[183u8; 56]).unwrap();
+    fs.sync().unwrap();
+    assert_eq!(fs.read(id, 0, 4096).unwrap(), page);
+    assert_eq!(fs.read(id, 696_320, 56).unwrap(), vec![183u8; 56]);
+    drop(fs);
+    assert_btrfs_check(&img, "a grown one-sector inline extent");
+}
