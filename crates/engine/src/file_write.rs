@@ -953,6 +953,7 @@ impl Transaction<'_> {
         dst: InodeId,
         dst_off: u64,
         len: u64,
+        keep_times: bool,
     ) -> Result<()> {
         let sector = self.sector();
         let end = src_off + len;
@@ -1021,10 +1022,12 @@ impl Transaction<'_> {
                 .nbytes
                 .saturating_sub(self.insert_hole(dst, hole_from, dst_off)?);
         }
-        let t = now();
         inode.size = inode.size.max(dst_end);
-        inode.mtime = t;
-        inode.ctime = t;
+        if !keep_times {
+            let t = now();
+            inode.mtime = t;
+            inode.ctime = t;
+        }
         self.write_inode(dst, &mut inode)
     }
 }

@@ -259,7 +259,20 @@ impl Filesystem {
     /// Allocates, punches or zeroes a range of `id`.
     pub fn fallocate(&self, id: InodeId, offset: u64, len: u64, mode: FallocMode) -> Result<()> {
         let _file = self.inode_locks.lock(id);
-        self.core_mut().fallocate(id, offset, len, mode)
+        self.core_mut().fallocate(id, offset, len, mode, false)
+    }
+
+    /// `fallocate` leaving mtime and ctime to a caller whose cache owns them (FUSE's
+    /// writeback cache: see `write_keep_times`).
+    pub fn fallocate_keep_times(
+        &self,
+        id: InodeId,
+        offset: u64,
+        len: u64,
+        mode: FallocMode,
+    ) -> Result<()> {
+        let _file = self.inode_locks.lock(id);
+        self.core_mut().fallocate(id, offset, len, mode, true)
     }
 
     /// Copies `len` bytes, sharing whole extents; returns the bytes copied.
@@ -275,7 +288,22 @@ impl Filesystem {
         // copy after it was made.
         let _files = self.inode_locks.lock_two(src, dst);
         self.core_mut()
-            .copy_file_range(src, src_off, dst, dst_off, len)
+            .copy_file_range(src, src_off, dst, dst_off, len, false)
+    }
+
+    /// `copy_file_range` leaving the destination's mtime and ctime to a caller whose
+    /// cache owns them (FUSE's writeback cache: see `write_keep_times`).
+    pub fn copy_file_range_keep_times(
+        &self,
+        src: InodeId,
+        src_off: u64,
+        dst: InodeId,
+        dst_off: u64,
+        len: u64,
+    ) -> Result<u64> {
+        let _files = self.inode_locks.lock_two(src, dst);
+        self.core_mut()
+            .copy_file_range(src, src_off, dst, dst_off, len, true)
     }
 
     reads! {

@@ -604,7 +604,14 @@ impl Transaction<'_> {
         self.write_inode(id, &mut inode)
     }
 
-    fn fallocate(&mut self, id: InodeId, offset: u64, len: u64, mode: FallocMode) -> Result<()> {
+    fn fallocate(
+        &mut self,
+        id: InodeId,
+        offset: u64,
+        len: u64,
+        mode: FallocMode,
+        keep_times: bool,
+    ) -> Result<()> {
         let mut inode = self.read_inode(id)?;
         if inode.mode & S_IFMT != S_IFREG {
             return Err(if inode.mode & S_IFMT == S_IFDIR {
@@ -627,9 +634,11 @@ impl Transaction<'_> {
             }
         }
         // Like file_modified() in the kernel's fallocate paths: every mode stamps both.
-        let t = now();
-        inode.ctime = t;
-        inode.mtime = t;
+        if !keep_times {
+            let t = now();
+            inode.ctime = t;
+            inode.mtime = t;
+        }
         self.write_inode(id, &mut inode)
     }
 
@@ -657,6 +666,12 @@ impl Transaction<'_> {
             }
             compression::validate_property(inode.flags, value)?;
         }
+        // One xattr must fit one leaf, as in the kernel (which says ENOSPC too, before it
+        // looks for the name).
+        let entry = xattr_entry(self.transid, name, value)?;
+        if entry.len() > oleo_format::leaf_builder::max_item_size(self.filesystem().sb.nodesize) {
+            return Err(Error::NoSpace);
+        }
         self.filesystem().default_acls.lock().remove(&id);
         let exists = match self.filesystem().getxattr(id, name) {
             Ok(_) => true,
@@ -667,11 +682,6 @@ impl Transaction<'_> {
             (XattrSet::Create, true) => return Err(Error::AlreadyExists),
             (XattrSet::Replace, false) => return Err(Error::NoXattr),
             _ => {}
-        }
-        // One xattr must fit one leaf, as in the kernel (which says ENOSPC too).
-        let entry = xattr_entry(self.transid, name, value)?;
-        if entry.len() > oleo_format::leaf_builder::max_item_size(self.filesystem().sb.nodesize) {
-            return Err(Error::NoSpace);
         }
         let key = Key::new(id.ino, item::XATTR_ITEM, name_hash(name));
         if exists {
@@ -703,6 +713,8 @@ impl Transaction<'_> {
         self.filesystem().default_acls.lock().remove(&id);
         let key = Key::new(id.ino, item::XATTR_ITEM, name_hash(name));
         match self.remove_hashed_entry(id.subvol, key, name) {
+            // Removing an ACL that is not there succeeds in the kernel (set_acl(NULL)).
+            Err(Error::NotFound) if name == acl::ACCESS || name == acl::DEFAULT => return Ok(()),
             Err(Error::NotFound) => return Err(Error::NoXattr),
             r => r?,
         }
@@ -959,6 +971,7 @@ impl FsCore {
         offset: u64,
         len: u64,
         mode: FallocMode,
+        keep_times: bool,
     ) -> Result<()> {
         self.check_subvol_writable(id.subvol)?;
         // Allocating is appending's business; punching and zeroing change data.
@@ -977,7 +990,7 @@ impl FsCore {
         };
         let extents = len / (1 << 20) + 2;
         self.write_op(Reserve::items(10).bulk(extents * 200).data(data), |t| {
-            t.fallocate(id, offset, len, mode)
+            t.fallocate(id, offset, len, mode, keep_times)
         })
     }
 
@@ -1010,6 +1023,7 @@ impl FsCore {
         dst: InodeId,
         dst_off: u64,
         len: u64,
+        keep_times: bool,
     ) -> Result<u64> {
         self.check_subvol_writable(dst.subvol)?;
         self.check_not_immutable(dst)?;
@@ -1051,7 +1065,7 @@ impl FsCore {
             let extents = clone_len / (1 << 20) + 2;
             self.write_op(
                 Reserve::items(10).bulk(extents * 200).data(2 * sector),
-                |t| t.clone_range(src, src_off, dst, dst_off, clone_len),
+                |t| t.clone_range(src, src_off, dst, dst_off, clone_len, keep_times),
             )?;
             if clone_len != len {
                 // The clone covered whole sectors: the size ends where the data ends.
@@ -1071,7 +1085,7 @@ impl FsCore {
             if data.is_empty() {
                 break;
             }
-            self.write(dst, dst_off + done, &data, false)?;
+            self.write(dst, dst_off + done, &data, keep_times)?;
             done += data.len() as u64;
         }
         Ok(done)

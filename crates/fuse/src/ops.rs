@@ -443,6 +443,34 @@ impl OleoFuse {
         if has(fattr::KILL_SUIDGID) && set.mode.is_none() && !has(fattr::UID | fattr::GID) {
             set.mode = killed_mode(&self.fs.getattr(id).map_err(errno)?, req.gid);
         }
+        let rest = v & !(fattr::FH | fattr::LOCKOWNER);
+        if rest == fattr::CTIME || rest == 0 || self.kernel_owns_times() {
+            let a = self.fs.getattr(id).map_err(errno)?;
+            let regular = a.kind == oleo::FileKind::File;
+            // The kernel's ATTR_KILL_* requests reach us stripped (HANDLE_KILLPRIV_V2): as
+            // a SETATTR of nothing (file_remove_privs before fallocate or copy_file_range,
+            // by a caller without CAP_FSETID; chown(-1, -1)) or of ctime alone (chown(-1,
+            // -1) of a regular file under WRITEBACK_CACHE). Both drop setuid/setgid: as
+            // chown does for root (it has CAP_FSETID), as a write does for anyone else.
+            if (rest == fattr::CTIME || rest == 0)
+                && a.kind != oleo::FileKind::Dir
+                && a.mode & (libc::S_ISUID | libc::S_ISGID) != 0
+            {
+                if req.uid == 0 {
+                    set.uid = Some(a.uid);
+                } else {
+                    set.mode = killed_mode(&a, req.gid);
+                }
+            }
+            // A regular file's times are the kernel's under WRITEBACK_CACHE: those it did
+            // not send stay as they are.
+            if regular && self.kernel_owns_times() {
+                set.ctime = set.ctime.or(Some(a.ctime));
+                if set.size.is_some() {
+                    set.mtime = set.mtime.or(Some(a.mtime));
+                }
+            }
+        }
         let a = self.mutate(|fs| fs.setattr(id, &set))?;
         self.attr_out(&a)
     }
@@ -777,8 +805,14 @@ impl OleoFuse {
             FallocMode::Allocate { keep_size }
         };
         let id = self.id(node)?;
+        // The kernel stamps and sends the times of a regular file itself (file_modified).
+        let kernel_times = self.kernel_owns_times();
         let available = self.mutate(|fs| {
-            fs.fallocate(id, arg.offset, arg.length, m)?;
+            if kernel_times {
+                fs.fallocate_keep_times(id, arg.offset, arg.length, m)?;
+            } else {
+                fs.fallocate(id, arg.offset, arg.length, m)?;
+            }
             Ok(self.available(fs))
         })?;
         self.space.update(available);
@@ -812,8 +846,13 @@ impl OleoFuse {
     fn copy_file_range(&self, node: u64, arg: &abi::CopyFileRangeIn) -> Result<u64, Errno> {
         let src = self.id(node)?;
         let dst = self.id(arg.nodeid_out)?;
+        let kernel_times = self.kernel_owns_times();
         let (n, available) = self.mutate(|fs| {
-            let n = fs.copy_file_range(src, arg.off_in, dst, arg.off_out, arg.len)?;
+            let n = if kernel_times {
+                fs.copy_file_range_keep_times(src, arg.off_in, dst, arg.off_out, arg.len)?
+            } else {
+                fs.copy_file_range(src, arg.off_in, dst, arg.off_out, arg.len)?
+            };
             Ok((n, self.available(fs)))
         })?;
         self.space.update(available);

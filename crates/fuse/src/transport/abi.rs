@@ -104,6 +104,7 @@ pub mod fattr {
     pub const ATIME: u32 = 1 << 4;
     pub const MTIME: u32 = 1 << 5;
     pub const FH: u32 = 1 << 6;
+    pub const LOCKOWNER: u32 = 1 << 9;
     pub const ATIME_NOW: u32 = 1 << 7;
     pub const MTIME_NOW: u32 = 1 << 8;
     pub const CTIME: u32 = 1 << 10;
