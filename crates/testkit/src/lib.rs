@@ -19,6 +19,7 @@ pub mod manifest;
 pub mod mount;
 pub mod ops;
 pub mod populate;
+pub mod syscalls;
 pub mod tempdir;
 
 pub use check::{assert_btrfs_check, btrfs_check};
