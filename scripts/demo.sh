@@ -34,15 +34,21 @@ if [ -z "$image" ]; then
     umount "$work/kernel"
 fi
 
+# First lines of a listing: sed reads it all, so the writer never dies of SIGPIPE (with
+# pipefail a `| head` fails the script on any listing longer than the head).
+first() { sed -n "1,${1}p"; }
 echo "== oleo dump-super $image (first lines)"
-"$oleo" dump-super "$image" | head -n 12
+"$oleo" dump-super "$image" | first 12
 echo "== oleo mount $image $work/mnt"
-mountpoint -q "$work/mnt" && fusermount3 -u "$work/mnt"
+if mountpoint -q "$work/mnt" || ! stat "$work/mnt" >/dev/null 2>&1; then
+    fusermount3 -u "$work/mnt" || umount -l "$work/mnt"
+fi
 "$oleo" mount "$image" "$work/mnt"
 trap '[ $keep = 1 ] || fusermount3 -u "$work/mnt"' EXIT
 grep " $work/mnt " /proc/mounts
-echo "== ls -la"; ls -la "$work/mnt"
-echo "== find"; find "$work/mnt" | head -n 30
+echo "== ls -la"; ls -la "$work/mnt" | first 40
+entries=$(find "$work/mnt" | wc -l)
+echo "== find (first 30 of $entries entries)"; find "$work/mnt" | first 30
 if [ -f "$work/mnt/hello.txt" ]; then
     echo "== cat hello.txt"; cat "$work/mnt/hello.txt"
     echo "== getfattr -d hello.txt"; getfattr -d "$work/mnt/hello.txt"

@@ -27,7 +27,18 @@ pub fn run(a: &ExtentsArgs) -> Result<(), String> {
             .map(|s| s.trim_start_matches('/').as_bytes().to_vec()),
         ..OpenOptions::default()
     };
-    let fs = Filesystem::open(&a.image, opts).map_err(|e| format!("{}: {e}", a.image.display()))?;
+    let fs = Filesystem::open(&a.image, opts).map_err(|e| match e {
+        oleo::Error::Busy(m) => match oleo_mount_of(&a.image) {
+            Some(at) => format!(
+                "{} is mounted by oleo at {}: `oleo extents` reads the image, which that mount \
+                 is writing (FUSE cannot carry FIEMAP); unmount it first",
+                a.image.display(),
+                at.display()
+            ),
+            None => m,
+        },
+        e => format!("{}: {e}", a.image.display()),
+    })?;
     let rel = a.path.trim_start_matches('/');
     let id = fs
         .resolve_path(fs.root(), rel.as_bytes())
@@ -80,4 +91,19 @@ pub fn run(a: &ExtentsArgs) -> Result<(), String> {
         if n == 1 { "" } else { "s" }
     );
     Ok(())
+}
+
+/// Where an oleo mount of `image` is, from mountinfo (its source is the image's path unless
+/// fsname= changed it).
+fn oleo_mount_of(image: &std::path::Path) -> Option<PathBuf> {
+    let image = std::fs::canonicalize(image).ok()?;
+    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    info.lines().find_map(|l| {
+        let (left, right) = l.split_once(" - ")?;
+        let point = crate::fuse_mount::unescape(left.split(' ').nth(4)?);
+        let mut r = right.split(' ');
+        let (fstype, source) = (r.next()?, crate::fuse_mount::unescape(r.next()?));
+        (fstype == "fuse.oleo" && std::path::Path::new(&source) == image)
+            .then(|| PathBuf::from(point))
+    })
 }

@@ -90,7 +90,20 @@ fn sys_mount(
     flags: libc::c_ulong,
     data: &str,
 ) -> Result<(), String> {
-    let c = |s: &[u8]| CString::new(s).map_err(|_| "a NUL byte in a mount argument".to_string());
+    sys_mount_errno(source, target, fstype, flags, data).map_err(|(e, _)| e)
+}
+
+/// mount(2); an error comes with its errno.
+fn sys_mount_errno(
+    source: &str,
+    target: &Path,
+    fstype: Option<&str>,
+    flags: libc::c_ulong,
+    data: &str,
+) -> Result<(), (String, Option<i32>)> {
+    let c = |s: &[u8]| {
+        CString::new(s).map_err(|_| ("a NUL byte in a mount argument".to_string(), None))
+    };
     let (src, tgt, dat) = (
         c(source.as_bytes())?,
         c(target.as_os_str().as_bytes())?,
@@ -108,14 +121,13 @@ fn sys_mount(
         )
     };
     if r == 0 {
-        Ok(())
-    } else {
-        Err(format!(
-            "mounting on {}: {}",
-            target.display(),
-            std::io::Error::last_os_error()
-        ))
+        return Ok(());
     }
+    let e = std::io::Error::last_os_error();
+    Err((
+        format!("mounting on {}: {e}", target.display()),
+        e.raw_os_error(),
+    ))
 }
 
 /// Takes a mount away again (a server that failed to start).
@@ -126,25 +138,81 @@ pub fn unmount(mountpoint: &Path) {
             // SAFETY: t is a NUL-terminated path.
             unsafe { libc::umount2(t.as_ptr(), libc::MNT_DETACH) };
         }
-    } else if let Ok(helper) = find_fusermount() {
-        let _ = Command::new(helper)
-            .args(["-u", "-z", "--"])
-            .arg(mountpoint)
-            .stderr(Stdio::null())
-            .status();
+    } else {
+        fusermount_unmount(mountpoint, true);
     }
+}
+
+/// `fusermount3 -u [-z] MOUNTPOINT`; true if it unmounted.
+pub fn fusermount_unmount(mountpoint: &Path, lazy: bool) -> bool {
+    let Ok(helper) = find_fusermount() else {
+        return false;
+    };
+    let mut c = Command::new(helper);
+    c.arg("-u");
+    if lazy {
+        c.arg("-z");
+    }
+    c.arg("--")
+        .arg(mountpoint)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// mountinfo's escapes of space, tab, newline and backslash.
+pub fn unescape(s: &str) -> String {
+    s.replace("\\040", " ")
+        .replace("\\011", "\t")
+        .replace("\\012", "\n")
+        .replace("\\134", "\\")
 }
 
 /// `mount -o remount,ro|rw`: FUSE lets the superblock's read-only flag change.
 pub fn remount(mountpoint: &Path, writable: bool) -> Result<(), String> {
     let flags = libc::MS_REMOUNT | if writable { 0 } else { libc::MS_RDONLY };
-    sys_mount("", mountpoint, None, flags, "").map_err(|e| {
-        if writable {
-            e
-        } else {
-            format!("{e} (is a file on it open for writing?)")
+    sys_mount_errno("", mountpoint, None, flags, "").map_err(|(e, errno)| {
+        let Some(errno) = errno else { return e };
+        let e = format!(
+            "remounting {}: {}",
+            mountpoint.display(),
+            std::io::Error::from_raw_os_error(errno)
+        );
+        // SAFETY: geteuid cannot fail.
+        let root = unsafe { libc::geteuid() } == 0;
+        match errno {
+            libc::EPERM if !root => format!(
+                "{e} (remounting needs root: FUSE's fusermount3 cannot remount; run `mount -o \
+                 remount,{}` as root)",
+                if writable { "rw" } else { "ro" }
+            ),
+            libc::EBUSY if !writable => format!("{e} (is a file on it open for writing?)"),
+            _ => e,
         }
     })
+}
+
+/// The mount at `mountpoint` (which cannot be stat'ed: a dead FUSE mount), from mountinfo:
+/// its type and source.
+pub fn dead_mount(mountpoint: &Path) -> Option<(String, String)> {
+    let abs = std::path::absolute(mountpoint).ok()?;
+    // The parent resolves; the mount point itself does not.
+    let want = match (abs.parent(), abs.file_name()) {
+        (Some(p), Some(n)) => std::fs::canonicalize(p).ok()?.join(n),
+        _ => abs,
+    };
+    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    info.lines()
+        .filter_map(|l| {
+            let (left, right) = l.split_once(" - ")?;
+            let point = unescape(left.split(' ').nth(4)?);
+            let mut r = right.split(' ');
+            let (fstype, source) = (r.next()?, unescape(r.next()?));
+            (Path::new(&point) == want).then(|| (fstype.to_string(), source))
+        })
+        .next_back()
 }
 
 /// Sends SIGUSR1 (commit now) to the oleo serving `mountpoint`: the process running this

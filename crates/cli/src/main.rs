@@ -4,12 +4,14 @@ mod dump_super;
 mod dump_tree;
 mod extents;
 mod fuse_mount;
+mod guard;
 mod logging;
 mod mkfs;
 mod mount;
 mod on_mount;
 mod property;
 mod rootdir;
+mod stop;
 mod subvolume;
 
 use clap::{Parser, Subcommand};

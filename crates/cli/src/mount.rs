@@ -24,6 +24,9 @@ pub struct MountArgs {
     /// Stay in the foreground (logs to stderr).
     #[arg(short = 'f', long)]
     foreground: bool,
+    /// Say where a background mount logs.
+    #[arg(short = 'v', long)]
+    verbose: bool,
     /// Image file or block device.
     image: PathBuf,
     mountpoint: PathBuf,
@@ -242,9 +245,19 @@ pub fn run(args: MountArgs) -> ExitCode {
         &args.image,
         &args.mountpoint,
         &args.options,
-        args.foreground,
+        Mode {
+            foreground: args.foreground,
+            verbose: args.verbose,
+        },
         true,
     ))
+}
+
+/// How the command was asked to run.
+#[derive(Clone, Copy)]
+struct Mode {
+    foreground: bool,
+    verbose: bool,
 }
 
 /// `SOURCE TARGET [-o OPTIONS]` as mount(8) and mount.fuse3 pass them. mount(8) adds "rw"
@@ -252,13 +265,17 @@ pub fn run(args: MountArgs) -> ExitCode {
 pub fn run_helper(args: &[String]) -> ExitCode {
     let mut positional = Vec::new();
     let mut options = Vec::new();
-    let mut foreground = false;
+    let mut mode = Mode {
+        foreground: false,
+        verbose: false,
+    };
     let mut it = args.iter();
     while let Some(a) = it.next() {
         match a.as_str() {
             "-o" => options.extend(it.next().cloned()),
-            "-f" => foreground = true,
-            "-n" | "-s" | "-v" => {}
+            "-f" => mode.foreground = true,
+            "-v" => mode.verbose = true,
+            "-n" | "-s" => {}
             s if s.starts_with("-o") => options.push(s[2..].to_string()),
             _ => positional.push(a.clone()),
         }
@@ -271,7 +288,7 @@ pub fn run_helper(args: &[String]) -> ExitCode {
         Path::new(&positional[0]),
         Path::new(&positional[1]),
         &options,
-        foreground,
+        mode,
         false,
     ))
 }
@@ -290,7 +307,7 @@ fn mount(
     image: &Path,
     mountpoint: &Path,
     options: &[String],
-    foreground: bool,
+    mode: Mode,
     refuse_rw: bool,
 ) -> Result<(), String> {
     let plan = plan(options, refuse_rw)?;
@@ -306,12 +323,7 @@ fn mount(
         }
         return Ok(());
     }
-    if !mountpoint.is_dir() {
-        return Err(format!(
-            "{}: mount point is not a directory",
-            mountpoint.display()
-        ));
-    }
+    check_mountpoint(mountpoint, image)?;
     // Resolved now: once mounted, touching the path would wait on this very server.
     let mountpoint =
         &std::fs::canonicalize(mountpoint).map_err(|e| format!("{}: {e}", mountpoint.display()))?;
@@ -357,17 +369,61 @@ fn mount(
         dirty: Some((server.dirty_cap(), dirty_cap)),
         ..start
     };
-    if foreground {
+    if mode.foreground {
+        let _ = crate::stop::block();
         commit_on_sigusr1();
-        let (session, _keeper) = start.session(server, mountpoint)?;
-        return session.run().map_err(|e| {
-            // A session that failed leaves a dead mount behind: take it away.
-            crate::fuse_mount::unmount(mountpoint);
-            format!("FUSE session: {e}")
-        });
+        return start.begin(server, mountpoint, image)?.run();
     }
     let log = logging::background_target(plan.log.as_deref(), image)?;
-    daemonize_and_serve(server, mountpoint, &start, &log)
+    daemonize_and_serve(server, mountpoint, image, &start, &log, mode.verbose)
+}
+
+/// Refuses a mount point that is not a directory, and says what to do about a FUSE mount
+/// whose server is gone ("Transport endpoint is not connected"); one that served this very
+/// image is taken away here.
+fn check_mountpoint(mountpoint: &Path, image: &Path) -> Result<(), String> {
+    let e = match std::fs::metadata(mountpoint) {
+        Ok(m) if m.is_dir() => return Ok(()),
+        Ok(_) => {
+            return Err(format!(
+                "{}: mount point is not a directory",
+                mountpoint.display()
+            ))
+        }
+        Err(e) => e,
+    };
+    // ECONNABORTED where the connection was aborted rather than closed.
+    if !matches!(e.raw_os_error(), Some(libc::ENOTCONN | libc::ECONNABORTED)) {
+        return Err(format!("{}: {e}", mountpoint.display()));
+    }
+    let dead = crate::fuse_mount::dead_mount(mountpoint);
+    let ours = dead.as_ref().is_some_and(|(fstype, source)| {
+        fstype == "fuse.oleo" && std::fs::canonicalize(image).is_ok_and(|i| Path::new(source) == i)
+    });
+    if ours {
+        log::warn!(
+            "{}: the oleo that served {} here is gone; unmounting its dead mount",
+            mountpoint.display(),
+            image.display()
+        );
+        crate::fuse_mount::unmount(mountpoint);
+        if std::fs::metadata(mountpoint).is_ok_and(|m| m.is_dir()) {
+            return Ok(());
+        }
+    }
+    let how = if unsafe { libc::geteuid() } == 0 {
+        "umount"
+    } else {
+        "fusermount3 -u"
+    };
+    let what = match &dead {
+        Some((fstype, source)) => format!(" ({fstype} of {source})"),
+        None => String::new(),
+    };
+    Err(format!(
+        "{mp}: a FUSE mount whose server is gone{what} ({e}); unmount it first: {how} {mp}",
+        mp = mountpoint.display()
+    ))
 }
 
 /// What it takes to mount and start serving.
@@ -405,6 +461,109 @@ impl Start {
             }
         }
         Ok((session, mounted.keeper))
+    }
+
+    /// Mounts and gets ready to serve: the image guard, and the thread that stops the
+    /// server on a signal (blocked by now in this thread, see `stop::block`).
+    fn begin(
+        &self,
+        server: oleo_fuse::OleoFuse,
+        mountpoint: &Path,
+        image: &Path,
+    ) -> Result<Serving, String> {
+        let (session, keeper) = self.session(server, mountpoint)?;
+        let conn = crate::stop::connection_of(mountpoint);
+        let image = &std::fs::canonicalize(image).unwrap_or_else(|_| image.to_path_buf());
+        let guard = if self.options.writable {
+            crate::guard::start(image, conn)
+        } else {
+            None
+        };
+        crate::stop::spawn(crate::stop::Mount {
+            mountpoint: mountpoint.to_path_buf(),
+            conn,
+            on_stop: guard.as_ref().map(|g| {
+                let f: std::sync::Arc<dyn Fn() + Send + Sync> = std::sync::Arc::new(g.stopping());
+                f
+            }),
+        });
+        Ok(Serving {
+            session,
+            keeper,
+            guard,
+            mountpoint: mountpoint.to_path_buf(),
+            image: image.to_path_buf(),
+        })
+    }
+}
+
+/// A mount being served.
+struct Serving {
+    session: oleo_fuse::Session<oleo_fuse::OleoFuse>,
+    keeper: crate::fuse_mount::Keeper,
+    guard: Option<crate::guard::Guard>,
+    mountpoint: PathBuf,
+    image: PathBuf,
+}
+
+impl Serving {
+    /// Serves until unmounted or stopped by a signal; returns once the final commit is on
+    /// disk and the image is closed.
+    fn run(self) -> Result<(), String> {
+        let mp = self.mountpoint.display().to_string();
+        let r = self.session.run();
+        drop(self.keeper);
+        if let Some(g) = self.guard {
+            wait_closed(&self.image);
+            g.finish();
+        }
+        if let Err(e) = r {
+            // A session that failed leaves a dead mount behind: take it away.
+            crate::fuse_mount::unmount(&self.mountpoint);
+            return Err(format!("FUSE session: {e}"));
+        }
+        match crate::stop::stopped_by() {
+            Some(sig) => log::warn!("stopped by {sig}: {mp} unmounted, image released"),
+            None => log::info!("{mp} unmounted, image released"),
+        }
+        Ok(())
+    }
+}
+
+/// Waits (a while at most) until this process no longer has `image` open for writing: the
+/// session ends with the server dropped, but a committer thread may still hold it a moment.
+fn wait_closed(image: &Path) {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(want) = std::fs::metadata(image) else {
+        return;
+    };
+    let open_rw = || {
+        std::fs::read_dir("/proc/self/fd").is_ok_and(|fds| {
+            fds.flatten().any(|fd| {
+                let same = std::fs::metadata(fd.path()).is_ok_and(|m| {
+                    m.dev() == want.dev() && m.ino() == want.ino() && m.rdev() == want.rdev()
+                });
+                let name = fd.file_name();
+                same && std::fs::read_to_string(format!(
+                    "/proc/self/fdinfo/{}",
+                    name.to_string_lossy()
+                ))
+                .is_ok_and(|info| {
+                    info.lines()
+                        .find_map(|l| l.strip_prefix("flags:"))
+                        .and_then(|f| i32::from_str_radix(f.trim(), 8).ok())
+                        .is_some_and(|f| f & libc::O_ACCMODE != libc::O_RDONLY)
+                })
+            })
+        })
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while open_rw() {
+        if std::time::Instant::now() > deadline {
+            log::warn!("{} is still open after the final commit", image.display());
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
     }
 }
 
@@ -465,8 +624,10 @@ fn tune(mountpoint: &Path, readahead_kib: u32) {
 fn daemonize_and_serve(
     server: oleo_fuse::OleoFuse,
     mountpoint: &Path,
+    image: &Path,
     start: &Start,
     log: &logging::Target,
+    verbose: bool,
 ) -> Result<(), String> {
     let mut fds = [0i32; 2];
     // SAFETY: fds is a valid two-element array.
@@ -476,15 +637,21 @@ fn daemonize_and_serve(
     // SAFETY: both descriptors were just created and are owned here only.
     let (read_end, write_end) =
         unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    // Blocked before the fork: a stop signal sent to the new server at once is taken by
+    // its signal thread, not the default action.
+    let mask = crate::stop::block();
     // SAFETY: single-threaded at this point (no FUSE threads yet).
     match unsafe { libc::fork() } {
-        -1 => Err(format!("fork: {}", std::io::Error::last_os_error())),
+        -1 => {
+            crate::stop::restore(mask);
+            Err(format!("fork: {}", std::io::Error::last_os_error()))
+        }
         0 => {
             drop(read_end);
             let mut report = std::fs::File::from(write_end);
             stay_in_session();
             commit_on_sigusr1();
-            let (session, _keeper) = match start.session(server, mountpoint) {
+            let serving = match start.begin(server, mountpoint, image) {
                 Ok(s) => s,
                 Err(e) => {
                     let _ = write!(report, "{e}");
@@ -500,14 +667,14 @@ fn daemonize_and_serve(
                 start.options.source,
                 mountpoint.display()
             );
-            if let Err(e) = session.run() {
-                log::error!("FUSE session ended: {e}");
-                crate::fuse_mount::unmount(mountpoint);
+            if let Err(e) = serving.run() {
+                log::error!("{e}");
                 std::process::exit(1);
             }
             std::process::exit(0);
         }
         _child => {
+            crate::stop::restore(mask);
             // The filesystem is the child's now. The parent's copy must not be dropped: a
             // drop commits, and two processes committing one image from the same state
             // would write two different generations N+1.
@@ -516,8 +683,14 @@ fn daemonize_and_serve(
             let mut msg = String::new();
             let _ = std::fs::File::from(read_end).read_to_string(&mut msg);
             if msg == "OK" {
-                if let logging::Target::File(path) = log {
-                    eprintln!("oleo: logging to {}", path.display());
+                // Silent as mount(8) is; -v says where the log goes.
+                if verbose {
+                    match log {
+                        logging::Target::File(path) => {
+                            eprintln!("oleo: logging to {}", path.display())
+                        }
+                        logging::Target::Syslog => eprintln!("oleo: logging to syslog"),
+                    }
                 }
                 Ok(())
             } else if msg.is_empty() {
@@ -538,8 +711,8 @@ fn commit_on_sigusr1() {
     unsafe { libc::signal(libc::SIGUSR1, on_usr1 as *const () as libc::sighandler_t) };
 }
 
-/// Leaves the caller's job (a Ctrl-C or a hang-up meant for it must not stop the server)
-/// without leaving its session. With sched_autogroup, on by default in most distributions,
+/// Leaves the caller's job (a Ctrl-C or a hang-up of its terminal reaches the job's process
+/// group, not this one) without leaving its session. With sched_autogroup, on by default in most distributions,
 /// each session is a CPU group of its own, and every request handed from a caller in one
 /// group to a server thread in another costs both sides about twice the CPU: `tar -x` of 50k
 /// files took 23 s against 9 s with the server in the caller's session (io_uring).
@@ -547,7 +720,6 @@ fn stay_in_session() {
     // SAFETY: plain syscalls in the single-threaded child; SIG_IGN needs no handler.
     unsafe {
         libc::setpgid(0, 0);
-        libc::signal(libc::SIGHUP, libc::SIG_IGN);
         // Still on the caller's terminal until stdio is detached, from a background group.
         libc::signal(libc::SIGTTOU, libc::SIG_IGN);
     }

@@ -170,14 +170,14 @@ fn a_background_mount_without_syslog_logs_to_a_file_it_names() {
     let out = Command::new(OLEO)
         .env("OLEO_SYSLOG_SOCKET", dir.join("no-syslog-here"))
         .env("XDG_STATE_HOME", &state)
-        .args(["mount", "-o", "auto_unmount,fsname=logged-fs"])
+        .args(["mount", "-v", "-o", "auto_unmount,fsname=logged-fs"])
         .arg(&image)
         .arg(&mp)
         .output()
         .unwrap();
     let said = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(out.status.success(), "{said}");
-    // Root's default is /var/log/oleo; what matters is that the terminal was told.
+    // Root's default is /var/log/oleo; what matters is that -v tells the terminal.
     let (source, _, _) = proc_mount(&mp).expect("mounted");
     assert_eq!(source, "logged-fs");
     let path = said

@@ -9,7 +9,9 @@
 //! The kernel is kept out with O_EXCL, the block layer's exclusive claim: a block device the
 //! kernel has mounted refuses it (EBUSY), and one we hold cannot be mounted. For an image
 //! file, the same goes for every loop device that has it as its backing file. Writers hold
-//! those claims for as long as the filesystem is open; readers only probe.
+//! those claims for as long as the filesystem is open; readers only probe. A loop device
+//! attached to the image later is not claimed by anyone: `Claim::check`, called before
+//! each commit, finds it, and the writer stops.
 
 use crate::error::{Error, Result};
 use std::fs::{File, OpenOptions};
@@ -24,6 +26,63 @@ pub struct Claim {
     _exclusive: Vec<File>,
     /// The locked backing file of a loop device we opened.
     _backing: Option<File>,
+    /// A writer's image file: (path, dev, ino, the loop devices over it when claimed).
+    watch: Option<(PathBuf, u64, u64, Vec<PathBuf>)>,
+    /// `check` failed once (it says why once).
+    tripped: std::sync::atomic::AtomicBool,
+    /// When sysfs was last read (ms since `born`): a scan costs tens of µs, an fsync's
+    /// flush must not pay it every time.
+    last_scan: std::sync::atomic::AtomicU64,
+    born: std::time::Instant,
+}
+
+/// Sysfs is read at most this often (ms); a loop device attached in between is found by
+/// the next flush after it.
+const SCAN_EVERY_MS: u64 = 100;
+
+impl Claim {
+    /// Fails if a loop device has been attached to a writer's image file since it was
+    /// claimed: the kernel could mount it, or a program write through it, beside us. A
+    /// writer calls it before each commit and stops writing when it fails. A few reads of
+    /// sysfs; nothing for block devices and readers.
+    /// `every`: read sysfs now (a commit); else at most every `SCAN_EVERY_MS` (a log
+    /// sync's flush, which must stay cheap).
+    pub fn check(&self, every: bool) -> Result<()> {
+        let Some((path, dev, ino, known)) = &self.watch else {
+            return Ok(());
+        };
+        use std::sync::atomic::Ordering::SeqCst;
+        if self.tripped.load(SeqCst) {
+            return Err(Error::Busy(format!(
+                "{}: a loop device was attached while oleo wrote it",
+                path.display()
+            )));
+        }
+        let now = self.born.elapsed().as_millis() as u64;
+        let last = self.last_scan.load(SeqCst);
+        if !every && last != 0 && now.saturating_sub(last) < SCAN_EVERY_MS {
+            return Ok(());
+        }
+        self.last_scan.store(now.max(1), SeqCst);
+        let new = loop_devices().into_iter().find(|(loopdev, backing)| {
+            !known.contains(loopdev)
+                && std::fs::metadata(backing).is_ok_and(|m| m.dev() == *dev && m.ino() == *ino)
+        });
+        let Some((loopdev, _)) = new else {
+            return Ok(());
+        };
+        let why = format!(
+            "{} was attached to {} while oleo writes it: the kernel could mount it beside \
+             oleo; writing stops here and the filesystem is read-only (detach it with \
+             losetup -d, unmount, and check the image)",
+            path.display(),
+            loopdev.display()
+        );
+        if !self.tripped.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            log::error!("{why}");
+        }
+        Err(Error::Busy(why))
+    }
 }
 
 /// Claims `file` (opened from `path`) for writing or for reading.
@@ -31,6 +90,7 @@ pub fn claim(file: &File, path: &Path, writer: bool) -> Result<Claim> {
     let meta = file.metadata()?;
     let mut exclusive = Vec::new();
     let mut backing_lock = None;
+    let mut watch = None;
     if meta.file_type().is_block_device() {
         exclusive.push(exclusive_open(path, path, None)?);
         // A loop device's backing file may be open in oleo under its own name.
@@ -38,10 +98,15 @@ pub fn claim(file: &File, path: &Path, writer: bool) -> Result<Claim> {
             backing_lock = lock_backing(&backing, path, writer)?;
         }
     } else {
+        let mut known = Vec::new();
         for (dev, backing) in loop_devices() {
             if same_file(&backing, &meta) {
                 exclusive.push(exclusive_open(&dev, path, Some(&dev))?);
+                known.push(dev);
             }
+        }
+        if writer && meta.file_type().is_file() {
+            watch = Some((path.to_path_buf(), meta.dev(), meta.ino(), known));
         }
     }
     lock(file, path, writer)?;
@@ -51,6 +116,10 @@ pub fn claim(file: &File, path: &Path, writer: bool) -> Result<Claim> {
     Ok(Claim {
         _exclusive: exclusive,
         _backing: backing_lock,
+        watch,
+        tripped: Default::default(),
+        last_scan: Default::default(),
+        born: std::time::Instant::now(),
     })
 }
 

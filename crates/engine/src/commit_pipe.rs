@@ -319,6 +319,8 @@ impl Commit for CommitIo {
 impl CommitIo {
     fn try_write(&self) -> Result<()> {
         let started = std::time::Instant::now();
+        // Nothing of a commit is written beside a loop device attached since the mount.
+        self.io.check_claim()?;
         for (bytenr, block) in &self.blocks {
             self.io.write_tree_block(*bytenr, block)?;
         }

@@ -243,10 +243,18 @@ impl Device {
     }
 
     /// Waits until every write so far is on stable storage (a cache flush).
+    /// Fails if the image is no longer ours alone to write (see `Claim::check`).
+    pub fn check_claim(&self) -> Result<()> {
+        self._claim.check(true)
+    }
+
     pub fn flush(&self) -> Result<()> {
         if !self.writable {
             return Err(Error::ReadOnly);
         }
+        // Every log sync flushes before its superblock: a loop device attached to the image
+        // since it was opened stops it there (see `claim`; commits look each time).
+        self._claim.check(false)?;
         if self.write_budget.load(Ordering::SeqCst) == 0 {
             return Err(Error::Io(std::io::Error::other("injected flush failure")));
         }

@@ -235,6 +235,11 @@ impl DiskIo {
         self.device.flush()
     }
 
+    /// See `Device::check_claim`.
+    pub fn check_claim(&self) -> Result<()> {
+        self.device.check_claim()
+    }
+
     pub fn num_mirrors(&self, logical: u64) -> usize {
         self.chunks.read().num_mirrors(logical)
     }
