@@ -1597,3 +1597,108 @@ fn case_fsync_of_a_directory_twice() {
         &["a/n1", "a/x"],
     );
 }
+
+#[test]
+fn case_fsync_of_a_new_file_beside_a_directory_moved_in() {
+    // An old directory renamed into a new one, then a new file there fsynced: as the
+    // kernel does, the new directory is logged only so that it exists (its entries, the
+    // moved directory's among them, are not the file's fsync's business).
+    crash_case(
+        "dir-moved-into-new",
+        true,
+        |fs| {
+            fs.mkdir(dir_of(fs, "a"), b"d", &oleo::NewInode::dir(0o755))
+                .unwrap();
+            mk(fs, "a/d/x", b"inside");
+        },
+        |fs| {
+            fs.mkdir(dir_of(fs, "b"), b"n", &oleo::NewInode::dir(0o755))
+                .unwrap();
+            rename_path(fs, "a/d", "b/n/q");
+            let f = mk(fs, "b/n/f", &vec![3u8; 20_000]);
+            fs.fsync(f, true).unwrap();
+        },
+        &["b/n/f"],
+        &[],
+    );
+}
+
+#[test]
+fn case_fsync_of_a_file_renamed_over_a_linked_one_then_linked() {
+    // X (committed) is renamed over a/y, whose inode keeps the name b/y2, gets two more
+    // names, and is fsynced between and after changes around it.
+    crash_case(
+        "rename-over-linked",
+        true,
+        |fs| {
+            let root = fs.root();
+            // The root directory's log items then fill a leaf of their own: the kernel's
+            // replay of a log of more than one leaf stops early where it adds a name to a
+            // directory that the log has no back reference for.
+            fs.setxattr(root, b"user.big", &[7u8; 14_000], XattrSet::Either)
+                .unwrap();
+            fs.mkdir(root, b"s", &oleo::NewInode::dir(0o755)).unwrap();
+            fs.mkdir(root, b"j", &oleo::NewInode::dir(0o755)).unwrap();
+            mk(fs, "x", &vec![1u8; 90_000]);
+            mk(fs, "v61", b"v");
+            let y = mk(fs, "a/y", b"old y");
+            fs.link(y, dir_of(fs, "b"), b"y2").unwrap();
+            for p in ["a/6", "a/6u", "a/k4j", "a/e2tz", "s/fb", "s/t2"] {
+                mk(fs, p, b"other");
+            }
+            fs.symlink(dir_of(fs, "b"), b"69u", b"69u", 0, 0).unwrap();
+            let l = fs.mkdir(dir_of(fs, "s"), b"lq", &oleo::NewInode::dir(0o755));
+            fs.mkdir(l.unwrap().id, b"my", &oleo::NewInode::dir(0o755))
+                .unwrap();
+        },
+        |fs| {
+            let root = fs.root();
+            let (a, b, s) = (dir_of(fs, "a"), dir_of(fs, "b"), dir_of(fs, "s"));
+            fs.mkdir(a, b"7s", &oleo::NewInode::dir(0o755)).unwrap();
+            fs.link(resolve(fs, "s/fb").unwrap(), s, b"x5").unwrap();
+            fs.unlink(a, b"6").unwrap();
+            fs.unlink(s, b"t2").unwrap();
+            rename_path(fs, "x", "a/y");
+            let x = resolve(fs, "a/y").unwrap();
+            fs.unlink(b, b"69u").unwrap();
+            fs.unlink(a, b"6u").unwrap();
+            fs.rmdir(a, b"7s").unwrap();
+            fs.link(resolve(fs, "a/e2tz").unwrap(), b, b"-").unwrap();
+            fs.unlink(a, b"k4j").unwrap();
+            fs.unlink(s, b"x5").unwrap();
+            fs.mkdir(b, b"yv", &oleo::NewInode::dir(0o755)).unwrap();
+            fs.link(x, b, b"l8").unwrap();
+            fs.write(x, 0, &[2u8; 4000]).unwrap();
+            fs.fsync(x, true).unwrap();
+            fs.link(x, s, b"f").unwrap();
+            // An older directory moved into a directory the log lists entries of.
+            rename_path(fs, "s/lq/my", "z_");
+            fs.write(x, 1000, &[3u8; 60_000]).unwrap();
+            mk(fs, "a/s1", b"");
+            fs.unlink(root, b"v61").unwrap();
+            mk(fs, "b/4v", b"abc");
+            let d = mk(fs, "a/d-", b"");
+            fs.link(d, root, b"bh").unwrap();
+            let size = |s| SetAttr {
+                size: Some(s),
+                ..Default::default()
+            };
+            fs.setattr(x, &size(0)).unwrap();
+            for (off, len) in [(794, 43_945), (0, 198_687), (1862, 3807)] {
+                fs.write(x, off, &vec![4u8; len]).unwrap();
+                fs.fsync(x, true).unwrap();
+            }
+            rename_path(fs, "a/d-", "j/q");
+            let mode = SetAttr {
+                mode: Some(0o1777),
+                ..Default::default()
+            };
+            fs.setattr(x, &mode).unwrap();
+            fs.write(x, 0, &[5u8; 27]).unwrap();
+            fs.fsync(x, true).unwrap();
+            fs.fsync(x, false).unwrap();
+        },
+        &["a/y", "b/l8", "s/f", "b/y2"],
+        &["x"],
+    );
+}

@@ -39,6 +39,9 @@ pub(crate) struct InodeChanges {
     pub parents: Vec<u64>,
     /// An INODE_EXTREF of it changed (its key names no directory).
     pub extrefs: bool,
+    /// A directory logged only so that a replay makes it (inode item, names, xattrs):
+    /// its entries are not in the log.
+    pub exists_only: bool,
 }
 
 /// The running transaction's log: the changes, the log trees, their blocks.

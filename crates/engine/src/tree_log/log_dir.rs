@@ -15,10 +15,13 @@
 //!
 //! An inode that left a logged directory for another one in this transaction would lose
 //! its only name at replay (the first log removes the entry, nothing adds the new one):
-//! the directory it went to is logged along, as is a new directory a logged name is in
-//! (up to `DIRS_MAX` directories in one go, all or none). Commits instead: a directory
-//! older than this transaction that was renamed, more directories than `DIRS_MAX`,
-//! subvolume entries, entries that went in bulk.
+//! the directory it went to is logged along, as is a new directory a logged name is in;
+//! an older file that came into a logged directory brings along the directory it left
+//! (else a replay would keep its old name too) (up to `DIRS_MAX` directories in one go,
+//! all or none). Commits instead: a directory older than this transaction that was
+//! renamed or moved into a logged one (a log entry leading to a directory the log has no
+//! back reference for makes the kernel's replay skip the rest of its leaf), more
+//! directories than `DIRS_MAX`, subvolume entries, entries that went in bulk.
 
 use super::changes::in_ranges;
 use super::log_inode::{insert_all, put, put_inode, type_range, Items, LOG_BLOCKS_MAX};
@@ -169,13 +172,30 @@ impl Transaction<'_> {
                 subvol: id.subvol,
                 ino: e.location.objectid,
             };
+            let is_dir = e.kind() == oleo_format::items::FileType::Dir;
+            let new = self.is_new(t)?;
+            if is_dir && !new && t != id {
+                // An older directory moved in: the kernel's replay adds an entry to a
+                // directory whose back reference the log lacks, then stops replaying the
+                // log's other entries (replay_one_dir_item returns 1); its own fsync
+                // commits here too (last_unlink_trans).
+                return Ok(Planned::Commit(format!(
+                    "directory {} was moved into directory {}",
+                    t.ino, id.ino
+                )));
+            }
             let logged = self.log.inodes.get(&t).is_some_and(|c| c.logged.is_some());
             if logged || t == id || with.contains(&t.ino) || targets.iter().any(|(x, _)| *x == t) {
                 continue;
             }
-            if e.kind() == oleo_format::items::FileType::Dir && self.is_new(t)? {
+            if is_dir {
                 // Logged whole, its entries too, as the kernel does.
                 return Ok(Planned::Needs(t.ino));
+            }
+            if !new {
+                if let Some(q) = self.old_name_unlogged(id, t.ino, with) {
+                    return Ok(Planned::Needs(q));
+                }
             }
             match self.target_items(t)? {
                 Ok(Some(items)) => targets.push((t, items)),
@@ -251,6 +271,7 @@ impl Transaction<'_> {
         let c = self.log.inodes.entry(id).or_default();
         c.dirty = false;
         c.names = false;
+        c.exists_only = false;
         c.logged = Some(seq);
         c.unlogged.clear();
         c.unlinked.clear();
@@ -298,6 +319,29 @@ impl Transaction<'_> {
             }
         }
         Ok(Ok(Some(items)))
+    }
+
+    /// A directory, not `dir` nor in `with`, whose entry leading to `ino` (an older inode
+    /// that got a name in `dir`) went away with the log not saying so: a replay would add
+    /// the new name and keep the old one (a directory with two names, a file with one too
+    /// many), so that directory is logged too.
+    fn old_name_unlogged(&self, dir: InodeId, ino: u64, with: &[u64]) -> Option<u64> {
+        let c = self.log.inodes.get(&InodeId {
+            subvol: dir.subvol,
+            ino,
+        })?;
+        c.parents.iter().copied().find(|&p| {
+            p != dir.ino
+                && !with.contains(&p)
+                && self
+                    .log
+                    .inodes
+                    .get(&InodeId {
+                        subvol: dir.subvol,
+                        ino: p,
+                    })
+                    .is_some_and(|pc| pc.unlinked.contains(&ino) || pc.unknown_unlinks)
+        })
     }
 
     /// A directory, not in `with`, where `ino` (whose entry in `dir` went away) got a

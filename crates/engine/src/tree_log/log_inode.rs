@@ -9,9 +9,11 @@
 //!   and everything past EOF (a replay cuts the file there, preallocated tails included)
 //!   or past the EOF of its last logging (a later replay no longer cuts there);
 //! - checksums of the extents written in this transaction;
-//! - for a file created in this transaction, its names (the replay makes the entries);
-//!   for an older file that was renamed, linked or unlinked in it, the entries of every
-//!   directory where its names changed (`log_dir`).
+//! - for a file created in this transaction, its names (the replay makes the entries), and
+//!   each new directory above it that the log lacks, only so that it exists (its names and
+//!   xattrs, not its entries: the kernel's log_all_new_ancestors); for an older file that
+//!   was renamed, linked or unlinked in it, the entries of every directory where its names
+//!   changed (`log_dir`).
 //!
 //! An inode renamed, linked or unlinked after it was logged is logged again before the log
 //! is synced next (`settle`: replaying its old names could undo a rename over it; the
@@ -19,10 +21,9 @@
 //! directories it left logged if it is gone.
 //!
 //! Directories go to `log_dir`. fsync commits the transaction instead where this log
-//! cannot describe the change: symlinks and special files; a new file named in a directory
-//! that is new too; INODE_EXTREFs that changed; a log past `LOG_BLOCKS_MAX` blocks or
-//! without metadata space. (Without NO_HOLES the file's own hole items are copied like
-//! any other extent.)
+//! cannot describe the change: symlinks and special files; INODE_EXTREFs that changed; a
+//! log past `LOG_BLOCKS_MAX` blocks or without metadata space. (Without NO_HOLES the file's
+//! own hole items are copied like any other extent.)
 
 use super::changes::{add_range, missing_from};
 use super::log_store::LogStore;
@@ -154,14 +155,15 @@ impl Transaction<'_> {
         // An older file's new and lost names go through the logs of the directories
         // where they changed, after its own items.
         let mut dirs = Vec::new();
+        // New directories a replay must make for the file's names to have a place.
+        let mut ancestors = Vec::new();
         if names && inode.generation == transid {
-            let missing;
             match self.new_inode_refs(id, &inode, &[])? {
-                Ok(r) => (refs, missing) = r,
+                Ok(r) => (refs, ancestors) = r,
                 Err(why) => return Ok(Some(why)),
             }
-            // A logged directory may still list a name it had before; a new directory
-            // must be in the log for the replay to make the name in it.
+            // A directory whose entries are in the log may still list a name it had
+            // before.
             dirs = parents
                 .into_iter()
                 .filter(|&p| {
@@ -169,10 +171,12 @@ impl Transaction<'_> {
                         subvol: id.subvol,
                         ino: p,
                     };
-                    self.log.inodes.get(&p).is_some_and(|c| c.logged.is_some())
+                    self.log
+                        .inodes
+                        .get(&p)
+                        .is_some_and(|c| c.logged.is_some() && !c.exists_only)
                 })
                 .collect();
-            dirs.extend(missing);
         } else if names {
             if extrefs {
                 return Ok(Some("the file's extended references changed".into()));
@@ -288,8 +292,16 @@ impl Transaction<'_> {
         c.dirty = false;
         c.logged = Some(seq);
         c.logged_eof = eof;
+        if !ancestors.is_empty() {
+            if let Some(why) = self.log_new_ancestors(id.subvol, ancestors, seq)? {
+                self.log.full_commit = Some(why.clone());
+                return Ok(Some(why));
+            }
+        }
         if dirs.is_empty() {
-            c.names = false;
+            if let Some(c) = self.log.inodes.get_mut(&id) {
+                c.names = false;
+            }
             return Ok(None);
         }
         match self.log_dirs(id.subvol, &dirs, seq)? {
@@ -306,6 +318,59 @@ impl Transaction<'_> {
                 Ok(Some(why))
             }
         }
+    }
+
+    /// Logs new directories `dirs`, and the new ones above them, only so that a replay
+    /// makes them (the kernel's log_all_new_ancestors, LOG_INODE_EXISTS): inode item with
+    /// generation 0 and size 0, names, xattrs; not their entries, which would bring
+    /// whatever else moved into them along. Why not, where that cannot be said.
+    fn log_new_ancestors(
+        &mut self,
+        subvol: u64,
+        mut dirs: Vec<u64>,
+        seq: u64,
+    ) -> Result<Option<String>> {
+        let mut done = Vec::new();
+        while let Some(d) = dirs.pop() {
+            if done.contains(&d) {
+                continue;
+            }
+            done.push(d);
+            let id = InodeId { subvol, ino: d };
+            let Some(mut inode) = self.find_inode(id)? else {
+                return Ok(Some(format!("directory {d} is gone")));
+            };
+            let (refs, missing) = match self.new_inode_refs(id, &inode, &[])? {
+                Ok(r) => r,
+                Err(why) => return Ok(Some(why)),
+            };
+            dirs.extend(missing);
+            let xattrs = self.items_of(id, item::XATTR_ITEM, item::XATTR_ITEM)?;
+            let bytes: usize = refs.iter().chain(&xattrs).map(|(_, v)| v.len() + 25).sum();
+            if self.log.blocks.count() > LOG_BLOCKS_MAX || !self.log_fits(4 * bytes as u64 + 1024) {
+                return Ok(Some(
+                    "the log tree is large or metadata space is low".into(),
+                ));
+            }
+            inode.generation = 0;
+            inode.size = 0;
+            let (mut store, mut root) = self.open_log(subvol)?;
+            put_inode(&mut store, &mut root, d, &mut inode)?;
+            for (from, to, items) in [
+                (item::INODE_REF, item::INODE_EXTREF, &refs),
+                (item::XATTR_ITEM, item::XATTR_ITEM, &xattrs),
+            ] {
+                let (min, max) = type_range(d, from, to);
+                ctree::delete_range(&mut store, &mut root, min, max)?;
+                insert_all(&mut store, &mut root, items)?;
+            }
+            self.log.trees.insert(subvol, root);
+            // Its names and entries stay unlogged: its own fsync logs them.
+            let c = self.log.inodes.entry(id).or_default();
+            c.logged = Some(seq);
+            c.exists_only = true;
+        }
+        Ok(None)
     }
 
     /// Logs again the inodes whose names changed after they were logged, so that the log
