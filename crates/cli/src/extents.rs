@@ -1,11 +1,13 @@
-//! `oleo extents IMAGE PATH`: a file's extents, read from the image, in `filefrag -v`'s
-//! layout. FUSE has no FIEMAP (its ioctl's variable-length reply cannot pass through FUSE's
-//! restricted ioctls), so `filefrag` cannot ask a mount; this asks the image instead.
+//! `oleo extents IMAGE PATH`: a file's extents in `filefrag -v`'s layout, read from the
+//! image, or asked of the daemon through the mount when oleo has the image mounted. FUSE
+//! has no FIEMAP (its ioctl's variable-length reply cannot pass through FUSE's restricted
+//! ioctls), so `filefrag` cannot ask a mount; oleo's own fixed-size ioctl pages through.
 //! Offsets are in blocks of the filesystem's sector size; "physical" is the btrfs logical
 //! address, as the kernel's btrfs FIEMAP reports it.
 
 use oleo::format::items::Compression;
 use oleo::{Filesystem, OpenOptions};
+use oleo_fuse::subvol_ioctl::{Extent, EXTENT_ENCODED, EXTENT_INLINE, EXTENT_PREALLOC};
 use std::path::PathBuf;
 
 #[derive(clap::Args)]
@@ -20,6 +22,21 @@ pub struct ExtentsArgs {
 }
 
 pub fn run(a: &ExtentsArgs) -> Result<(), String> {
+    let rel = a.path.trim_start_matches('/');
+    // A mounted image is being written by its daemon: ask it, through the mount.
+    if let Some(at) = oleo_mount_of(&a.image) {
+        if a.subvol.is_some() {
+            return Err(format!(
+                "{} is mounted by oleo at {}: give the file's path on the mount instead of \
+                 --subvol",
+                a.image.display(),
+                at.display()
+            ));
+        }
+        let (size, bs, extents) = crate::on_mount::extents(&at.join(rel))?;
+        print(&a.path, size, u64::from(bs), &extents);
+        return Ok(());
+    }
     let opts = OpenOptions {
         subvol: a
             .subvol
@@ -27,30 +44,41 @@ pub fn run(a: &ExtentsArgs) -> Result<(), String> {
             .map(|s| s.trim_start_matches('/').as_bytes().to_vec()),
         ..OpenOptions::default()
     };
-    let fs = Filesystem::open(&a.image, opts).map_err(|e| match e {
-        oleo::Error::Busy(m) => match oleo_mount_of(&a.image) {
-            Some(at) => format!(
-                "{} is mounted by oleo at {}: `oleo extents` reads the image, which that mount \
-                 is writing (FUSE cannot carry FIEMAP); unmount it first",
-                a.image.display(),
-                at.display()
-            ),
-            None => m,
-        },
-        e => format!("{}: {e}", a.image.display()),
-    })?;
-    let rel = a.path.trim_start_matches('/');
+    let fs = Filesystem::open(&a.image, opts).map_err(|e| format!("{}: {e}", a.image.display()))?;
     let id = fs
         .resolve_path(fs.root(), rel.as_bytes())
         .map_err(|e| format!("{}: {e}", a.path))?;
     let size = fs.getattr(id).map_err(|e| format!("{}: {e}", a.path))?.size;
-    let extents = fs
+    let extents: Vec<Extent> = fs
         .file_extents(id)
-        .map_err(|e| format!("{}: {e}", a.path))?;
-    let bs = u64::from(fs.superblock().sectorsize);
+        .map_err(|e| format!("{}: {e}", a.path))?
+        .into_iter()
+        .map(|e| Extent {
+            file_offset: e.file_offset,
+            len: e.len,
+            logical: e.logical,
+            flags: if e.inline { EXTENT_INLINE } else { 0 }
+                | if e.prealloc { EXTENT_PREALLOC } else { 0 }
+                | if e.compression != Compression::None {
+                    EXTENT_ENCODED
+                } else {
+                    0
+                },
+        })
+        .collect();
+    print(
+        &a.path,
+        size,
+        u64::from(fs.superblock().sectorsize),
+        &extents,
+    );
+    Ok(())
+}
+
+/// `filefrag -v`'s layout.
+fn print(path: &str, size: u64, bs: u64, extents: &[Extent]) {
     println!(
-        "Filesystem type is: 9123683e\nFile size of {} is {size} ({} blocks of {bs} bytes)",
-        a.path,
+        "Filesystem type is: 9123683e\nFile size of {path} is {size} ({} blocks of {bs} bytes)",
         size.div_ceil(bs)
     );
     println!(" ext:     logical_offset:        physical_offset: length:   expected: flags:");
@@ -63,13 +91,13 @@ pub fn run(a: &ExtentsArgs) -> Result<(), String> {
             None => (0, 0),
         };
         let mut flags = Vec::new();
-        if e.inline {
+        if e.flags & EXTENT_INLINE != 0 {
             flags.extend(["inline", "not_aligned"]);
         }
-        if e.prealloc {
+        if e.flags & EXTENT_PREALLOC != 0 {
             flags.push("unwritten");
         }
-        if e.compression != Compression::None {
+        if e.flags & EXTENT_ENCODED != 0 {
             flags.push("encoded");
         }
         if i + 1 == n {
@@ -85,12 +113,7 @@ pub fn run(a: &ExtentsArgs) -> Result<(), String> {
             flags.join(",")
         );
     }
-    println!(
-        "{}: {n} extent{} found",
-        a.path,
-        if n == 1 { "" } else { "s" }
-    );
-    Ok(())
+    println!("{path}: {n} extent{} found", if n == 1 { "" } else { "s" });
 }
 
 /// Where an oleo mount of `image` is, from mountinfo (its source is the image's path unless

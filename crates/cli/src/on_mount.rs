@@ -179,3 +179,25 @@ pub fn list(path: &Path) -> Result<Vec<cmd::SubvolInfo>, String> {
         out.push(s);
     }
 }
+
+/// The extents of file `path` on a mount: its size, the sector size and every extent.
+/// Cached writes go to the daemon first (an fsync, as filefrag's FIEMAP_FLAG_SYNC).
+pub fn extents(path: &Path) -> Result<(u64, u32, Vec<cmd::Extent>), String> {
+    let f = open(path)?;
+    f.sync_all()
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    let mut all = Vec::new();
+    let mut from = 0u64;
+    loop {
+        let mut b = vec![0u8; cmd::EXTENTS_SIZE];
+        b[..8].copy_from_slice(&from.to_le_bytes());
+        ioctl(&f, path, cmd::EXTENTS, &mut b)?;
+        let page = cmd::ExtentsPage::parse(&b);
+        let last_end = page.extents.last().map(|e| e.file_offset + e.len);
+        all.extend(page.extents);
+        match last_end {
+            Some(end) if page.more && end > from => from = end,
+            _ => return Ok((page.size, page.sectorsize, all)),
+        }
+    }
+}

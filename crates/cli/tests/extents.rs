@@ -86,7 +86,7 @@ fn extents_match_the_kernels_fiemap() {
         kernel.push(String::from_utf8_lossy(&out.stdout).into_owned());
     }
     k.unmount().unwrap();
-    for (f, kernel) in ["holes", "big", "small", "pre"].iter().zip(kernel) {
+    let extents = |f: &str| {
         let out = Command::new(OLEO)
             .args(["extents"])
             .arg(Path::new(&image))
@@ -94,9 +94,21 @@ fn extents_match_the_kernels_fiemap() {
             .output()
             .unwrap();
         assert!(out.status.success(), "{out:?}");
-        let ours = String::from_utf8_lossy(&out.stdout).into_owned();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let mut from_image = Vec::new();
+    for (f, kernel) in ["holes", "big", "small", "pre"].iter().zip(kernel) {
+        let ours = extents(f);
         let (k, o) = (merged(rows(&kernel)), merged(rows(&ours)));
         assert!(!k.is_empty(), "filefrag said nothing for {f}: {kernel}");
         assert_eq!(k, o, "{f}:\nkernel:\n{kernel}\noleo:\n{ours}");
+        from_image.push(ours);
     }
+    // With the image mounted by oleo, the same command asks the daemon through the mount.
+    let omnt = dir.subdir("omnt").unwrap();
+    let m = OleoMount::mount_rw(Path::new(OLEO), &image, &omnt, &[]).unwrap();
+    for (f, want) in ["holes", "big", "small", "pre"].iter().zip(&from_image) {
+        assert_eq!(&extents(f), want, "{f} through the mount");
+    }
+    m.unmount().unwrap();
 }

@@ -216,6 +216,86 @@ impl SubvolInfo {
     }
 }
 
+/// On a regular file: its file extent items that end past the u64 file offset given, at
+/// most `EXTENT_ENTRIES` (`ExtentsPage`): `oleo extents` through a mount, since FIEMAP
+/// cannot pass through FUSE.
+pub const EXTENTS: u32 = ioc(READ | WRITE, 9, EXTENTS_SIZE);
+pub const EXTENT_ENTRIES: usize = 256;
+const EXTENT_ENTRY: usize = 32;
+const EXTENTS_HEADER: usize = 24;
+pub const EXTENTS_SIZE: usize = EXTENTS_HEADER + EXTENT_ENTRIES * EXTENT_ENTRY;
+
+/// `Extent` flags.
+pub const EXTENT_INLINE: u32 = 1;
+pub const EXTENT_PREALLOC: u32 = 2;
+pub const EXTENT_ENCODED: u32 = 4;
+
+/// One file extent item (a hole item is left out), as `oleo::ExtentInfo` says it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Extent {
+    pub file_offset: u64,
+    pub len: u64,
+    /// btrfs logical address of the first byte; None for inline data.
+    pub logical: Option<u64>,
+    pub flags: u32,
+}
+
+/// EXTENTS' answer: the file's size, the sector size, and a page of extents; `more` when
+/// extents past the page's last remain.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ExtentsPage {
+    pub size: u64,
+    pub sectorsize: u32,
+    pub more: bool,
+    pub extents: Vec<Extent>,
+}
+
+impl ExtentsPage {
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut b = vec![0u8; EXTENTS_SIZE];
+        b[0..8].copy_from_slice(&self.size.to_le_bytes());
+        b[8..12].copy_from_slice(&self.sectorsize.to_le_bytes());
+        b[12..16].copy_from_slice(&u32::from(self.more).to_le_bytes());
+        let n = self.extents.len().min(EXTENT_ENTRIES);
+        b[16..20].copy_from_slice(&(n as u32).to_le_bytes());
+        for (i, e) in self.extents.iter().take(n).enumerate() {
+            let at = EXTENTS_HEADER + i * EXTENT_ENTRY;
+            b[at..at + 8].copy_from_slice(&e.file_offset.to_le_bytes());
+            b[at + 8..at + 16].copy_from_slice(&e.len.to_le_bytes());
+            b[at + 16..at + 24].copy_from_slice(&e.logical.unwrap_or(u64::MAX).to_le_bytes());
+            b[at + 24..at + 28].copy_from_slice(&e.flags.to_le_bytes());
+        }
+        b
+    }
+
+    pub fn parse(b: &[u8]) -> ExtentsPage {
+        let u32_at = |at: usize| {
+            b.get(at..at + 4)
+                .and_then(|s| s.try_into().ok())
+                .map_or(0, u32::from_le_bytes)
+        };
+        let n = (u32_at(16) as usize).min(EXTENT_ENTRIES);
+        let extents = (0..n)
+            .map(|i| {
+                let at = EXTENTS_HEADER + i * EXTENT_ENTRY;
+                let logical = u64_at(b, at + 16);
+                Extent {
+                    file_offset: u64_at(b, at),
+                    len: u64_at(b, at + 8),
+                    logical: (logical != u64::MAX).then_some(logical),
+                    flags: u32_at(at + 24),
+                }
+            })
+            .collect();
+        ExtentsPage {
+            size: u64_at(b, 0),
+            sectorsize: u32_at(8),
+            more: u32_at(12) != 0,
+            extents,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -253,5 +333,32 @@ mod tests {
         assert!(create_arg(&[b'a'; NAME]).is_none());
         assert_eq!((SNAPSHOT >> 16) & 0x3fff, SNAPSHOT_SIZE as u32);
         assert_eq!((NEXT_SUBVOL >> 30), READ | WRITE);
+    }
+
+    #[test]
+    fn an_extents_page_round_trips() {
+        let p = ExtentsPage {
+            size: 1 << 20,
+            sectorsize: 4096,
+            more: true,
+            extents: vec![
+                Extent {
+                    file_offset: 0,
+                    len: 3000,
+                    logical: None,
+                    flags: EXTENT_INLINE,
+                },
+                Extent {
+                    file_offset: 8192,
+                    len: 4096,
+                    logical: Some(13 << 20),
+                    flags: EXTENT_PREALLOC | EXTENT_ENCODED,
+                },
+            ],
+        };
+        let b = p.to_bytes();
+        assert_eq!(b.len(), EXTENTS_SIZE);
+        assert_eq!(ExtentsPage::parse(&b), p);
+        assert_eq!((EXTENTS >> 16) & 0x3fff, EXTENTS_SIZE as u32);
     }
 }

@@ -17,6 +17,7 @@ impl OleoFuse {
             cmd::DELETE,
             cmd::SET_DEFAULT,
             cmd::GET_DEFAULT,
+            cmd::EXTENTS,
         ]
         .contains(&c)
     }
@@ -96,6 +97,35 @@ impl OleoFuse {
                 cmd::SubvolInfo::from_engine(s)
                     .to_bytes()
                     .ok_or(Errno(libc::ENAMETOOLONG))
+            }
+            cmd::EXTENTS => {
+                let from = cmd::u64_arg(data);
+                let size = self.fs.getattr(id).map_err(errno)?.size;
+                let all = self.fs.file_extents(id).map_err(errno)?;
+                let mut after = all.into_iter().filter(|e| e.file_offset + e.len > from);
+                let extents: Vec<cmd::Extent> = after
+                    .by_ref()
+                    .take(cmd::EXTENT_ENTRIES)
+                    .map(|e| cmd::Extent {
+                        file_offset: e.file_offset,
+                        len: e.len,
+                        logical: e.logical,
+                        flags: if e.inline { cmd::EXTENT_INLINE } else { 0 }
+                            | if e.prealloc { cmd::EXTENT_PREALLOC } else { 0 }
+                            | if e.compression != oleo::format::items::Compression::None {
+                                cmd::EXTENT_ENCODED
+                            } else {
+                                0
+                            },
+                    })
+                    .collect();
+                Ok(cmd::ExtentsPage {
+                    size,
+                    sectorsize: self.fs.superblock().sectorsize,
+                    more: after.next().is_some(),
+                    extents,
+                }
+                .to_bytes())
             }
             _ => Err(Errno::ENOTTY),
         }

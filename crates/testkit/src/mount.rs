@@ -541,18 +541,27 @@ impl OleoMount {
         let mut result = Ok(());
         if was_mounted {
             let mp = self.mountpoint.as_os_str();
-            let ok = matches!(
-                run_with_timeout(&mut command("fusermount3", &[OsStr::new("-u"), mp]), Duration::from_secs(15)),
-                Ok(st) if st.success()
+            let run = run_with_timeout(
+                &mut command("fusermount3", &[OsStr::new("-u"), mp]),
+                Duration::from_secs(15),
             );
-            if !ok || mount_at(&self.mountpoint).is_some() {
+            let ok = matches!(&run, Ok(st) if st.success());
+            let still = mount_at(&self.mountpoint);
+            if !ok || still.is_some() {
+                // Why, before the evidence goes: what fusermount3 said, what is mounted
+                // there now, what the server logged.
+                let why = format!(
+                    "fusermount3 -u: {run:?}; mounted there after: {:?}; server log:\n{}",
+                    still.map(|i| i.fstype),
+                    self.log_text()
+                );
                 self.abort();
                 let _ = run_with_timeout(
                     &mut command("umount", &[OsStr::new("-l"), mp]),
                     Duration::from_secs(10),
                 );
                 result = Err(io::Error::other(format!(
-                    "fusermount3 -u {} failed; aborted the connection and detached lazily",
+                    "fusermount3 -u {} failed; aborted the connection and detached lazily ({why})",
                     self.mountpoint.display()
                 )));
             }
