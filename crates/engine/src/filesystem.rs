@@ -258,8 +258,7 @@ impl Filesystem {
 
     /// Allocates, punches or zeroes a range of `id`.
     pub fn fallocate(&self, id: InodeId, offset: u64, len: u64, mode: FallocMode) -> Result<()> {
-        let _file = self.inode_locks.lock(id);
-        self.core_mut().fallocate(id, offset, len, mode, false)
+        self.fallocate_how(id, offset, len, mode, false)
     }
 
     /// `fallocate` leaving mtime and ctime to a caller whose cache owns them (FUSE's
@@ -271,8 +270,19 @@ impl Filesystem {
         len: u64,
         mode: FallocMode,
     ) -> Result<()> {
+        self.fallocate_how(id, offset, len, mode, true)
+    }
+
+    fn fallocate_how(
+        &self,
+        id: InodeId,
+        offset: u64,
+        len: u64,
+        mode: FallocMode,
+        keep_times: bool,
+    ) -> Result<()> {
         let _file = self.inode_locks.lock(id);
-        self.core_mut().fallocate(id, offset, len, mode, true)
+        self.core_mut().fallocate(id, offset, len, mode, keep_times)
     }
 
     /// Copies `len` bytes, sharing whole extents; returns the bytes copied.
@@ -284,11 +294,7 @@ impl Filesystem {
         dst_off: u64,
         len: u64,
     ) -> Result<u64> {
-        // The source too: an in-place write into an extent being shared would show in the
-        // copy after it was made.
-        let _files = self.inode_locks.lock_two(src, dst);
-        self.core_mut()
-            .copy_file_range(src, src_off, dst, dst_off, len, false)
+        self.copy_file_range_how(src, src_off, dst, dst_off, len, false)
     }
 
     /// `copy_file_range` leaving the destination's mtime and ctime to a caller whose
@@ -301,9 +307,23 @@ impl Filesystem {
         dst_off: u64,
         len: u64,
     ) -> Result<u64> {
+        self.copy_file_range_how(src, src_off, dst, dst_off, len, true)
+    }
+
+    fn copy_file_range_how(
+        &self,
+        src: InodeId,
+        src_off: u64,
+        dst: InodeId,
+        dst_off: u64,
+        len: u64,
+        keep_times: bool,
+    ) -> Result<u64> {
+        // The source too: an in-place write into an extent being shared would show in the
+        // copy after it was made.
         let _files = self.inode_locks.lock_two(src, dst);
         self.core_mut()
-            .copy_file_range(src, src_off, dst, dst_off, len, true)
+            .copy_file_range(src, src_off, dst, dst_off, len, keep_times)
     }
 
     reads! {

@@ -570,30 +570,10 @@ pub struct Shape {
 }
 
 pub fn xattrs_of(p: &Path) -> BTreeMap<Vec<u8>, Vec<u8>> {
-    let mut out = BTreeMap::new();
-    let c = cpath(p);
-    let mut buf = vec![0u8; 65536];
-    let n = unsafe { libc::llistxattr(c.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
-    if n <= 0 {
-        return out;
-    }
-    for name in buf[..n as usize]
-        .split(|&b| b == 0)
-        .filter(|n| !n.is_empty())
-    {
-        if !name.starts_with(b"user.") {
-            continue;
-        }
-        let cn = CString::new(name.to_vec()).unwrap();
-        let mut val = vec![0u8; 65536];
-        let m =
-            unsafe { libc::lgetxattr(c.as_ptr(), cn.as_ptr(), val.as_mut_ptr().cast(), val.len()) };
-        if m >= 0 {
-            val.truncate(m as usize);
-            out.insert(name.to_vec(), val);
-        }
-    }
-    out
+    crate::syscalls::all_xattrs(p)
+        .into_iter()
+        .filter(|(name, _)| name.starts_with(b"user."))
+        .collect()
 }
 
 const COMPARE_CHUNK: usize = 64 << 10;
