@@ -392,8 +392,12 @@ fn check_mountpoint(mountpoint: &Path, image: &Path) -> Result<(), String> {
         }
         Err(e) => e,
     };
-    // ECONNABORTED where the connection was aborted rather than closed.
-    if !matches!(e.raw_os_error(), Some(libc::ENOTCONN | libc::ECONNABORTED)) {
+    // ECONNABORTED where the connection was aborted rather than closed; ECANCELED for a
+    // request the dying server's io_uring queue dropped.
+    if !matches!(
+        e.raw_os_error(),
+        Some(libc::ENOTCONN | libc::ECONNABORTED | libc::ECANCELED)
+    ) {
         return Err(format!("{}: {e}", mountpoint.display()));
     }
     let dead = crate::fuse_mount::dead_mount(mountpoint);
