@@ -44,17 +44,7 @@ fn show(r: &Result<u64, i32>) -> String {
 }
 
 fn assert_none(diffs: Vec<String>, context: &str) {
-    assert!(
-        diffs.is_empty(),
-        "{context}: {} differences:\n{}",
-        diffs.len(),
-        diffs
-            .iter()
-            .take(30)
-            .cloned()
-            .collect::<Vec<_>>()
-            .join("\n")
-    );
+    oleo_testkit::ops::assert_no_differences(&diffs, context);
 }
 
 /// Not a bug: kernel btrfs returns ENOSPC for a large xattr value when the leaf that holds

@@ -723,16 +723,16 @@ pub fn compare_trees(reference: &Path, other: &Path, what: &str) {
     if link_groups(reference) != link_groups(other) {
         diffs.push(format!("hard-link groups differ on {what}"));
     }
+    assert_no_differences(&diffs, what);
+}
+
+/// Fails with the first 30 of `diffs`, if there are any.
+pub fn assert_no_differences(diffs: &[String], context: &str) {
     assert!(
         diffs.is_empty(),
-        "{} differences:\n{}",
+        "{context}: {} differences:\n{}",
         diffs.len(),
-        diffs
-            .iter()
-            .take(30)
-            .cloned()
-            .collect::<Vec<_>>()
-            .join("\n")
+        diffs[..diffs.len().min(30)].join("\n")
     );
 }
 
