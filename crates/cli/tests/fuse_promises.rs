@@ -854,11 +854,21 @@ fn suid_steps(root: &Path) -> View<(u32, u32)> {
         ("suid-only", 0o4777),
         ("root-write", 0o6777),
         ("root-chown", 0o6777),
+        ("chown-own", 0o6777),
+        ("chown-other", 0o6777),
+        ("chown-plain", 0o0777),
     ] {
         write_file(&p(f), &pattern(mode as u64, 8192));
         chmod(&p(f), mode);
     }
+    std::os::unix::fs::chown(p("chown-own"), Some(USER.0), Some(USER.1)).unwrap();
+    chmod(&p("chown-own"), 0o6777);
     let modes = |f: &File, name: &str| (f.metadata().unwrap().mode(), lstat(&p(name)).mode());
+    // chown(-1, -1): the errno (0 when it passes) and the mode left.
+    let chown_none = |name: &str| {
+        let r = std::os::unix::fs::chown(p(name), None, None);
+        (r.err().map_or(0, errno) as u32, lstat(&p(name)).mode())
+    };
     let w = |f: &str| OpenOptions::new().write(true).open(p(f)).unwrap();
     // A clock tick between setup and the writes: a time the kernel was not told of shows.
     std::thread::sleep(std::time::Duration::from_millis(10));
@@ -884,6 +894,9 @@ fn suid_steps(root: &Path) -> View<(u32, u32)> {
             let h = w(f);
             h.write_all_at(b"user", 0).unwrap();
             seen.insert(f.into(), modes(&h, f));
+        }
+        for f in ["chown-own", "chown-other", "chown-plain"] {
+            seen.insert(f.into(), chown_none(f));
         }
         seen
     });
@@ -919,6 +932,10 @@ fn setuid_dropped() {
         0o6777,
         "CAP_FSETID keeps them"
     );
+    // A chown that must drop the bits is a mode change: the owner's only.
+    assert_eq!(oleo["chown-own"], (0, 0o100777));
+    assert_eq!(oleo["chown-other"], (libc::EPERM as u32, 0o106777));
+    assert_eq!(oleo["chown-plain"], (0, 0o100777));
     let live = oleo;
     let got = fs.settle(|root| {
         live.keys()
@@ -928,8 +945,8 @@ fn setuid_dropped() {
             })
             .collect()
     });
-    for (f, (fmode, _)) in &live {
-        assert_eq!(got[f].0.mode, *fmode, "{f}: the mode shown is the one kept");
+    for (f, (_, mode)) in &live {
+        assert_eq!(got[f].0.mode, *mode, "{f}: the mode shown is the one kept");
     }
 }
 

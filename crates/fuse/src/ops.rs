@@ -460,6 +460,13 @@ impl OleoFuse {
                     set.uid = Some(a.uid);
                 } else {
                     set.mode = killed_mode(&a, req.gid);
+                    // A chown is a mode change by its caller (setattr_prepare's owner
+                    // check), where file_remove_privs is forced: the chown is the
+                    // ctime-only SETATTR of a regular file, or any of another kind.
+                    let chown = rest == fattr::CTIME || !regular;
+                    if chown && set.mode.is_some() && req.uid != a.uid {
+                        return Err(Errno::EPERM);
+                    }
                 }
             }
             // A regular file's times are the kernel's under WRITEBACK_CACHE: those it did
