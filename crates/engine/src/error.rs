@@ -76,7 +76,7 @@ pub enum Error {
     /// Never returned by the public API.
     #[doc(hidden)]
     #[error("tree block {} is not cached", .0.bytenr)]
-    NotCached(Box<crate::disk_io::TreeMiss>),
+    NotCached(Box<TreeMiss>),
 }
 
 impl Error {
@@ -118,4 +118,13 @@ impl Error {
             Error::NotCached(_) => libc::EIO,
         }
     }
+}
+
+/// A tree block a lookup wanted and the cache did not have, with what its parent promised.
+#[derive(Debug)]
+pub struct TreeMiss {
+    pub bytenr: u64,
+    pub(crate) level: Option<u8>,
+    pub(crate) generation: Option<u64>,
+    pub(crate) first_key: Option<oleo_format::key::Key>,
 }

@@ -4,8 +4,8 @@
 
 use super::search::BlockSource;
 use super::store::{finalize_block, BlockStore};
-use crate::disk_io::Block;
 use crate::error::{Error, Result};
+use crate::io::disk_io::Block;
 use oleo_format::key::Key;
 use oleo_format::validate::{check_tree_block, Expect, FsContext};
 use oleo_format::{CsumType, TreeBlock};

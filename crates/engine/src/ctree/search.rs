@@ -1,7 +1,7 @@
 //! B-tree search and iteration over verified blocks.
 
-use crate::disk_io::{Block, DiskIo};
 use crate::error::{Error, Result};
+use crate::io::disk_io::{Block, DiskIo};
 use oleo_format::key::Key;
 use oleo_format::TreeBlock;
 use std::ops::ControlFlow;

@@ -6,8 +6,8 @@
 //! empty directories), as with mkfs.btrfs.
 
 use crate::error::{Error, Result};
-use crate::fs::{FsCore, InodeId, Timespec};
-use crate::inode_ops::{NewInode, SetAttr, XattrSet};
+use crate::inode::inode_ops::{NewInode, SetAttr, XattrSet};
+use crate::transaction::fs::{FsCore, InodeId, Timespec};
 use std::collections::HashMap;
 use std::ffi::CString;
 use std::fs::{File, Metadata};

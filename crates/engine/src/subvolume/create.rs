@@ -11,14 +11,13 @@
 //! it touches instead of editing a block both reach.
 
 use crate::ctree;
-use crate::dir_item::EntryTarget;
 use crate::error::{Error, Result};
-use crate::filesystem::Filesystem;
-use crate::fs::{FsCore, InodeId};
-use crate::inode_item::now;
-use crate::inode_ops::{check_name, grow_dir};
+use crate::inode::dir_item::EntryTarget;
+use crate::inode::inode_item::now;
+use crate::inode::inode_ops::{check_name, grow_dir};
 use crate::mkfs::random_uuid;
-use crate::reservation::Reserve;
+use crate::transaction::fs::{FsCore, InodeId};
+use crate::transaction::space::reservation::Reserve;
 use crate::transaction::Transaction;
 use oleo_format::items::{
     FileType, InodeItem, InodeRef, RootItem, RootRef, INODE_FLAG_ROOT_ITEM_INIT, ROOT_SUBVOL_RDONLY,
@@ -28,11 +27,11 @@ use oleo_format::key::{item, objectid, Key};
 const DIR_MODE: u32 = 0o040755;
 
 /// Items a snapshot changes beyond one reference per child of its source's root block.
-const SNAPSHOT_ITEMS: u64 = 16;
+pub(crate) const SNAPSHOT_ITEMS: u64 = 16;
 
 /// What the children's new references may add to the extent tree: a root block has at
 /// most a few hundred children, each reference an inline ref in an item already there.
-const SNAPSHOT_REF_BYTES: u64 = 512 * 256;
+pub(crate) const SNAPSHOT_REF_BYTES: u64 = 512 * 256;
 
 impl FsCore {
     /// Creates the empty subvolume `name` in directory `parent`, its root directory owned
@@ -53,64 +52,6 @@ impl FsCore {
         })?;
         self.subvol_roots.write().remove(&id);
         self.readonly_subvols.lock().insert(id, false);
-        Ok(id)
-    }
-}
-
-impl Filesystem {
-    /// Creates the empty subvolume `name` in directory `parent` (see
-    /// `FsCore::create_subvolume`).
-    pub fn create_subvolume(
-        &self,
-        parent: InodeId,
-        name: &[u8],
-        uid: u32,
-        gid: u32,
-    ) -> Result<u64> {
-        self.core_mut().create_subvolume(parent, name, uid, gid)
-    }
-
-    /// Snapshots subvolume `source` as `name` in directory `parent` (read-only with
-    /// `readonly`) and commits; returns the snapshot's id. It holds everything written to
-    /// `source` before the call; writers wait only while the snapshot is made in memory,
-    /// not while the commits are written.
-    pub fn snapshot(
-        &self,
-        source: u64,
-        parent: InodeId,
-        name: &[u8],
-        readonly: bool,
-    ) -> Result<u64> {
-        // In-place writes to the source finish first, and none starts until the snapshot
-        // shares its extents (after that they are older than its last snapshot).
-        let _nocow = self.nocow_writers().exclusive();
-        let (id, commits) = {
-            let mut core = self.core_mut();
-            core.check_subvol_writable(parent.subvol)?;
-            check_name(name)?;
-            if core.subvol_root(source)?.is_none() {
-                return Err(Error::InvalidArgument(format!(
-                    "no subvolume with id {source}"
-                )));
-            }
-            if core.log_in_memory {
-                return Err(Error::Unsupported(
-                    "snapshots wait until the log replayed at mount is committed".into(),
-                ));
-            }
-            let uuid = random_uuid()?;
-            // What is written so far is the snapshot's content.
-            let before = core.close_running()?;
-            let need = Reserve::items(SNAPSHOT_ITEMS).bulk(SNAPSHOT_REF_BYTES);
-            let id = core.write_op(need, |t| t.snapshot(source, parent, name, readonly, uuid))?;
-            let made = core.close_running()?;
-            core.subvol_roots.write().remove(&id);
-            core.readonly_subvols.lock().insert(id, readonly);
-            (id, [before, made])
-        };
-        for io in commits.into_iter().flatten() {
-            io.write()?;
-        }
         Ok(id)
     }
 }
@@ -211,7 +152,7 @@ impl Transaction<'_> {
     }
 
     /// Makes the snapshot; must be the transaction's first change (see the top).
-    fn snapshot(
+    pub(crate) fn snapshot(
         &mut self,
         source: u64,
         parent: InodeId,

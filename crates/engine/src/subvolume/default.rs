@@ -4,27 +4,14 @@
 //! incompat bit, as the kernel's btrfs_ioctl_default_subvol.
 
 use crate::error::{Error, Result};
-use crate::filesystem::Filesystem;
-use crate::reservation::Reserve;
 use crate::transaction::Transaction;
 use oleo_format::csum::name_hash;
 use oleo_format::items::{DirEntryItem, DirEntryIter};
 use oleo_format::key::{item, objectid, Key};
 use oleo_format::superblock::incompat;
 
-impl Filesystem {
-    /// Makes subvolume `id` (5: the top level) the default; committed with the next commit.
-    pub fn set_default_subvolume(&self, id: u64) -> Result<()> {
-        let mut core = self.core_mut();
-        if core.subvol_root(id)?.is_none() {
-            return Err(Error::InvalidArgument(format!("no subvolume with id {id}")));
-        }
-        core.write_op(Reserve::items(2), |t| t.set_default(id))
-    }
-}
-
 impl Transaction<'_> {
-    fn set_default(&mut self, id: u64) -> Result<()> {
+    pub(crate) fn set_default(&mut self, id: u64) -> Result<()> {
         let (_, root_key) = self.recorded_key(id)?;
         let key = Key::new(
             objectid::ROOT_TREE_DIR,

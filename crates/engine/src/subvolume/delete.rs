@@ -5,10 +5,8 @@
 //! kernel's cleaner at its next mount).
 
 use crate::error::{Error, Result};
-use crate::filesystem::Filesystem;
-use crate::fs::InodeId;
-use crate::inode_item::now;
-use crate::reservation::Reserve;
+use crate::inode::inode_item::now;
+use crate::transaction::fs::InodeId;
 use crate::transaction::Transaction;
 use oleo_format::items::RootRef;
 use oleo_format::key::{item, objectid, Key};
@@ -17,46 +15,8 @@ use std::ops::ControlFlow;
 /// ROOT_ITEM.flags: the subvolume is deleted, its tree waits to be dropped.
 const ROOT_SUBVOL_DEAD: u64 = 1 << 48;
 
-impl Filesystem {
-    /// Deletes the subvolume whose entry is `name` in directory `parent`; returns its id.
-    /// Refused (as the kernel refuses) for the default subvolume, a subvolume holding
-    /// others and the one this filesystem was opened at. Files still open in it stay open
-    /// (as with the kernel), but writes to them are refused from then on.
-    pub fn delete_subvolume(&self, parent: InodeId, name: &[u8]) -> Result<u64> {
-        // In-place writes into the dying tree's extents finish before they can be freed.
-        let _nocow = self.nocow_writers().exclusive();
-        let mut core = self.core_mut();
-        core.check_subvol_writable(parent.subvol)?;
-        let id = match core.lookup(parent, name)? {
-            found if found.ino == objectid::FIRST_FREE && found.subvol != parent.subvol => {
-                found.subvol
-            }
-            _ => {
-                return Err(Error::InvalidArgument(format!(
-                    "{} is not a subvolume",
-                    String::from_utf8_lossy(name)
-                )))
-            }
-        };
-        if id == core.default_subvolume()? {
-            return Err(Error::Busy(format!(
-                "subvolume {id} is the default subvolume (set another default first)"
-            )));
-        }
-        if id == core.root().subvol {
-            return Err(Error::Busy(format!(
-                "subvolume {id} is where this filesystem is mounted"
-            )));
-        }
-        core.write_op(Reserve::items(12), |t| t.unlink_subvolume(parent, name, id))?;
-        core.subvol_roots.write().remove(&id);
-        core.readonly_subvols.lock().remove(&id);
-        Ok(id)
-    }
-}
-
 impl Transaction<'_> {
-    fn unlink_subvolume(&mut self, parent: InodeId, name: &[u8], id: u64) -> Result<()> {
+    pub(crate) fn unlink_subvolume(&mut self, parent: InodeId, name: &[u8], id: u64) -> Result<()> {
         let mut children = false;
         self.for_each_in_range(
             objectid::ROOT_TREE,

@@ -9,11 +9,9 @@
 //! unmount resumes there. The last step frees the root and deletes the ROOT_ITEM and the
 //! orphan item. Steps run in transactions of their own (see `clean_step`).
 
-use crate::backref::By;
 use crate::ctree::BlockSource;
 use crate::error::{Error, Result};
-use crate::filesystem::Filesystem;
-use crate::reservation::Reserve;
+use crate::transaction::space::backref::By;
 use crate::transaction::Transaction;
 use oleo_format::items::EXTENT_FLAG_FULL_BACKREF;
 use oleo_format::key::{item, objectid, Key};
@@ -21,44 +19,11 @@ use oleo_format::TreeBlock;
 use std::ops::ControlFlow;
 
 /// Metadata one step may change: an extent item per block of one subtree, at most.
-const STEP_ITEMS: u64 = 64;
+pub(crate) const STEP_ITEMS: u64 = 64;
 
-impl Filesystem {
-    /// Drops part of one deleted subvolume's tree, if one waits, and commits; false when
-    /// none waits. The step runs in a transaction of its own, between two commits: a step
-    /// that fails on a damaged tree aborts only itself (the filesystem turns read-only, as
-    /// the kernel's does), never changes of others waiting for a commit.
-    pub fn clean_step(&self) -> Result<bool> {
-        let Some(id) = self.core_read().next_dead_root()? else {
-            return Ok(false);
-        };
-        let (before, step, after) = {
-            let mut core = self.core_mut();
-            let before = core.close_running()?;
-            let step = core.write_op(Reserve::items(STEP_ITEMS), |t| t.drop_step(id));
-            let after = match step {
-                Ok(()) => core.close_running()?,
-                Err(_) => None,
-            };
-            (before, step, after)
-        };
-        // Written without the lock, in order (the commit pipe orders superblocks).
-        for io in [before, after].into_iter().flatten() {
-            io.write()?;
-        }
-        step.map(|()| true)
-    }
-
-    /// Drops every deleted subvolume's tree, then commits.
-    pub fn clean_all(&self) -> Result<()> {
-        while self.clean_step()? {}
-        self.sync().map(drop)
-    }
-}
-
-impl crate::fs::FsCore {
+impl crate::transaction::fs::FsCore {
     /// The lowest subvolume waiting to be dropped (an orphan item in the root tree).
-    fn next_dead_root(&self) -> Result<Option<u64>> {
+    pub(crate) fn next_dead_root(&self) -> Result<Option<u64>> {
         let mut found = None;
         crate::ctree::for_each_in_range(
             self,
@@ -79,7 +44,7 @@ fn corrupt(bytenr: u64, what: impl std::fmt::Display) -> Error {
 }
 
 impl Transaction<'_> {
-    fn drop_step(&mut self, id: u64) -> Result<()> {
+    pub(crate) fn drop_step(&mut self, id: u64) -> Result<()> {
         let orphan = Key::new(objectid::ORPHAN, item::ORPHAN_ITEM, id);
         // Found in the root tree directly: `subvol_item` would take the tree into this
         // transaction's roots, and a later step would then take it for a changed tree.

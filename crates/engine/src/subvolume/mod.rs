@@ -1,15 +1,17 @@
 //! Subvolumes and snapshots: finding their trees, crossing from a directory entry into a
 //! subvolume, the default subvolume, and listing them.
 
-mod create;
-mod default;
-mod delete;
-mod drop;
-mod readonly;
+pub(crate) mod create;
+pub(crate) mod default;
+pub(crate) mod delete;
+pub(crate) mod drop;
+pub(crate) mod readonly;
+pub(crate) mod uuid_tree;
 
 use crate::ctree::{for_each_in_range, lookup, TreeRoot};
 use crate::error::{Error, Result};
-use crate::fs::{FsCore, InodeId, OpenOptions, SubvolumeInfo};
+use crate::transaction::fs::{FsCore, InodeId, SubvolumeInfo};
+use crate::transaction::options::OpenOptions;
 use crate::transaction::Transaction;
 use oleo_format::csum::name_hash;
 use oleo_format::items::{DirEntryIter, RootItem, RootRef, ROOT_ITEM_SIZE, ROOT_SUBVOL_RDONLY};

@@ -4,40 +4,13 @@
 //! where it was received from, as btrfs-progs does with `-f`.
 
 use crate::error::{Error, Result};
-use crate::filesystem::Filesystem;
-use crate::inode_item::now;
-use crate::reservation::Reserve;
+use crate::inode::inode_item::now;
 use crate::transaction::Transaction;
 use oleo_format::items::ROOT_SUBVOL_RDONLY;
-use oleo_format::key::{item, objectid};
-
-impl Filesystem {
-    /// Whether subvolume `id` is read-only.
-    pub fn subvolume_readonly(&self, id: u64) -> Result<bool> {
-        let core = self.core_read();
-        match core.read_root_item(id)? {
-            Some((_, ri)) if ri.refs > 0 && objectid::is_fs_tree(id) => {
-                Ok(ri.flags & ROOT_SUBVOL_RDONLY != 0)
-            }
-            _ => Err(Error::InvalidArgument(format!("no subvolume with id {id}"))),
-        }
-    }
-
-    /// Makes subvolume `id` read-only or writable, and commits. `force` lets a received
-    /// subvolume become writable (its received_uuid is cleared).
-    pub fn set_subvolume_readonly(&self, id: u64, readonly: bool, force: bool) -> Result<()> {
-        self.subvolume_readonly(id)?;
-        {
-            let mut core = self.core_mut();
-            core.write_op(Reserve::items(4), |t| t.set_readonly(id, readonly, force))?;
-            core.readonly_subvols.lock().insert(id, readonly);
-        }
-        self.sync().map(drop)
-    }
-}
+use oleo_format::key::item;
 
 impl Transaction<'_> {
-    fn set_readonly(&mut self, id: u64, readonly: bool, force: bool) -> Result<()> {
+    pub(crate) fn set_readonly(&mut self, id: u64, readonly: bool, force: bool) -> Result<()> {
         let (key, mut ri) = self.subvol_item(id)?;
         if !readonly && ri.received_uuid != [0; 16] {
             if !force {

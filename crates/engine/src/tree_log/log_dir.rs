@@ -23,12 +23,12 @@
 //! back reference for makes the kernel's replay skip the rest of its leaf), more
 //! directories than `DIRS_MAX`, subvolume entries, entries that went in bulk.
 
-use super::changes::in_ranges;
 use super::log_inode::{insert_all, put, put_inode, type_range, Items, LOG_BLOCKS_MAX};
 use super::replay_names::names_in_ref;
 use crate::ctree;
 use crate::error::{Error, Result};
-use crate::fs::{FileKind, InodeId};
+use crate::transaction::changes::in_ranges;
+use crate::transaction::fs::{FileKind, InodeId};
 use crate::transaction::Transaction;
 use oleo_format::items::{DirEntryIter, FileExtent, FileExtentBody, InodeItem};
 use oleo_format::key::{item, Key};

@@ -25,12 +25,12 @@
 //! log past `LOG_BLOCKS_MAX` blocks or without metadata space. (Without NO_HOLES the file's
 //! own hole items are copied like any other extent.)
 
-use super::changes::{add_range, missing_from};
-use super::log_store::LogStore;
-use super::sync::{Gathered, LogBatch};
 use crate::ctree::{self, BlockSource, BlockStore, TreeRoot};
 use crate::error::{Error, Result};
-use crate::fs::{FileKind, InodeId};
+use crate::transaction::changes::{add_range, missing_from};
+use crate::transaction::fs::{FileKind, InodeId};
+use crate::transaction::log_store::LogStore;
+use crate::transaction::log_sync::{Gathered, LogBatch};
 use crate::transaction::Transaction;
 use oleo_format::items::{Compression, FileExtent, FileExtentBody, InodeItem, RootItem};
 use oleo_format::key::{item, objectid, Key};
@@ -48,7 +48,7 @@ pub(crate) enum FsyncPlan {
     Commit(String),
 }
 
-impl crate::fs::FsCore {
+impl crate::transaction::fs::FsCore {
     /// fsync's first half, under the lock: log `id` in the running transaction.
     pub(crate) fn plan_fsync(&mut self, id: InodeId) -> Result<FsyncPlan> {
         if self.running.is_none() || self.log_in_memory {

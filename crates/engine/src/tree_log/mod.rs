@@ -16,21 +16,17 @@
 //! Reading a pending log (`read`) and replaying it (`replay`, with the names half in
 //! `replay_names`) at mount.
 
-mod changes;
 mod log_dir;
 mod log_inode;
-mod log_store;
 mod replay;
 mod replay_names;
-mod sync;
 
-pub(crate) use changes::{extent_range, is_subvolume, TxnLog};
+pub(crate) use crate::transaction::log_sync::{write_batch, Synced};
 pub(crate) use log_inode::FsyncPlan;
-pub(crate) use sync::{write_batch, LogSyncs, Synced};
 
 use crate::ctree::{BlockSource, TreeRoot};
 use crate::error::{Error, Result};
-use crate::fs::FsCore;
+use crate::transaction::fs::FsCore;
 use oleo_format::items::RootItem;
 use oleo_format::key::{item, objectid, Key};
 use oleo_format::TreeBlock;

@@ -17,9 +17,9 @@
 
 use super::replay_names::{names_in_ref, Name, Touched};
 use super::{Log, SubvolLog};
-use crate::delayed_ref::DataRef;
 use crate::error::{Error, Result};
-use crate::fs::{FsCore, InodeId};
+use crate::transaction::fs::{FsCore, InodeId};
+use crate::transaction::space::delayed_ref::DataRef;
 use crate::transaction::Transaction;
 use oleo_format::items::{
     Compression, DirEntryIter, FileExtent, FileExtentBody, InodeItem, INODE_FLAG_NODATASUM,

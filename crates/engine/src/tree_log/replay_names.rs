@@ -5,7 +5,7 @@
 
 use super::replay::Names;
 use crate::error::{Error, Result};
-use crate::fs::InodeId;
+use crate::transaction::fs::InodeId;
 use crate::transaction::Transaction;
 use oleo_format::items::{DirEntryIter, InodeExtref, InodeRef};
 use oleo_format::key::{item, Key};
@@ -106,9 +106,9 @@ impl Transaction<'_> {
     ) -> Result<()> {
         let id = InodeId { subvol, ino };
         let mode = self.read_inode(id)?.mode;
-        let target = crate::dir_item::EntryTarget {
+        let target = crate::inode::dir_item::EntryTarget {
             location: Key::new(ino, item::INODE_ITEM, 0),
-            file_type: crate::inode_ops::file_type_of(mode)
+            file_type: crate::inode::inode_ops::file_type_of(mode)
                 .map_err(|e| corrupt(format!("inode {ino}: {e}")))?,
         };
         self.add_dir_entry(InodeId { subvol, ino: dir }, name, target, index)?;

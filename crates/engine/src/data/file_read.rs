@@ -1,0 +1,448 @@
+//! Reading file data in two steps, so data IO holds no filesystem lock:
+//! 1. `FsCore::plan_read`, under the shared lock: the file's extent items and the data
+//!    checksums of the ranges to read (tree lookups, mostly from memory);
+//! 2. `ReadPlan::execute`, with no lock: device reads, checksum checks, decompression.
+//!
+//! Between the two a writer may free an extent the plan reads. The plan holds a `ReadPin`
+//! taken in the transaction it looked in, and space freed from that transaction on is not
+//! handed out again while the pin lives (see `commit_pipe::ReadPins`), so the blocks still
+//! hold what the plan expects.
+
+use crate::ctree::Cursor;
+use crate::data::file::{Mapping, MappingKind};
+use crate::error::{Error, Result};
+use crate::io::disk_io::DiskIo;
+use crate::transaction::commit_pipe::ReadPin;
+use crate::transaction::fs::ExtentCache;
+use crate::transaction::fs::{FileKind, FsCore, InodeId};
+use oleo_format::compression::decompress;
+use oleo_format::items::{Compression, INODE_FLAG_NODATASUM};
+use oleo_format::key::{item, objectid, Key};
+use oleo_format::CsumType;
+use std::sync::Arc;
+
+/// A read worked out under the lock; `execute` does the IO.
+pub(crate) struct ReadPlan {
+    io: Arc<DiskIo>,
+    extents: Arc<ExtentCache>,
+    sector: u64,
+    csum_type: CsumType,
+    len: usize,
+    pieces: Vec<Piece>,
+    _pin: Option<ReadPin>,
+    /// Read around the device's page cache (a caller's O_DIRECT read).
+    pub(crate) uncached: bool,
+}
+
+/// Bytes `[at, at + len)` of the result and where they come from.
+struct Piece {
+    at: usize,
+    len: usize,
+    source: Source,
+}
+
+enum Source {
+    /// Known already (holes, inline data, a cached decompressed extent).
+    Ready(Vec<u8>),
+    /// Plain bytes on disk.
+    Disk(DataRead),
+    /// A compressed extent, decoded as a whole, then `from` bytes into it.
+    Compressed {
+        raw: DataRead,
+        compression: Compression,
+        ram_bytes: u64,
+        from: u64,
+    },
+}
+
+/// Sectors `[start, end)` at a logical address, with their checksums (None: not checked),
+/// of which the bytes from `logical` are wanted.
+struct DataRead {
+    id: InodeId,
+    /// File offset of `logical` (for the error a bad checksum gives).
+    file_pos: u64,
+    logical: u64,
+    start: u64,
+    end: u64,
+    csums: Vec<Option<Vec<u8>>>,
+}
+
+impl FsCore {
+    /// The transaction a lookup made now looks in: the running one, or the next.
+    pub(crate) fn running_transid(&self) -> u64 {
+        self.running
+            .as_ref()
+            .map_or(self.sb.generation + 1, |t| t.transid)
+    }
+
+    /// Reads up to `size` bytes at `offset`; short only at end of file.
+    pub fn read(&self, id: InodeId, offset: u64, size: u32) -> Result<Vec<u8>> {
+        self.plan_read(id, offset, size, None)?.execute()
+    }
+
+    /// Works out a read of up to `size` bytes at `offset` (see the module doc); `pin` is
+    /// kept until the plan is executed.
+    pub(crate) fn plan_read(
+        &self,
+        id: InodeId,
+        offset: u64,
+        size: u32,
+        pin: Option<ReadPin>,
+    ) -> Result<ReadPlan> {
+        let attr = self.getattr(id)?;
+        if attr.kind == FileKind::Dir {
+            return Err(Error::IsDir);
+        }
+        let mut plan = ReadPlan {
+            io: Arc::clone(&self.io),
+            extents: Arc::clone(&self.extents),
+            sector: u64::from(self.sb.sectorsize),
+            csum_type: self.sb.csum_type(),
+            len: 0,
+            pieces: Vec::new(),
+            _pin: pin,
+            uncached: false,
+        };
+        let end = offset.saturating_add(size as u64).min(attr.size);
+        if offset >= end {
+            return Ok(plan);
+        }
+        plan.len = (end - offset) as usize;
+        let verify = attr.flags & INODE_FLAG_NODATASUM == 0;
+        for m in self.mappings(id, offset, end)? {
+            let (s, e) = (
+                m.file_start.max(offset),
+                // Saturating: an inline extent's length is its (unchecked) ram_bytes.
+                m.file_start.saturating_add(m.file_len).min(end),
+            );
+            if s >= e {
+                continue;
+            }
+            let source = self.source(id, &m, s, (e - s) as usize, verify)?;
+            plan.pieces.push(Piece {
+                at: (s - offset) as usize,
+                len: (e - s) as usize,
+                source,
+            });
+        }
+        Ok(plan)
+    }
+
+    /// Where the `len` file bytes at `pos`, all within mapping `m`, come from.
+    fn source(
+        &self,
+        id: InodeId,
+        m: &Mapping,
+        pos: u64,
+        len: usize,
+        verify: bool,
+    ) -> Result<Source> {
+        let rel = pos - m.file_start;
+        Ok(match &m.kind {
+            MappingKind::Zero => Source::Ready(vec![0; len]),
+            MappingKind::Inline(data) => {
+                let decoded;
+                let plain: &[u8] = if m.compression == Compression::None {
+                    data
+                } else {
+                    decoded = decompress(
+                        m.compression,
+                        data,
+                        m.ram_bytes.min(1 << 20) as usize,
+                        self.sb.sectorsize as usize,
+                    )
+                    .map_err(|e| {
+                        Error::corrupt(0, format!("inline extent of inode {}: {e}", id.ino))
+                    })?;
+                    &decoded
+                };
+                Source::Ready(copy_or_zero(plain, rel as usize, len))
+            }
+            MappingKind::Disk { bytenr, offset, .. } if m.compression == Compression::None => {
+                // Checked: disk_bytenr and offset are image fields (sector aligned, any size).
+                let logical = bytenr
+                    .checked_add(*offset)
+                    .and_then(|l| l.checked_add(rel))
+                    .ok_or_else(|| {
+                        Error::corrupt(
+                            *bytenr,
+                            format!("extent of inode {} overflows the address space", id.ino),
+                        )
+                    })?;
+                Source::Disk(self.data_read(id, pos, logical, len, verify)?)
+            }
+            MappingKind::Disk {
+                bytenr,
+                disk_len,
+                offset,
+            } => {
+                // Saturating: a hostile offset past the decoded extent reads as zeros.
+                let from = offset.saturating_add(rel);
+                if let Some(plain) = self.extents.get(bytenr) {
+                    return Ok(Source::Ready(copy_or_zero(&plain, from as usize, len)));
+                }
+                // Compressed extents are at most 128 KiB decoded; anything larger is hostile.
+                if *disk_len > (1 << 20) || m.ram_bytes > (1 << 20) {
+                    return Err(Error::corrupt(
+                        *bytenr,
+                        format!(
+                            "compressed extent of {disk_len} bytes ({} decoded) is too large",
+                            m.ram_bytes
+                        ),
+                    ));
+                }
+                Source::Compressed {
+                    raw: self.data_read(id, pos, *bytenr, *disk_len as usize, verify)?,
+                    compression: m.compression,
+                    ram_bytes: m.ram_bytes,
+                    from,
+                }
+            }
+        })
+    }
+
+    /// The sectors holding `len` bytes at `logical`, and their checksums if `verify`.
+    fn data_read(
+        &self,
+        id: InodeId,
+        file_pos: u64,
+        logical: u64,
+        len: usize,
+        verify: bool,
+    ) -> Result<DataRead> {
+        let sector = self.sb.sectorsize as u64;
+        let start = logical - logical % sector;
+        // Checked: `logical` comes from image fields; near the top of the address space the
+        // rounded-up end would overflow.
+        let end = logical
+            .checked_add(len as u64)
+            .and_then(|e| e.checked_next_multiple_of(sector))
+            .ok_or_else(|| Error::corrupt(logical, "data range overflows the address space"))?;
+        let csums = if verify {
+            self.data_csums(start, end)?
+        } else {
+            Vec::new()
+        };
+        Ok(DataRead {
+            id,
+            file_pos,
+            logical,
+            start,
+            end,
+            csums,
+        })
+    }
+
+    /// Per-sector checksums for `[start, end)`; None where the csum tree has none.
+    pub(crate) fn data_csums(&self, start: u64, end: u64) -> Result<Vec<Option<Vec<u8>>>> {
+        let sector = self.sb.sectorsize as u64;
+        let size = self.sb.csum_type().size();
+        let mut out = vec![None; ((end - start) / sector) as usize];
+        let Some(tree) = self.csum_root() else {
+            return Ok(out);
+        };
+        let mut cur = Cursor::search(
+            self,
+            &tree,
+            &Key::new(objectid::EXTENT_CSUM, item::EXTENT_CSUM, start),
+        )?;
+        let exact = matches!(cur.item()?, Some((k, _)) if k.objectid == objectid::EXTENT_CSUM && k.item_type == item::EXTENT_CSUM && k.offset == start);
+        if !exact
+            && cur.prev()?
+            && !matches!(cur.item()?, Some((k, _)) if k.objectid == objectid::EXTENT_CSUM && k.item_type == item::EXTENT_CSUM)
+        {
+            cur.next()?;
+        }
+        while let Some((key, body)) = cur.item()? {
+            if key.objectid != objectid::EXTENT_CSUM
+                || key.item_type != item::EXTENT_CSUM
+                || key.offset >= end
+            {
+                break;
+            }
+            for (i, c) in body.chunks_exact(size).enumerate() {
+                // Saturating: a csum item keyed near u64::MAX must not overflow.
+                let at = key.offset.saturating_add(i as u64 * sector);
+                if at >= end {
+                    break;
+                }
+                if at >= start {
+                    out[((at - start) / sector) as usize] = Some(c.to_vec());
+                }
+            }
+            cur.next()?;
+        }
+        Ok(out)
+    }
+}
+
+impl ReadPlan {
+    /// Does the reads the plan describes; needs no filesystem lock.
+    pub(crate) fn execute(self) -> Result<Vec<u8>> {
+        let mut out = vec![0u8; self.len];
+        for p in &self.pieces {
+            let dst = &mut out[p.at..p.at + p.len];
+            match &p.source {
+                Source::Ready(bytes) => dst.copy_from_slice(bytes),
+                Source::Disk(r) => {
+                    let buf = self.read_verified(r)?;
+                    let skip = (r.logical - r.start) as usize;
+                    dst.copy_from_slice(&buf[skip..skip + p.len]);
+                }
+                Source::Compressed {
+                    raw,
+                    compression,
+                    ram_bytes,
+                    from,
+                } => {
+                    let plain = self.decoded(raw, *compression, *ram_bytes)?;
+                    dst.copy_from_slice(&copy_or_zero(&plain, *from as usize, p.len));
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// A compressed extent decoded, kept in the extent cache.
+    fn decoded(&self, raw: &DataRead, compression: Compression, ram: u64) -> Result<Arc<Vec<u8>>> {
+        if let Some(d) = self.extents.get(&raw.logical) {
+            return Ok(d);
+        }
+        let buf = self.read_verified(raw)?;
+        let plain =
+            decompress(compression, &buf, ram as usize, self.sector as usize).map_err(|e| {
+                Error::corrupt(
+                    raw.logical,
+                    format!("{} extent of inode {}: {e}", compression.name(), raw.id.ino),
+                )
+            })?;
+        let plain = Arc::new(plain);
+        self.extents.insert(raw.logical, Arc::clone(&plain));
+        Ok(plain)
+    }
+
+    /// The sectors of `r`, from the first mirror whose checksums match.
+    fn read_verified(&self, r: &DataRead) -> Result<crate::io::device::IoBuf> {
+        let sector = self.sector as usize;
+        // Aligned, so an uncached read lands in it directly.
+        let mut buf = crate::io::device::IoBuf::zeroed((r.end - r.start) as usize);
+        let mirrors = self.io.num_mirrors(r.start).max(1);
+        let mut bad_at = None;
+        for mirror in 0..mirrors {
+            self.io
+                .read_logical_mode(r.start, &mut buf, mirror, self.uncached)?;
+            bad_at = r.csums.iter().enumerate().find_map(|(i, c)| {
+                let c = c.as_ref()?;
+                let s = &buf[i * sector..(i + 1) * sector];
+                (!self.csum_type.verify(s, c)).then_some(r.start + (i * sector) as u64)
+            });
+            if bad_at.is_none() {
+                return Ok(buf);
+            }
+        }
+        let bad = bad_at.unwrap_or(r.start);
+        let err = Error::DataChecksum {
+            subvol: r.id.subvol,
+            ino: r.id.ino,
+            offset: r.file_pos - r.file_pos % self.sector + (bad.max(r.logical) - r.logical),
+            logical: bad,
+        };
+        log::error!("{err}");
+        Err(err)
+    }
+}
+
+/// `len` bytes of `src` from `from`, zero-filled where `src` ends (a decoded extent
+/// shorter than its item claims reads as zeros, as in the kernel).
+fn copy_or_zero(src: &[u8], from: usize, len: usize) -> Vec<u8> {
+    let mut out = vec![0u8; len];
+    let avail = src.len().saturating_sub(from).min(len);
+    let from = from.min(src.len());
+    out[..avail].copy_from_slice(&src[from..from + avail]);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{Filesystem, InodeId, NewInode, OpenOptions};
+
+    fn pattern(seed: u8, len: usize) -> Vec<u8> {
+        (0..len).map(|i| (i as u8).wrapping_mul(7) ^ seed).collect()
+    }
+
+    /// Plans a read of `a`, then frees its extent (an overwrite, committed twice so the
+    /// freeing commit is durable) and writes new files until the freed space would be
+    /// handed out again. Returns whether a new file landed on the old extent and what the
+    /// plan read.
+    fn read_across_reuse(name: &str, pinned: bool) -> (bool, crate::Result<Vec<u8>>) {
+        const LEN: usize = 1 << 20;
+        let dir = std::env::temp_dir().join(format!("oleo-read-pin-{}-{name}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let img = dir.join("pin.img");
+        let opts = crate::mkfs::MkfsOptions {
+            size: Some(512 << 20),
+            ..Default::default()
+        };
+        crate::mkfs::mkfs(&img, &opts).unwrap();
+        let rw = OpenOptions {
+            read_only: false,
+            ..Default::default()
+        };
+        let fs = Filesystem::open_rw(&img, rw).unwrap();
+        let root = fs.root();
+        let a = fs.mknod(root, b"a", &NewInode::file(0o644)).unwrap().id;
+        fs.write(a, 0, &pattern(1, LEN)).unwrap();
+        fs.sync().unwrap();
+        let old: Vec<(u64, u64)> = extents(&fs, a);
+        let plan = {
+            let core = fs.core_read();
+            let pin = pinned.then(|| core.pipe.pin_read(core.running_transid()));
+            core.plan_read(a, 0, LEN as u32, pin).unwrap()
+        };
+        fs.write(a, 0, &pattern(2, LEN)).unwrap();
+        fs.sync().unwrap();
+        fs.sync().unwrap();
+        let mut reused = false;
+        for i in 0..8u8 {
+            let name = [b'n', b'0' + i];
+            let n = fs.mknod(root, &name, &NewInode::file(0o644)).unwrap().id;
+            fs.write(n, 0, &pattern(3 + i, LEN)).unwrap();
+            fs.sync().unwrap();
+            reused |= extents(&fs, n)
+                .iter()
+                .any(|&(s, l)| old.iter().any(|&(os, ol)| s < os + ol && os < s + l));
+        }
+        let got = plan.execute();
+        drop(fs);
+        std::fs::remove_dir_all(&dir).unwrap();
+        (reused, got)
+    }
+
+    fn extents(fs: &Filesystem, id: InodeId) -> Vec<(u64, u64)> {
+        fs.file_extents(id)
+            .unwrap()
+            .iter()
+            .map(|e| (e.logical.unwrap(), e.len))
+            .collect()
+    }
+
+    /// Space a planned read still reads is not handed out again before the read ends;
+    /// without the pin it is, and the read returns another file's data.
+    #[test]
+    fn a_planned_read_keeps_its_blocks() {
+        let (reused, got) = read_across_reuse("pinned", true);
+        assert!(!reused, "freed space a read still needs was reused");
+        assert!(
+            got.is_ok_and(|got| got == pattern(1, 1 << 20)),
+            "the planned read saw other data"
+        );
+        // Without the pin another file's data is there: the checksums catch it.
+        let (reused, got) = read_across_reuse("unpinned", false);
+        assert!(reused, "control: without a pin the freed extent is reused");
+        assert!(
+            matches!(got, Err(crate::Error::DataChecksum { .. })),
+            "control: without a pin the read is stale: {:?}",
+            got.map(|g| g.len())
+        );
+    }
+}

@@ -1,0 +1,127 @@
+//! Writes into preallocated extents (fallocate's unwritten space), in place as the kernel
+//! writes them: the data goes where fallocate put the space, then the kernel's
+//! btrfs_mark_extent_written turns the written range of the prealloc items into regular
+//! items on the same extent (the rest stays prealloc), with checksums for a checksummed
+//! file. Only extents this file alone references (`nocow::nocow_target`) qualify; others
+//! take the copy-on-write path.
+//!
+//! Fills share the file's lock with each other and with in-place writes, and each holds
+//! its own sector range alone (`NocowWriters::lock_range`), so fills of different parts of
+//! a file have their data in flight together; the items change under the filesystem's
+//! lock, briefly.
+
+use crate::data::nocow::Owned;
+use crate::error::Result;
+use crate::transaction::fs::{FileKind, FsCore, InodeId};
+use crate::transaction::space::delayed_ref::DataRef;
+use oleo_format::items::Compression;
+use oleo_format::key::{item, Key};
+
+/// A write into preallocated extents worked out: the sector-aligned buffer for
+/// `[start, start + len)` (zeros around the data, as prealloc reads) and where it goes.
+pub(crate) struct FillPlan {
+    pub(crate) start: u64,
+    pub(crate) buf: crate::io::device::IoBuf,
+    pub(crate) len: usize,
+    pub(crate) pieces: Vec<Owned>,
+    pub(crate) sums: bool,
+}
+
+impl FsCore {
+    /// The write of `data` at `offset` into preallocated extents of `id`, if every sector
+    /// it touches is one this file alone references (the kernel's can_nocow_extent).
+    pub(crate) fn plan_prealloc_fill(
+        &self,
+        id: InodeId,
+        offset: u64,
+        data: &[u8],
+        may_grow: bool,
+    ) -> Result<Option<FillPlan>> {
+        let attr = self.getattr(id)?;
+        let sector = u64::from(self.sb.sectorsize);
+        let Some(end) = offset.checked_add(data.len() as u64) else {
+            return Ok(None);
+        };
+        // Growing past a partial last sector needs it zeroed first: the copy path's job.
+        if attr.kind != FileKind::File
+            || data.is_empty()
+            || end > i64::MAX as u64
+            || end > attr.size && (!may_grow || !attr.size.is_multiple_of(sector))
+        {
+            return Ok(None);
+        }
+        let (a, b) = (offset - offset % sector, end.next_multiple_of(sector));
+        let Some(pieces) = self.owned_range(id, a, b, true)? else {
+            return Ok(None);
+        };
+        let len = (b - a) as usize;
+        let mut buf = self.take_staging(len);
+        buf[..len].fill(0);
+        buf[(offset - a) as usize..(end - a) as usize].copy_from_slice(data);
+        Ok(Some(FillPlan {
+            start: a,
+            buf,
+            len,
+            pieces,
+            sums: attr.flags & oleo_format::items::INODE_FLAG_NODATASUM == 0,
+        }))
+    }
+}
+
+impl crate::transaction::Transaction<'_> {
+    /// The kernel's btrfs_mark_extent_written: the filled ranges of prealloc items become
+    /// regular items on the same extents (the rest stays prealloc), with their checksums;
+    /// the file grows to `end` if it was smaller.
+    pub(crate) fn mark_extent_written(
+        &mut self,
+        id: InodeId,
+        pieces: &[Owned],
+        sums: &[Vec<u8>],
+        end: u64,
+        keep_times: bool,
+    ) -> Result<()> {
+        let mut inode = self.read_inode(id)?;
+        // Growing (the file's lock held alone): where the format wants explicit holes, the
+        // old end up to the range gets one, as a write past the end gets it.
+        if let Some(first) = pieces.first().filter(|_| end > inode.size) {
+            let sector = u64::from(self.filesystem().sb.sectorsize);
+            let dropped = self.insert_hole(id, inode.size.next_multiple_of(sector), first.at)?;
+            inode.nbytes = inode.nbytes.saturating_sub(dropped);
+        }
+        for (i, p) in pieces.iter().enumerate() {
+            let dropped = self.drop_extents(id, p.at, p.at + p.len)?;
+            inode.nbytes = inode.nbytes.saturating_sub(dropped);
+            let body = oleo_format::items::FileExtent {
+                generation: self.transid,
+                ram_bytes: p.disk_len,
+                compression: Compression::None,
+                body: oleo_format::items::FileExtentBody::Extent {
+                    prealloc: false,
+                    disk_bytenr: p.bytenr,
+                    disk_num_bytes: p.disk_len,
+                    offset: p.ext_off,
+                    num_bytes: p.len,
+                },
+            }
+            .to_bytes();
+            self.insert_item(id.subvol, Key::new(id.ino, item::EXTENT_DATA, p.at), &body)?;
+            let r = DataRef {
+                root: id.subvol,
+                objectid: id.ino,
+                offset: p.at - p.ext_off,
+            };
+            self.add_data_ref(p.bytenr, p.disk_len, r)?;
+            inode.nbytes = inode.nbytes.saturating_add(p.len);
+            if let Some(s) = sums.get(i).filter(|s| !s.is_empty()) {
+                self.insert_csum_bytes(p.bytenr + p.ext_off, s)?;
+            }
+        }
+        inode.size = inode.size.max(end);
+        if !keep_times {
+            let t = crate::inode::inode_item::now();
+            inode.mtime = t;
+            inode.ctime = t;
+        }
+        self.write_inode(id, &mut inode)
+    }
+}

@@ -1,0 +1,498 @@
+//! The public handle on an open filesystem: `Send + Sync`, every operation through
+//! `&self`, so an embedding program (or the FUSE server) reads and writes from many
+//! threads with no lock of its own.
+//!
+//! Inside, the state (`FsCore`) sits behind one reader-writer lock: reads share it, an
+//! operation that changes the filesystem holds it alone while it joins the running
+//! transaction. A commit holds it only to close the transaction (bookkeeping to a
+//! fixpoint, blocks checksummed); writing the blocks, the flushes and the superblocks run
+//! without it, while new operations join the next transaction (see `transaction`).
+//!
+//! Layer 8, the top: every public operation starts here, takes the inode lock and the
+//! filesystem lock in order, and calls down (data, inode, subvolume, tree_log,
+//! transaction). `inspect` reads raw trees for the dump tools.
+
+mod fileattr;
+mod inspect;
+mod subvolume;
+mod write;
+
+use crate::ctree::TreeRoot;
+use crate::data::file::ExtentInfo;
+use crate::error::{Error, Result};
+use crate::inode::inode_lock::InodeLocks;
+use crate::inode::inode_ops::{FallocMode, NewInode, RenameFlags, SetAttr, XattrSet};
+use crate::transaction::fs::{Attr, DirEntry, FsCore, InodeId, StatFs, SubvolumeInfo};
+use crate::transaction::options::OpenOptions;
+use crate::transaction::Transaction;
+use crate::tree_log::{write_batch, FsyncPlan, Synced};
+use oleo_format::superblock::Superblock;
+use oleo_format::TreeBlock;
+use parking_lot::{RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::path::Path;
+
+/// The state held alone; see `Filesystem::core_mut`.
+pub(crate) struct CoreMut<'a>(Option<RwLockWriteGuard<'a, FsCore>>);
+
+impl std::ops::Deref for CoreMut<'_> {
+    type Target = FsCore;
+    fn deref(&self) -> &FsCore {
+        self.0.as_ref().expect("held until dropped")
+    }
+}
+
+impl std::ops::DerefMut for CoreMut<'_> {
+    fn deref_mut(&mut self) -> &mut FsCore {
+        self.0.as_mut().expect("held until dropped")
+    }
+}
+
+impl Drop for CoreMut<'_> {
+    fn drop(&mut self) {
+        let Some(core) = self.0.take() else {
+            return;
+        };
+        let pipe = std::sync::Arc::clone(&core.pipe);
+        drop(core);
+        // A failure is logged and fails the pipe: the next operation reports it.
+        let _ = pipe.write_deferred();
+    }
+}
+
+pub struct Filesystem {
+    core: RwLock<FsCore>,
+    /// The device, reached without the lock (tree blocks a lookup missed).
+    io: std::sync::Arc<crate::io::disk_io::DiskIo>,
+    /// Per-file locks, taken before `core` (see `inode_lock`).
+    inode_locks: InodeLocks,
+    /// In-place writers against snapshots (see `nocow`), taken before `core`.
+    nocow: crate::data::nocow::NocowWriters,
+}
+
+/// Operations that read: they share the lock.
+macro_rules! reads {
+    ($($(#[$m:meta])* fn $name:ident(&self $(, $arg:ident: $ty:ty)*) -> $ret:ty;)*) => {$(
+        $(#[$m])*
+        pub fn $name(&self $(, $arg: $ty)*) -> $ret {
+            self.core_read().$name($($arg),*)
+        }
+    )*};
+}
+
+/// Reads that look up items: they share the lock, and read tree blocks missing from the
+/// cache after letting go of it (`lookup_op`).
+macro_rules! lookups {
+    ($($(#[$m:meta])* fn $name:ident(&self $(, $arg:ident: $ty:ty)*) -> $ret:ty;)*) => {$(
+        $(#[$m])*
+        pub fn $name(&self $(, $arg: $ty)*) -> $ret {
+            self.lookup_op(|core| core.$name($($arg),*))
+        }
+    )*};
+}
+
+/// Operations that change the filesystem: they hold the lock alone.
+macro_rules! writes {
+    ($($(#[$m:meta])* fn $name:ident(&self $(, $arg:ident: $ty:ty)*) -> $ret:ty;)*) => {$(
+        $(#[$m])*
+        pub fn $name(&self $(, $arg: $ty)*) -> $ret {
+            self.core_mut().$name($($arg),*)
+        }
+    )*};
+}
+
+#[allow(clippy::unused_unit)]
+impl Filesystem {
+    /// Opens an image file or block device (read-only unless `options.read_only` is false).
+    pub fn open(path: impl AsRef<Path>, options: OpenOptions) -> Result<Filesystem> {
+        Ok(Filesystem::new(FsCore::open(path, options)?))
+    }
+
+    /// Opens an image file or block device writable.
+    pub fn open_rw(path: impl AsRef<Path>, options: OpenOptions) -> Result<Filesystem> {
+        Ok(Filesystem::new(FsCore::open_rw(path, options)?))
+    }
+
+    fn new(core: FsCore) -> Filesystem {
+        Filesystem {
+            io: std::sync::Arc::clone(&core.io),
+            core: RwLock::new(core),
+            inode_locks: InodeLocks::default(),
+            nocow: Default::default(),
+        }
+    }
+
+    /// Runs a read `f` under the shared lock with tree-block reads limited to the cache.
+    /// A block it misses is read with the lock let go, under a read pin (so its space is
+    /// not reused meanwhile), and `f` runs again: a cold read never holds the lock while
+    /// the device works, and writers never wait for it.
+    pub(crate) fn lookup_op<R>(&self, f: impl Fn(&FsCore) -> Result<R>) -> Result<R> {
+        // A path longer than this many misses (a cache too small to hold it) is read with
+        // the lock held, as before.
+        const MAX_MISSES: usize = 16;
+        for _ in 0..MAX_MISSES {
+            let (miss, _pin) = {
+                let core = self.core_read();
+                let only = crate::io::disk_io::CachedOnly::new();
+                match f(&core) {
+                    Err(Error::NotCached(miss)) => {
+                        drop(only);
+                        (miss, core.pipe.pin_read(core.running_transid()))
+                    }
+                    r => return r,
+                }
+            };
+            crate::blocking::will_wait();
+            miss.fetch(&self.io)?;
+        }
+        f(&self.core_read())
+    }
+
+    /// Commits and closes; returns the final commit's result (a drop commits too, but can
+    /// only log a failure).
+    pub fn close(self) -> Result<()> {
+        self.core.into_inner().close()
+    }
+
+    /// The superblock as last committed.
+    pub fn superblock(&self) -> Superblock {
+        self.core.read().superblock().clone()
+    }
+
+    /// Lists directory `dir` from offset `from` (an entry's `next_offset` resumes after
+    /// it); `f` returns false to stop. `f` runs without the lock held, so it may call back
+    /// into the filesystem (the entries come in batches read under the lock).
+    pub fn readdir(
+        &self,
+        dir: InodeId,
+        from: u64,
+        f: &mut dyn FnMut(DirEntry) -> bool,
+    ) -> Result<()> {
+        const BATCH: usize = 128;
+        let mut from = from;
+        loop {
+            let batch = self.lookup_op(|core| {
+                let mut batch = Vec::with_capacity(BATCH);
+                core.readdir(dir, from, &mut |e| {
+                    batch.push(e);
+                    batch.len() < BATCH
+                })?;
+                Ok(batch)
+            })?;
+            let last = batch.len() < BATCH;
+            for e in batch {
+                from = e.next_offset;
+                if !f(e) {
+                    return Ok(());
+                }
+            }
+            if last {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Reads up to `size` bytes at `offset` (fewer at the end of the file). Only finding
+    /// the extents shares the lock; the data is read after letting go (see `file_read`).
+    pub fn read(&self, id: InodeId, offset: u64, size: u32) -> Result<Vec<u8>> {
+        self.read_mode(id, offset, size, false)
+    }
+
+    /// `read` for a caller's O_DIRECT read: the data comes from the device itself, not
+    /// from an image file's page cache, wherever it is sector aligned.
+    pub fn read_direct(&self, id: InodeId, offset: u64, size: u32) -> Result<Vec<u8>> {
+        self.read_mode(id, offset, size, true)
+    }
+
+    fn read_mode(&self, id: InodeId, offset: u64, size: u32, uncached: bool) -> Result<Vec<u8>> {
+        let mut plan = self.lookup_op(|core| {
+            let pin = core.pipe.pin_read(core.running_transid());
+            core.plan_read(id, offset, size, Some(pin))
+        })?;
+        plan.uncached = uncached;
+        plan.execute()
+    }
+
+    /// Visits every block of a tree (inspection tools). `f` runs under the shared lock:
+    /// it must not call back into the filesystem.
+    pub fn walk_tree(
+        &self,
+        root: &TreeRoot,
+        f: &mut dyn FnMut(TreeBlock<'_>),
+        on_error: &mut dyn FnMut(&crate::Error),
+    ) -> Result<()> {
+        self.core.read().walk_tree(root, f, on_error)
+    }
+
+    /// Starts (or joins) the running transaction, with the filesystem to itself until the
+    /// transaction handle is dropped or committed.
+    pub fn start_transaction(&self) -> Result<Transaction<'_>> {
+        Transaction::start_locked(self.core.write())
+    }
+
+    /// Runs `f` in the running transaction and commits it if `f` succeeds; returns the
+    /// committed generation and what `f` returned.
+    pub fn with_transaction<R>(
+        &self,
+        f: impl FnOnce(&mut Transaction<'_>) -> Result<R>,
+    ) -> Result<(u64, R)> {
+        let mut txn = self.start_transaction()?;
+        let r = f(&mut txn)?;
+        let generation = txn.commit()?;
+        Ok((generation, r))
+    }
+
+    /// The state, alone. Letting go of it writes the commits closed meanwhile (a
+    /// transaction over its dirty limit), outside the lock.
+    pub(crate) fn core_mut(&self) -> CoreMut<'_> {
+        CoreMut(Some(self.core.write()))
+    }
+
+    /// The state, shared.
+    pub(crate) fn core_read(&self) -> RwLockReadGuard<'_, FsCore> {
+        self.core.read()
+    }
+
+    pub(crate) fn inode_locks(&self) -> &InodeLocks {
+        &self.inode_locks
+    }
+
+    pub(crate) fn nocow_writers(&self) -> &crate::data::nocow::NocowWriters {
+        &self.nocow
+    }
+
+    /// Changes a file's size, owner, mode or times (its data changes with its size).
+    pub fn setattr(&self, id: InodeId, set: &SetAttr) -> Result<Attr> {
+        let _file = self.inode_locks.lock(id);
+        self.core_mut().setattr(id, set)
+    }
+
+    /// Allocates, punches or zeroes a range of `id`.
+    pub fn fallocate(&self, id: InodeId, offset: u64, len: u64, mode: FallocMode) -> Result<()> {
+        self.fallocate_how(id, offset, len, mode, false)
+    }
+
+    /// `fallocate` leaving mtime and ctime to a caller whose cache owns them (FUSE's
+    /// writeback cache: see `write_keep_times`).
+    pub fn fallocate_keep_times(
+        &self,
+        id: InodeId,
+        offset: u64,
+        len: u64,
+        mode: FallocMode,
+    ) -> Result<()> {
+        self.fallocate_how(id, offset, len, mode, true)
+    }
+
+    fn fallocate_how(
+        &self,
+        id: InodeId,
+        offset: u64,
+        len: u64,
+        mode: FallocMode,
+        keep_times: bool,
+    ) -> Result<()> {
+        let _file = self.inode_locks.lock(id);
+        self.core_mut().fallocate(id, offset, len, mode, keep_times)
+    }
+
+    /// Copies `len` bytes, sharing whole extents; returns the bytes copied.
+    pub fn copy_file_range(
+        &self,
+        src: InodeId,
+        src_off: u64,
+        dst: InodeId,
+        dst_off: u64,
+        len: u64,
+    ) -> Result<u64> {
+        self.copy_file_range_how(src, src_off, dst, dst_off, len, false)
+    }
+
+    /// `copy_file_range` leaving the destination's mtime and ctime to a caller whose
+    /// cache owns them (FUSE's writeback cache: see `write_keep_times`).
+    pub fn copy_file_range_keep_times(
+        &self,
+        src: InodeId,
+        src_off: u64,
+        dst: InodeId,
+        dst_off: u64,
+        len: u64,
+    ) -> Result<u64> {
+        self.copy_file_range_how(src, src_off, dst, dst_off, len, true)
+    }
+
+    fn copy_file_range_how(
+        &self,
+        src: InodeId,
+        src_off: u64,
+        dst: InodeId,
+        dst_off: u64,
+        len: u64,
+        keep_times: bool,
+    ) -> Result<u64> {
+        // The source too: an in-place write into an extent being shared would show in the
+        // copy after it was made.
+        let _files = self.inode_locks.lock_two(src, dst);
+        self.core_mut()
+            .copy_file_range(src, src_off, dst, dst_off, len, keep_times)
+    }
+
+    reads! {
+        /// The root directory of the opened subvolume.
+        fn root(&self) -> InodeId;
+        /// True when the image has a log tree that was not replayed.
+        fn has_pending_log(&self) -> bool;
+        /// Memory held by the running transaction's dirty tree blocks.
+        fn dirty_bytes(&self) -> u64;
+        /// True while changes are waiting for a commit.
+        fn has_uncommitted_changes(&self) -> bool;
+        /// (writes, flushes) issued to the device since it was opened.
+        fn io_counts(&self) -> (u64, u64);
+        /// Records every device write and flush from now on (crash simulation).
+        fn start_io_recording(&self) -> ();
+        /// The writes and flushes recorded so far.
+        fn take_io_recording(&self) -> Vec<crate::io::device::IoEvent>;
+        /// Makes every later write to the device fail after `writes` more (crash tests).
+        fn fail_writes_after(&self, writes: u64) -> ();
+        /// Why this filesystem cannot be written by oleo, if it cannot.
+        fn can_write(&self) -> Result<()>;
+        /// A path from the top-level subvolume to `id`.
+        fn inode_path(&self, id: InodeId) -> Result<Vec<u8>>;
+        fn default_subvolume(&self) -> Result<u64>;
+        fn list_subvolumes(&self) -> Result<Vec<SubvolumeInfo>>;
+        /// The current root of tree `id` (None: no such tree).
+        fn tree_root(&self, id: u64) -> Result<Option<TreeRoot>>;
+        /// Every tree the root tree records.
+        fn tree_ids(&self) -> Result<Vec<u64>>;
+        /// Marks `id` as open: if its last name goes, it lives on until unpinned.
+        fn pin_open(&self, id: InodeId) -> ();
+        /// Undoes one `pin_open` without deleting anything; true if it was the last.
+        fn drop_pin(&self, id: InodeId) -> bool;
+        /// Bytes new file data can still get (statfs's available space).
+        fn data_available(&self) -> Result<u64>;
+        fn statfs(&self) -> Result<StatFs>;
+    }
+
+    lookups! {
+        /// SEEK_DATA (`data`) or SEEK_HOLE from `offset`.
+        fn seek_data_hole(&self, id: InodeId, offset: u64, data: bool) -> Result<u64>;
+        /// A file's extents, as FIEMAP reports them.
+        fn file_extents(&self, id: InodeId) -> Result<Vec<ExtentInfo>>;
+        fn lookup(&self, dir: InodeId, name: &[u8]) -> Result<InodeId>;
+        /// The offset past the last entry `dir` has now (a listing opened now ends there).
+        fn readdir_end(&self, dir: InodeId) -> Result<u64>;
+        fn getattr(&self, id: InodeId) -> Result<Attr>;
+        fn readlink(&self, id: InodeId) -> Result<Vec<u8>>;
+        fn getxattr(&self, id: InodeId, name: &[u8]) -> Result<Vec<u8>>;
+        fn listxattr(&self, id: InodeId) -> Result<Vec<Vec<u8>>>;
+        /// Follows `path` (components separated by '/') from `start`.
+        fn resolve_path(&self, start: InodeId, path: &[u8]) -> Result<InodeId>;
+    }
+
+    /// Commits when that gives data space back (what was freed since the last commit stays
+    /// pinned until one, as in the kernel, which commits before it reports ENOSPC): for
+    /// callers that must see free space as it really is. True if it committed.
+    pub fn reclaim_data_space(&self) -> Result<bool> {
+        if !self.core.read().commit_would_free_data() {
+            return Ok(false);
+        }
+        self.sync()?;
+        Ok(true)
+    }
+
+    /// Commits the running transaction, if any: everything before is durable after.
+    /// Returns the generation on disk. Operations of other threads go on meanwhile, in the
+    /// next transaction: only closing this one holds the lock.
+    pub fn sync(&self) -> Result<u64> {
+        // Group commit: while an earlier commit is still writing, operations of other
+        // threads keep joining the running transaction; waiting for that commit first
+        // lets one commit (two flushes) cover every sync that arrived meanwhile.
+        let (closed, pipe) = {
+            let core = self.core.read();
+            (core.superblock().generation, core.pipe.clone())
+        };
+        pipe.wait_durable(closed)?;
+        let (io, generation, pipe) = {
+            let mut core = self.core.write();
+            let io = core.close_running()?;
+            (io, core.superblock().generation, core.pipe.clone())
+        };
+        match io {
+            Some(io) => io.write(),
+            // Nothing new, but a commit of another thread may still be writing.
+            None => pipe.wait_durable(generation),
+        }
+    }
+
+    /// fsync(2) or fdatasync(2) of `id`: its data and metadata (for a directory, the
+    /// entries it gained or lost) are durable when this returns. Its changes since its
+    /// last fsync go to its subvolume's log tree and one log sync writes them, shared with
+    /// the fsyncs of other threads that arrive meanwhile; where the log cannot describe the
+    /// change (`tree_log::log_inode`, `tree_log::log_dir`), the transaction commits
+    /// instead. An inode with nothing new costs no IO.
+    pub fn fsync(&self, id: InodeId, _datasync: bool) -> Result<()> {
+        // Data written in place is in no tree: with nothing to log, a flush makes it durable.
+        let written_in_place = self.nocow.take_unsynced(id);
+        let mut r = self.fsync_inode(id);
+        if written_in_place && r.is_ok() {
+            // The log sync that covered this inode may have been written before its data
+            // (it had no item to log): one more flush, cheap with nothing new to write.
+            r = self.io.flush();
+        }
+        if r.is_err() && written_in_place {
+            self.nocow.mark_unsynced(id);
+        }
+        r
+    }
+
+    fn fsync_inode(&self, id: InodeId) -> Result<()> {
+        let plan = {
+            // This file's writes in flight finish first: their items must be in.
+            let _file = self.inode_locks.lock(id);
+            self.core_mut().plan_fsync(id)?
+        };
+        match plan {
+            FsyncPlan::Commit(why) => {
+                log::debug!("fsync of inode {} commits: {why}", id.ino);
+                self.sync().map(drop)
+            }
+            FsyncPlan::Log { transid, seq } => {
+                let pipe = self.core_read().pipe.clone();
+                pipe.wait_durable(transid - 1)?;
+                let Some(seq) = seq else { return Ok(()) };
+                let gather = || self.core_mut().gather_log(transid);
+                let write = |b: &_| write_batch(&self.io, b);
+                match pipe.log.sync(transid, seq, gather, write) {
+                    Synced::Durable => Ok(()),
+                    Synced::Closed => pipe.wait_durable(transid).map(drop),
+                    Synced::Broken => self.sync().map(drop),
+                }
+            }
+        }
+    }
+
+    /// (log syncs written, fsyncs they made durable) since the filesystem was opened.
+    pub fn log_sync_counts(&self) -> (u64, u64) {
+        self.core_read().pipe.log.counts()
+    }
+
+    writes! {
+        /// Undoes one `pin_open`; the last one deletes the inode if it has no names left.
+        fn unpin_open(&self, id: InodeId) -> Result<()>;
+        /// Deletes `id` if it has no names left and nothing pins it.
+        fn delete_if_unlinked(&self, id: InodeId) -> Result<()>;
+        /// Creates a file of any type but directory and symlink, as `new` describes.
+        fn mknod(&self, parent: InodeId, name: &[u8], new: &NewInode) -> Result<Attr>;
+        fn mkdir(&self, parent: InodeId, name: &[u8], new: &NewInode) -> Result<Attr>;
+        /// An unnamed regular file (O_TMPFILE), pinned as if open, that `link` can name.
+        fn tmpfile(&self, parent: InodeId, new: &NewInode) -> Result<Attr>;
+        fn symlink(&self, parent: InodeId, name: &[u8], target: &[u8], uid: u32, gid: u32) -> Result<Attr>;
+        fn link(&self, id: InodeId, parent: InodeId, name: &[u8]) -> Result<Attr>;
+        fn unlink(&self, parent: InodeId, name: &[u8]) -> Result<()>;
+        fn rmdir(&self, parent: InodeId, name: &[u8]) -> Result<()>;
+        fn rename(&self, parent: InodeId, name: &[u8], new_parent: InodeId, new_name: &[u8], flags: RenameFlags) -> Result<()>;
+        fn setxattr(&self, id: InodeId, name: &[u8], value: &[u8], how: XattrSet) -> Result<()>;
+        fn removexattr(&self, id: InodeId, name: &[u8]) -> Result<()>;
+        /// Deletes every unlinked inode still pinned, then commits (an unmount).
+        fn close_all_and_sync(&self) -> Result<u64>;
+    }
+}

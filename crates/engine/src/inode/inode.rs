@@ -1,0 +1,149 @@
+//! Inodes: reading INODE_ITEMs (through a bounded cache) and presenting them as stat does.
+
+use crate::ctree::{for_each_in_range, lookup};
+use crate::error::{Error, Result};
+use crate::transaction::fs::{Attr, FileKind, FsCore, InodeId, Timespec};
+use oleo_format::items::{InodeItem, InodeRef, Timespec as DiskTime};
+use oleo_format::key::{item, objectid, Key};
+use std::ops::ControlFlow;
+use std::sync::Arc;
+
+fn ts(t: DiskTime) -> Timespec {
+    Timespec {
+        sec: t.sec,
+        nsec: t.nsec.min(999_999_999),
+    }
+}
+
+/// btrfs stores the kernel's internal dev_t (major << 20 | minor); stat shows the glibc
+/// encoding, which is also what FUSE expects.
+pub(crate) fn disk_rdev_to_user(raw: u64) -> u64 {
+    let major = (raw >> 20) & 0xfff;
+    let minor = raw & 0xfffff;
+    ((major & 0xfffff000) << 32)
+        | ((major & 0xfff) << 8)
+        | ((minor & 0xffffff00) << 12)
+        | (minor & 0xff)
+}
+
+impl FsCore {
+    pub(crate) fn inode_item(&self, id: InodeId) -> Result<Arc<InodeItem>> {
+        if let Some(i) = self.running.as_deref().and_then(|t| t.delayed.inode(&id)) {
+            return Ok(Arc::clone(i));
+        }
+        if let Some(i) = self.inodes.get(&id) {
+            return Ok(i);
+        }
+        let tree = self.tree_of(id)?;
+        let body =
+            lookup(self, &tree, &Key::new(id.ino, item::INODE_ITEM, 0))?.ok_or(Error::NotFound)?;
+        let inode = Arc::new(InodeItem::parse(&body).map_err(|e| {
+            Error::corrupt(
+                0,
+                format!("inode {} of subvolume {}: {e}", id.ino, id.subvol),
+            )
+        })?);
+        self.inodes.insert(id, inode.clone());
+        Ok(inode)
+    }
+
+    pub fn getattr(&self, id: InodeId) -> Result<Attr> {
+        if id.ino == objectid::EMPTY_SUBVOL_DIR {
+            return Ok(self.placeholder_attr(id));
+        }
+        let inode = self.inode_item(id)?;
+        let kind = FileKind::from_mode(inode.mode).ok_or_else(|| {
+            Error::corrupt(
+                0,
+                format!("inode {} has invalid mode {:o}", id.ino, inode.mode),
+            )
+        })?;
+        let sector = self.sb.sectorsize as u64;
+        Ok(Attr {
+            id,
+            kind,
+            mode: inode.mode,
+            nlink: inode.nlink,
+            uid: inode.uid,
+            gid: inode.gid,
+            size: inode.size,
+            blocks: inode.nbytes.div_ceil(sector).saturating_mul(sector) / 512,
+            blksize: self.sb.sectorsize,
+            rdev: if matches!(kind, FileKind::CharDev | FileKind::BlockDev) {
+                disk_rdev_to_user(inode.rdev)
+            } else {
+                0
+            },
+            atime: ts(inode.atime),
+            mtime: ts(inode.mtime),
+            ctime: ts(inode.ctime),
+            crtime: ts(inode.otime),
+            generation: inode.generation,
+            flags: inode.flags,
+        })
+    }
+
+    /// The kernel's stand-in for a subvolume it cannot enter (inode 2): an empty,
+    /// read-only directory.
+    fn placeholder_attr(&self, id: InodeId) -> Attr {
+        Attr {
+            id,
+            kind: FileKind::Dir,
+            mode: 0o040755,
+            nlink: 1,
+            uid: 0,
+            gid: 0,
+            size: 0,
+            blocks: 0,
+            blksize: self.sb.sectorsize,
+            rdev: 0,
+            atime: Timespec::default(),
+            mtime: Timespec::default(),
+            ctime: Timespec::default(),
+            crtime: Timespec::default(),
+            generation: 0,
+            flags: 0,
+        }
+    }
+
+    pub fn readlink(&self, id: InodeId) -> Result<Vec<u8>> {
+        let attr = self.getattr(id)?;
+        if attr.kind != FileKind::Symlink {
+            return Err(Error::InvalidArgument("not a symlink".into()));
+        }
+        self.read(id, 0, attr.size.min(1 << 16) as u32)
+    }
+
+    /// Path of an inode inside its subvolume, following first INODE_REFs up to the root.
+    pub fn inode_path(&self, id: InodeId) -> Result<Vec<u8>> {
+        let tree = self.tree_of(id)?;
+        let mut parts: Vec<Vec<u8>> = Vec::new();
+        let mut ino = id.ino;
+        while ino != objectid::FIRST_FREE {
+            if parts.len() > 4096 {
+                return Err(Error::corrupt(0, "inode ref chain does not reach the root"));
+            }
+            let mut next = None;
+            for_each_in_range(
+                self,
+                &tree,
+                Key::new(ino, item::INODE_REF, 0),
+                Key::new(ino, item::INODE_REF, u64::MAX),
+                |key, data| {
+                    if let Some(r) = InodeRef::parse_all(data)
+                        .ok()
+                        .and_then(|v| v.into_iter().next())
+                    {
+                        next = Some((key.offset, r.name));
+                    }
+                    Ok(ControlFlow::Break(()))
+                },
+            )?;
+            let (parent, name) = next.ok_or(Error::NotFound)?;
+            parts.push(name);
+            ino = parent;
+        }
+        parts.reverse();
+        Ok(parts.join(&b'/'))
+    }
+}

@@ -1,0 +1,69 @@
+//! Orphans: an inode whose last name goes while it is open lives on, with an ORPHAN_ITEM
+//! (`inode_ops`), until its last user lets go; a mount deletes those a previous session
+//! left behind, as the kernel does.
+
+use crate::error::Result;
+use crate::transaction::fs::{FsCore, InodeId};
+use crate::transaction::space::reservation::Reserve;
+
+impl FsCore {
+    /// Marks `id` as open: if its last name goes, it lives on (as an orphan) until closed.
+    pub fn pin_open(&self, id: InodeId) {
+        *self.open_inodes.lock().entry(id).or_insert(0) += 1;
+    }
+
+    /// Undoes one `pin_open`; the last one deletes the inode if it has no names left.
+    pub fn unpin_open(&mut self, id: InodeId) -> Result<()> {
+        if self.drop_pin(id) {
+            self.delete_if_unlinked(id)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Undoes one `pin_open` without deleting anything; true if that was the last pin (then
+    /// `delete_if_unlinked` finishes the job). Lets callers decide under a shared lock.
+    pub fn drop_pin(&self, id: InodeId) -> bool {
+        let mut open = self.open_inodes.lock();
+        match open.get_mut(&id) {
+            Some(n) if *n > 1 => {
+                *n -= 1;
+                false
+            }
+            Some(_) => {
+                open.remove(&id);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Deletes `id` if it has no names left and nothing pins it (an orphan whose last user
+    /// went away).
+    pub fn delete_if_unlinked(&mut self, id: InodeId) -> Result<()> {
+        if self.is_open(id) || self.aborted.is_some() || !self.io.device().is_writable() {
+            return Ok(());
+        }
+        match self.inode_item(id) {
+            Ok(inode) if inode.nlink == 0 => {
+                self.write_op(Reserve::items(8), |t| t.delete_inode(id))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    pub(crate) fn is_open(&self, id: InodeId) -> bool {
+        self.open_inodes.lock().contains_key(&id)
+    }
+
+    /// Deletes inodes left as orphans (unlinked while open when the last session ended),
+    /// as the kernel does at mount.
+    pub(crate) fn remove_orphans(&mut self, subvol: u64) -> Result<usize> {
+        let orphans = self.write_op(Reserve::items(1), |t| t.orphans(subvol))?;
+        for &ino in &orphans {
+            let id = InodeId { subvol, ino };
+            self.write_op(Reserve::items(8), |t| t.delete_inode(id))?;
+        }
+        Ok(orphans.len())
+    }
+}

@@ -1,0 +1,330 @@
+//! Block devices: where bytes physically live. For now one image file or block device,
+//! read with positional reads so many threads can read at once without a lock. Opened
+//! read-write, it also takes positional writes and cache flushes (fdatasync).
+
+use crate::error::{Error, Result};
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Writes at least this large go around the page cache (O_DIRECT, when aligned).
+const DIRECT_MIN: usize = 64 << 10;
+/// Once this much has gone into the image's page cache, its writeback is started: a
+/// flush (every fsync) writes back all that is dirty in the image, not only the
+/// fsynced file's part, so what is dirty there must stay small.
+const WRITEBACK_BATCH: u64 = 8 << 20;
+/// Offset, length and memory alignment O_DIRECT needs (the largest logical block size).
+pub const DIRECT_ALIGN: usize = 4096;
+
+/// A zeroed byte buffer aligned for O_DIRECT: file data is staged in these.
+pub struct IoBuf {
+    ptr: std::ptr::NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: IoBuf owns its allocation exclusively, like a Box<[u8]>.
+unsafe impl Send for IoBuf {}
+// SAFETY: shared access is read-only through Deref.
+unsafe impl Sync for IoBuf {}
+
+impl IoBuf {
+    pub fn zeroed(len: usize) -> IoBuf {
+        if len == 0 {
+            return IoBuf {
+                ptr: std::ptr::NonNull::<u8>::dangling(),
+                len: 0,
+            };
+        }
+        let layout =
+            std::alloc::Layout::from_size_align(len, DIRECT_ALIGN).expect("buffer size overflows");
+        // SAFETY: the layout has a non-zero size.
+        let raw = unsafe { std::alloc::alloc_zeroed(layout) };
+        let ptr =
+            std::ptr::NonNull::new(raw).unwrap_or_else(|| std::alloc::handle_alloc_error(layout));
+        IoBuf { ptr, len }
+    }
+}
+
+impl std::ops::Deref for IoBuf {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        // SAFETY: ptr is valid for len initialized (zeroed) bytes, or dangling with len 0.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl std::ops::DerefMut for IoBuf {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as in deref, and we hold the only reference.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl Drop for IoBuf {
+    fn drop(&mut self) {
+        if self.len > 0 {
+            let layout = std::alloc::Layout::from_size_align(self.len, DIRECT_ALIGN)
+                .expect("layout was valid at allocation");
+            // SAFETY: allocated in `zeroed` with this very layout.
+            unsafe { std::alloc::dealloc(self.ptr.as_ptr(), layout) };
+        }
+    }
+}
+
+/// One thing the device was asked to do, as a crash simulator records it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum IoEvent {
+    Write { offset: u64, data: Vec<u8> },
+    Flush,
+}
+
+pub struct Device {
+    file: File,
+    /// One writer per filesystem, and never beside the kernel (see `claim`).
+    _claim: crate::io::claim::Claim,
+    /// The same file opened with O_DIRECT, for large aligned (data) writes: they skip the
+    /// host page cache copy, as the kernel's loop device does with direct IO.
+    direct: Option<File>,
+    /// When set, every write and flush is also appended here (crash simulation).
+    recording: parking_lot::Mutex<Option<Vec<IoEvent>>>,
+    size: u64,
+    writable: bool,
+    /// Writes left before an injected failure (tests of crash consistency); MAX: never.
+    write_budget: AtomicU64,
+    writes: AtomicU64,
+    flushes: AtomicU64,
+    /// Bytes written into the page cache since its writeback was last started.
+    unkicked: AtomicU64,
+}
+
+impl Device {
+    pub fn open(path: &Path) -> Result<Device> {
+        let mut dev = Device::with_file(File::open(path)?, path, false)?;
+        use std::os::unix::fs::OpenOptionsExt;
+        dev.direct = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(path)
+            .ok();
+        Ok(dev)
+    }
+
+    /// Opens for reading and writing: the transaction layer writes through it.
+    pub fn open_rw(path: &Path) -> Result<Device> {
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path)?;
+        let mut dev = Device::with_file(file, path, true)?;
+        use std::os::unix::fs::OpenOptionsExt;
+        // Not every filesystem under an image supports O_DIRECT (tmpfs): then buffered only.
+        dev.direct = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(path)
+            .ok();
+        Ok(dev)
+    }
+
+    fn with_file(file: File, path: &Path, writable: bool) -> Result<Device> {
+        let claim = crate::io::claim::claim(&file, path, writable)?;
+        // Block devices report size 0 in metadata: seek to the end instead.
+        let size = {
+            use std::io::{Seek, SeekFrom};
+            let mut f = &file;
+            f.seek(SeekFrom::End(0))?
+        };
+        Ok(Device {
+            file,
+            _claim: claim,
+            direct: None,
+            recording: parking_lot::Mutex::new(None),
+            size,
+            writable,
+            write_budget: AtomicU64::new(u64::MAX),
+            writes: AtomicU64::new(0),
+            flushes: AtomicU64::new(0),
+            unkicked: AtomicU64::new(0),
+        })
+    }
+
+    pub fn is_writable(&self) -> bool {
+        self.writable
+    }
+
+    /// Writes and flushes done so far (to prove a commit flushes exactly where it must).
+    pub fn io_counts(&self) -> (u64, u64) {
+        (
+            self.writes.load(Ordering::Relaxed),
+            self.flushes.load(Ordering::Relaxed),
+        )
+    }
+
+    /// Makes every write after the next `writes` fail with an I/O error, as a dying disk
+    /// would: the tests use it to prove an interrupted commit leaves the old state intact.
+    pub fn fail_writes_after(&self, writes: u64) {
+        self.write_budget.store(writes, Ordering::SeqCst);
+    }
+
+    /// Writes all of `buf` at `offset`; never past the end of the device.
+    pub fn write_all_at(&self, buf: &[u8], offset: u64) -> Result<()> {
+        self.write_all_at_mode(buf, offset, false)
+    }
+
+    /// `write_all_at`; with `uncached` (a caller's O_DIRECT write), around the page cache
+    /// of an image whenever the range is sector aligned, as the caller asked.
+    pub fn write_all_at_mode(&self, buf: &[u8], offset: u64, uncached: bool) -> Result<()> {
+        if !self.writable {
+            return Err(Error::ReadOnly);
+        }
+        let end = offset.checked_add(buf.len() as u64);
+        if end.is_none_or(|e| e > self.size) {
+            return Err(Error::InvalidArgument(format!(
+                "write of {} bytes at physical {offset} past the end of the device ({} bytes)",
+                buf.len(),
+                self.size
+            )));
+        }
+        let budget = self.write_budget.load(Ordering::SeqCst);
+        if budget == 0 {
+            return Err(Error::Io(std::io::Error::other("injected write failure")));
+        }
+        if budget != u64::MAX {
+            self.write_budget.store(budget - 1, Ordering::SeqCst);
+        }
+        let aligned = |x: u64| x.is_multiple_of(DIRECT_ALIGN as u64);
+        let direct = self.direct.as_ref().filter(|_| {
+            (buf.len() >= DIRECT_MIN || uncached) && aligned(offset) && aligned(buf.len() as u64)
+        });
+        if let Some(d) = direct {
+            let staged;
+            let buf = if aligned(buf.as_ptr() as u64) {
+                buf
+            } else {
+                let mut b = IoBuf::zeroed(buf.len());
+                b.copy_from_slice(buf);
+                staged = b;
+                &staged
+            };
+            use std::os::fd::AsRawFd;
+            match crate::io::device_uring::write_at(d.as_raw_fd(), buf, offset) {
+                Some(r) => r?,
+                None => d.write_all_at(buf, offset)?,
+            }
+        } else {
+            self.file.write_all_at(buf, offset)?;
+        }
+        if direct.is_none() {
+            self.kick_writeback(buf.len() as u64);
+        }
+        if let Some(log) = self.recording.lock().as_mut() {
+            log.push(IoEvent::Write {
+                offset,
+                data: buf.to_vec(),
+            });
+        }
+        self.writes.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Counts `len` bytes into the page cache and, every `WRITEBACK_BATCH`, starts the
+    /// writeback of all the image's dirty pages (in one go: adjacent ones merge), so a flush
+    /// finds little left to write and host memory does not fill with them.
+    fn kick_writeback(&self, len: u64) {
+        if self.unkicked.fetch_add(len, Ordering::Relaxed) + len < WRITEBACK_BATCH {
+            return;
+        }
+        self.unkicked.store(0, Ordering::Relaxed);
+        use std::os::fd::AsRawFd;
+        // SAFETY: a plain syscall on our open descriptor; failure only loses the hint.
+        unsafe { libc::sync_file_range(self.file.as_raw_fd(), 0, 0, libc::SYNC_FILE_RANGE_WRITE) };
+    }
+
+    /// Waits until every write so far is on stable storage (a cache flush).
+    /// Fails if the image is no longer ours alone to write (see `Claim::check`).
+    pub fn check_claim(&self) -> Result<()> {
+        self._claim.check(true)
+    }
+
+    pub fn flush(&self) -> Result<()> {
+        if !self.writable {
+            return Err(Error::ReadOnly);
+        }
+        // Every log sync flushes before its superblock: a loop device attached to the image
+        // since it was opened stops it there (see `claim`; commits look each time).
+        self._claim.check(false)?;
+        if self.write_budget.load(Ordering::SeqCst) == 0 {
+            return Err(Error::Io(std::io::Error::other("injected flush failure")));
+        }
+        self.file.sync_data()?;
+        if let Some(log) = self.recording.lock().as_mut() {
+            log.push(IoEvent::Flush);
+        }
+        self.flushes.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Starts (or restarts) recording writes and flushes.
+    pub fn start_recording(&self) {
+        *self.recording.lock() = Some(Vec::new());
+    }
+
+    /// What was recorded since `start_recording` (recording goes on).
+    pub fn take_recording(&self) -> Vec<IoEvent> {
+        self.recording
+            .lock()
+            .as_mut()
+            .map(std::mem::take)
+            .unwrap_or_default()
+    }
+
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    /// Fills `buf` from `offset`; reading past the end of the device is an error (a truncated
+    /// image), never a short read passed off as data.
+    pub fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+        self.read_exact_at_mode(buf, offset, false)
+    }
+
+    /// `read_exact_at`; with `uncached` (a caller's O_DIRECT read), around the page cache
+    /// of an image whenever the range is sector aligned.
+    pub fn read_exact_at_mode(&self, buf: &mut [u8], offset: u64, uncached: bool) -> Result<()> {
+        let end = offset.checked_add(buf.len() as u64);
+        if end.is_none_or(|e| e > self.size) {
+            return Err(Error::Io(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                format!(
+                    "read of {} bytes at physical {} past the end of the device ({} bytes)",
+                    buf.len(),
+                    offset,
+                    self.size
+                ),
+            )));
+        }
+        let aligned = |x: u64| x.is_multiple_of(DIRECT_ALIGN as u64);
+        match self.direct.as_ref() {
+            Some(d) if uncached && aligned(offset) && aligned(buf.len() as u64) => {
+                use std::os::fd::AsRawFd;
+                let read = |dst: &mut [u8]| -> std::io::Result<()> {
+                    match crate::io::device_uring::read_at(d.as_raw_fd(), dst, offset) {
+                        Some(r) => r,
+                        None => d.read_exact_at(dst, offset),
+                    }
+                };
+                if aligned(buf.as_ptr() as u64) {
+                    read(buf)?;
+                } else {
+                    let mut staged = IoBuf::zeroed(buf.len());
+                    read(&mut staged)?;
+                    buf.copy_from_slice(&staged);
+                }
+            }
+            _ => self.file.read_exact_at(buf, offset)?,
+        }
+        Ok(())
+    }
+}

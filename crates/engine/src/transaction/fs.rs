@@ -1,0 +1,634 @@
+//! The public API: a `FsCore`, its options, and the plain types it hands out.
+//! Front ends (FUSE, CLI, library users) see only this module. The work is done in the
+//! modules named after each btrfs concept (`dir`, `inode`, `file`, `xattr`, `subvolume`),
+//! which extend `FsCore` with `impl` blocks of their own.
+
+use crate::ctree::TreeRoot;
+use crate::error::{Error, Result};
+use crate::io::device::Device;
+use crate::io::disk_io::DiskIo;
+use crate::io::volumes::ChunkMap;
+use crate::transaction::options::OpenOptions;
+use oleo_format::items::{ChunkItem, InodeItem, RootItem};
+use oleo_format::key::{item, objectid, Key};
+use oleo_format::superblock::{self, incompat, Superblock, SUPER_INFO_SIZE};
+use oleo_format::validate::FsContext;
+use parking_lot::{Mutex, RwLock};
+use quick_cache::sync::Cache;
+use std::collections::HashMap;
+use std::ops::ControlFlow;
+use std::path::Path;
+use std::sync::Arc;
+
+/// One inode: which subvolume tree it lives in and its inode number there.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct InodeId {
+    pub subvol: u64,
+    pub ino: u64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FileKind {
+    File,
+    Dir,
+    Symlink,
+    CharDev,
+    BlockDev,
+    Fifo,
+    Socket,
+}
+
+impl FileKind {
+    pub fn from_mode(mode: u32) -> Option<FileKind> {
+        Some(match mode & 0o170000 {
+            0o100000 => FileKind::File,
+            0o040000 => FileKind::Dir,
+            0o120000 => FileKind::Symlink,
+            0o020000 => FileKind::CharDev,
+            0o060000 => FileKind::BlockDev,
+            0o010000 => FileKind::Fifo,
+            0o140000 => FileKind::Socket,
+            _ => return None,
+        })
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Timespec {
+    pub sec: i64,
+    pub nsec: u32,
+}
+
+/// What stat(2) shows, with the kernel's btrfs conventions (blocks in 512-byte units,
+/// blksize = sectorsize, rdev as a userspace dev_t).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Attr {
+    pub id: InodeId,
+    pub kind: FileKind,
+    /// Full st_mode, type bits included.
+    pub mode: u32,
+    pub nlink: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub size: u64,
+    pub blocks: u64,
+    pub blksize: u32,
+    pub rdev: u64,
+    pub atime: Timespec,
+    pub mtime: Timespec,
+    pub ctime: Timespec,
+    pub crtime: Timespec,
+    pub generation: u64,
+    pub flags: u64,
+}
+
+/// A directory entry. `next_offset` is the cookie that resumes the listing after it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DirEntry {
+    pub name: Vec<u8>,
+    pub id: InodeId,
+    pub kind: FileKind,
+    pub next_offset: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SubvolumeInfo {
+    pub id: u64,
+    /// Parent subvolume and the directory inode in it that holds this one's entry.
+    pub parent: Option<(u64, u64)>,
+    pub name: Vec<u8>,
+    /// Path from the top-level subvolume (5), when reachable.
+    pub path: Option<Vec<u8>>,
+    pub uuid: [u8; 16],
+    pub parent_uuid: [u8; 16],
+    pub generation: u64,
+    pub readonly: bool,
+    /// What `btrfs subvolume show` prints besides: the uuid it was received as, the
+    /// transactions that created it, sent and received it, and when (seconds, nanoseconds).
+    pub received_uuid: [u8; 16],
+    pub otransid: u64,
+    pub stransid: u64,
+    pub rtransid: u64,
+    pub otime: (i64, u32),
+    pub stime: (i64, u32),
+    pub rtime: (i64, u32),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StatFs {
+    pub block_size: u32,
+    pub blocks: u64,
+    pub blocks_free: u64,
+    pub blocks_avail: u64,
+    pub files: u64,
+    pub files_free: u64,
+    pub name_max: u32,
+}
+
+/// Decompressed extents are weighed by their size in the cache.
+#[derive(Clone)]
+pub struct ExtentWeight;
+
+/// Decompressed extents by disk address (see `file_read`).
+pub(crate) type ExtentCache = quick_cache::sync::Cache<u64, Arc<Vec<u8>>, ExtentWeight>;
+
+impl quick_cache::Weighter<u64, Arc<Vec<u8>>> for ExtentWeight {
+    fn weight(&self, _k: &u64, v: &Arc<Vec<u8>>) -> u64 {
+        v.len() as u64 + 64
+    }
+}
+
+/// An open btrfs filesystem. `Send + Sync`: share it behind an `Arc` between threads.
+pub struct FsCore {
+    /// Shared with commits writing in the background.
+    pub(crate) io: Arc<DiskIo>,
+    pub(crate) sb: Superblock,
+    pub(crate) root_tree: TreeRoot,
+    pub(crate) csum_tree: Option<TreeRoot>,
+    /// Subvolume trees by id (None: no such live subvolume). Read-only, so never stale.
+    pub(crate) subvol_roots: RwLock<HashMap<u64, Option<TreeRoot>>>,
+    pub(crate) inodes: Cache<InodeId, Arc<InodeItem>>,
+    pub(crate) extents: Arc<ExtentCache>,
+    top: InodeId,
+    pending_log: bool,
+    /// Why the pending log was not replayed (it keeps the filesystem read-only).
+    pub(crate) log_not_replayed: Option<String>,
+    /// The log is replayed into a running transaction that is never committed (a
+    /// read-only open): nothing else may join it.
+    pub(crate) log_in_memory: bool,
+    /// The running transaction between operations (see `transaction`).
+    pub(crate) running: Option<Box<crate::transaction::TxnState>>,
+    /// Why writing stopped (an aborted transaction).
+    pub(crate) aborted: Option<String>,
+    /// Files up to this many bytes are stored inline (mount option max_inline).
+    pub(crate) max_inline: u64,
+    /// Mount options `nodatacow` and `nodatasum`: flags of new regular files.
+    pub(crate) mount_nodatacow: bool,
+    pub(crate) mount_nodatasum: bool,
+    /// The mount's compress= or compress-force=.
+    pub(crate) compress: Option<crate::transaction::options::Compress>,
+    /// Dirty tree blocks beyond this many bytes force a commit.
+    pub(crate) dirty_limit: u64,
+    /// Next free inode number per subvolume, and next DIR_INDEX per directory (only we
+    /// write, so they stay valid across commits).
+    pub(crate) next_ino: Mutex<HashMap<u64, u64>>,
+    pub(crate) next_index: Mutex<foldhash::HashMap<InodeId, u64>>,
+    /// Directories' default ACLs (None: none), read on every create in them
+    /// (`FsCore::default_acl`); forgotten when the directory's xattrs change.
+    pub(crate) default_acls: Mutex<HashMap<InodeId, Option<Arc<[u8]>>>>,
+    /// Whether each subvolume met so far is read-only (ROOT_ITEM flag; we never change it).
+    pub(crate) readonly_subvols: Mutex<HashMap<u64, bool>>,
+    /// Direct-IO-aligned buffers reused by writes (see `ordered_extent`): one per writer
+    /// at a time, so that concurrent writes do not each map and fault in a fresh one.
+    pub(crate) staging: Mutex<Vec<crate::io::device::IoBuf>>,
+    /// Open counts of inodes (see `pin_open`).
+    pub(crate) open_inodes: Mutex<foldhash::HashMap<InodeId, u32>>,
+    /// Block groups between transactions: loaded once, carried from each transaction to
+    /// the next (with what commits still writing have freed kept pinned).
+    pub(crate) block_groups: Option<crate::transaction::space::block_group::BlockGroups>,
+    /// Commits writing in the background: their order and outcome (see `transaction`).
+    pub(crate) pipe: Arc<crate::transaction::commit_pipe::CommitPipe>,
+}
+
+impl Drop for FsCore {
+    /// Dropping a writable filesystem commits what it has, as an unmount does: writes must
+    /// not vanish because a program forgot `sync` or `close`.
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            return;
+        }
+        if let Err(e) = self.finish() {
+            log::error!(
+                "closing the filesystem: the final commit failed, changes since generation {} are lost: {e}",
+                self.sb.generation
+            );
+        }
+    }
+}
+
+/// Why a device of `size` bytes cannot hold the filesystem its superblock describes.
+pub(crate) fn too_small(size: u64, sb: &Superblock) -> Option<String> {
+    let want = sb.dev_item.total_bytes;
+    (size < want).then(|| {
+        format!(
+            "the device is {size} bytes, smaller than the {want} bytes the filesystem spans \
+             (a truncated image?)"
+        )
+    })
+}
+
+impl FsCore {
+    /// Opens an image file or block device writable: changes go through
+    /// [`FsCore::start_transaction`] (items only for now).
+    pub fn open_rw(path: impl AsRef<Path>, options: OpenOptions) -> Result<FsCore> {
+        FsCore::open(
+            path,
+            OpenOptions {
+                read_only: false,
+                ..options
+            },
+        )
+    }
+
+    /// Opens an image file or block device (read-only unless `options.read_only` is false).
+    pub fn open(path: impl AsRef<Path>, options: OpenOptions) -> Result<FsCore> {
+        let path = path.as_ref();
+        let device = if options.read_only {
+            Device::open(path)?
+        } else {
+            Device::open_rw(path)?
+        };
+        let sb = read_superblock(&device)?;
+        check_features(&sb)?;
+        if let Some(why) = too_small(device.size(), &sb) {
+            if !options.read_only {
+                return Err(Error::Unsupported(format!(
+                    "{why}: refusing to write to it (the kernel refuses such a device too)"
+                )));
+            }
+            log::warn!("{}: {why}: reading what it holds", path.display());
+        }
+        let ctx = FsContext {
+            nodesize: sb.nodesize,
+            sectorsize: sb.sectorsize,
+            csum_type: sb.csum_type(),
+            metadata_fsid: sb.metadata_fsid(),
+            super_generation: sb.generation,
+        };
+        let mut sys = ChunkMap::default();
+        for (logical, chunk) in sb
+            .sys_chunks()
+            .map_err(|e| Error::Unusable(format!("sys_chunk_array: {e}")))?
+        {
+            sys.insert(logical, chunk)?;
+        }
+        let cache_bytes = options.cache_bytes.max(1 << 20);
+        let io = DiskIo::new(device, sb.dev_item.devid, sys, ctx, cache_bytes);
+        let chunk_root = TreeRoot {
+            id: objectid::CHUNK_TREE,
+            bytenr: sb.chunk_root,
+            level: sb.chunk_root_level,
+            generation: sb.chunk_root_generation,
+        };
+        let chunks = read_chunk_tree(&io, &chunk_root)
+            .map_err(|e| Error::Unusable(format!("cannot read the chunk tree: {e}")))?;
+        io.set_chunks(chunks);
+        let root_tree = TreeRoot {
+            id: objectid::ROOT_TREE,
+            bytenr: sb.root,
+            level: sb.root_level,
+            generation: sb.generation,
+        };
+        // Reading the root tree's root block now turns a bad root into one clear refusal.
+        io.read_tree_block(
+            root_tree.bytenr,
+            Some(root_tree.level),
+            Some(root_tree.generation),
+            None,
+        )
+        .map_err(|e| Error::Unusable(format!("cannot read the root tree: {e}")))?;
+        let pending_log = sb.log_root != 0;
+        let entries = (cache_bytes / 8 / 256).max(1024) as usize;
+        let extent_bytes = (cache_bytes / 8).max(4 << 20);
+        let pipe = Arc::new(crate::transaction::commit_pipe::CommitPipe::new(
+            sb.generation,
+        ));
+        let mut fs = FsCore {
+            io: Arc::new(io),
+            sb,
+            root_tree,
+            csum_tree: None,
+            subvol_roots: RwLock::new(HashMap::new()),
+            inodes: Cache::new(entries),
+            extents: Arc::new(Cache::with_weighter(entries, extent_bytes, ExtentWeight)),
+            top: InodeId {
+                subvol: objectid::FS_TREE,
+                ino: objectid::FIRST_FREE,
+            },
+            pending_log,
+            log_not_replayed: None,
+            log_in_memory: false,
+            running: None,
+            aborted: None,
+            max_inline: options.max_inline,
+            mount_nodatacow: options.nodatacow,
+            mount_nodatasum: options.nodatasum || options.nodatacow,
+            compress: options.compress,
+            dirty_limit: (cache_bytes / 2).max(4 << 20),
+            next_ino: Mutex::new(HashMap::new()),
+            next_index: Mutex::new(Default::default()),
+            default_acls: Mutex::new(HashMap::new()),
+            open_inodes: Mutex::new(Default::default()),
+            readonly_subvols: Mutex::new(HashMap::new()),
+            staging: Mutex::new(Vec::new()),
+            block_groups: None,
+            pipe,
+        };
+        fs.csum_tree = fs.read_root_item(objectid::CSUM_TREE)?.map(|(r, _)| r);
+        if fs.subvol_root(objectid::FS_TREE)?.is_none() {
+            return Err(Error::Unusable(
+                "the top-level subvolume (tree 5) is missing".into(),
+            ));
+        }
+        fs.top = fs.resolve_mount_subvolume(&options)?;
+        if pending_log {
+            fs.replay_pending_log(options.log_replay, !options.read_only)?;
+        }
+        if !options.read_only && fs.can_write().is_ok() {
+            // Like the kernel at mount: files unlinked while open in the last session go now.
+            match fs.remove_orphans(fs.top.subvol) {
+                Ok(0) => {}
+                Ok(n) => log::info!("removed {n} orphan inodes of subvolume {}", fs.top.subvol),
+                Err(e) => log::warn!("orphan cleanup skipped: {e}"),
+            }
+        }
+        if fs.pending_log {
+            log::warn!(
+                "the log tree at logical {} holds changes fsynced after the last commit (generation {}); \
+                 they are not replayed ({}): showing the last committed state, like rescue=nologreplay",
+                fs.sb.log_root,
+                fs.sb.generation,
+                fs.log_not_replayed.as_deref().unwrap_or("opened read-only")
+            );
+        }
+        Ok(fs)
+    }
+
+    /// Replays the log at open, as the kernel does at mount. Writable, the replay is
+    /// committed; read-only, it stays in memory (the image is not written) and any error
+    /// leaves the last committed state. A log oleo cannot replay leaves the filesystem at
+    /// its last commit (read-only, and says why); a damaged one refuses a writable open.
+    fn replay_pending_log(&mut self, allowed: bool, writable: bool) -> Result<()> {
+        if !allowed {
+            self.log_not_replayed = Some("log replay was turned off (nologreplay)".into());
+            return Ok(());
+        }
+        match self.replay_log(writable) {
+            Ok(n) if writable => {
+                log::info!(
+                    "replayed the log tree: {n} inodes, now at generation {}",
+                    self.sb.generation
+                );
+                self.pending_log = false;
+                Ok(())
+            }
+            Ok(n) => {
+                log::info!(
+                    "replayed the log tree in memory ({n} inodes): showing what was fsynced; \
+                     the image is not written"
+                );
+                self.pending_log = false;
+                Ok(())
+            }
+            Err(Error::Unsupported(why)) => {
+                self.log_not_replayed = Some(why);
+                Ok(())
+            }
+            Err(e) if !writable => {
+                self.log_not_replayed = Some(format!("replaying it failed: {e}"));
+                Ok(())
+            }
+            Err(e) => Err(Error::Unusable(format!(
+                "replaying the log tree failed: {e}; mount with -o ro,rescue=nologreplay to \
+                 read the last committed state"
+            ))),
+        }
+    }
+
+    /// The root directory of the opened subvolume.
+    pub fn root(&self) -> InodeId {
+        self.top
+    }
+
+    pub fn superblock(&self) -> &Superblock {
+        &self.sb
+    }
+
+    /// True when the image has a log tree that was not replayed.
+    pub fn has_pending_log(&self) -> bool {
+        self.pending_log
+    }
+
+    /// The ROOT_ITEM of tree `id` (any offset: snapshots carry their creation transid).
+    pub(crate) fn read_root_item(&self, id: u64) -> Result<Option<(TreeRoot, RootItem)>> {
+        let mut found = None;
+        crate::ctree::for_each_in_range(
+            self,
+            &self.root_tree(),
+            Key::new(id, item::ROOT_ITEM, 0),
+            Key::new(id, item::ROOT_ITEM, u64::MAX),
+            |key, data| {
+                let ri = RootItem::parse(data)
+                    .map_err(|e| Error::corrupt(0, format!("root item {key:?}: {e}")))?;
+                found = Some((
+                    TreeRoot {
+                        id,
+                        bytenr: ri.bytenr,
+                        level: ri.level,
+                        generation: ri.generation,
+                    },
+                    ri,
+                ));
+                Ok(ControlFlow::Break(()))
+            },
+        )?;
+        Ok(found)
+    }
+
+    /// The root of tree `id` as the running transaction left it, if it changed it.
+    pub(crate) fn running_root(&self, id: u64) -> Option<TreeRoot> {
+        self.running
+            .as_ref()
+            .and_then(|t| t.roots.get(&id).copied())
+    }
+
+    /// The root tree as current reads see it.
+    pub(crate) fn root_tree(&self) -> TreeRoot {
+        self.running_root(objectid::ROOT_TREE)
+            .unwrap_or(self.root_tree)
+    }
+
+    /// The checksum tree as current reads see it.
+    pub(crate) fn csum_root(&self) -> Option<TreeRoot> {
+        self.running_root(objectid::CSUM_TREE).or(self.csum_tree)
+    }
+
+    /// Forgets the running transaction and every cache that may hold its view.
+    pub(crate) fn drop_running(&mut self) {
+        self.running = None;
+        self.block_groups = None;
+        if self.aborted.is_some() {
+            self.next_ino.lock().clear();
+            self.next_index.lock().clear();
+        }
+        self.subvol_roots.write().clear();
+        self.default_acls.lock().clear();
+        self.inodes.clear();
+        self.extents.clear();
+    }
+
+    /// An aligned buffer of at least `len` bytes (contents undefined).
+    pub(crate) fn take_staging(&self, len: usize) -> crate::io::device::IoBuf {
+        let mut pool = self.staging.lock();
+        match pool.iter().position(|b| b.len() >= len) {
+            Some(i) => pool.swap_remove(i),
+            None => crate::io::device::IoBuf::zeroed(len.next_multiple_of(1 << 20)),
+        }
+    }
+
+    /// Keeps a buffer for a later write, unless it is too big or enough are kept.
+    pub(crate) fn give_back_staging(&self, buf: crate::io::device::IoBuf) {
+        const KEEP: usize = 32;
+        let mut pool = self.staging.lock();
+        if buf.len() <= 8 << 20 && pool.len() < KEEP {
+            pool.push(buf);
+        }
+    }
+
+    /// Memory held by the running transaction's dirty tree blocks.
+    pub fn dirty_bytes(&self) -> u64 {
+        self.running
+            .as_ref()
+            .map_or(0, |t| t.dirty.len() as u64 * u64::from(self.sb.nodesize))
+    }
+
+    /// True while changes are waiting for a commit.
+    pub fn has_uncommitted_changes(&self) -> bool {
+        self.running.as_deref().is_some_and(|t| !t.is_idle())
+    }
+
+    /// Makes a closed transaction's superblock the in-memory state (its blocks are served
+    /// from memory until written): new roots, the block groups carried over to the next
+    /// transaction with this one's freed space pinned until it is durable. Caches stay:
+    /// they hold what the closed transaction showed, which is what it committed; only
+    /// subvolume roots and decompressed extents (keyed by addresses that may be reused)
+    /// go.
+    pub(crate) fn committed(&mut self, mut sb: Superblock, root_tree: TreeRoot) -> Result<()> {
+        sb.bytenr = superblock::SUPER_PRIMARY_OFFSET;
+        self.io.set_super_generation(sb.generation);
+        self.root_tree = root_tree;
+        let transid = sb.generation;
+        self.sb = sb;
+        if let Some(st) = self.running.take() {
+            let st = *st;
+            let mut groups = st.block_groups;
+            // The log is done with: its blocks stay pinned until this commit is durable.
+            st.log.blocks.release(&mut groups, self.sb.nodesize);
+            groups.carry_over(transid);
+            self.block_groups = Some(groups);
+        }
+        self.subvol_roots.write().clear();
+        self.extents.clear();
+        self.csum_tree = self.read_root_item(objectid::CSUM_TREE)?.map(|(r, _)| r);
+        Ok(())
+    }
+
+    /// (writes, flushes) issued to the device since it was opened.
+    pub fn io_counts(&self) -> (u64, u64) {
+        self.io.device().io_counts()
+    }
+
+    /// Records every device write and flush from now on (crash simulation).
+    pub fn start_io_recording(&self) {
+        self.io.device().start_recording();
+    }
+
+    /// The writes and flushes recorded so far.
+    pub fn take_io_recording(&self) -> Vec<crate::io::device::IoEvent> {
+        self.io.device().take_recording()
+    }
+
+    /// Makes every later write to the device fail after `writes` more (crash tests).
+    pub fn fail_writes_after(&self, writes: u64) {
+        self.io.device().fail_writes_after(writes);
+    }
+}
+
+/// The primary superblock, or a mirror when the primary is damaged (the kernel would refuse;
+/// for recovery work a good mirror is worth using, loudly).
+fn read_superblock(device: &Device) -> Result<Superblock> {
+    let mut first_err = None;
+    for mirror in 0..3 {
+        let off = superblock::mirror_offset(mirror);
+        if off + SUPER_INFO_SIZE as u64 > device.size() {
+            break;
+        }
+        let mut buf = vec![0u8; SUPER_INFO_SIZE];
+        let parsed = device
+            .read_exact_at(&mut buf, off)
+            .map_err(|e| e.to_string())
+            .and_then(|_| Superblock::parse(&buf).map_err(|e| e.to_string()));
+        match parsed {
+            Ok(sb) if sb.bytenr == off => {
+                if mirror > 0 {
+                    log::warn!(
+                        "primary superblock unusable ({}); using the copy at {off}",
+                        first_err.as_deref().unwrap_or("?")
+                    );
+                }
+                return Ok(sb);
+            }
+            Ok(sb) => {
+                first_err.get_or_insert(format!("copy at {off} claims to be at {}", sb.bytenr))
+            }
+            Err(e) => first_err.get_or_insert(e),
+        };
+    }
+    Err(Error::Unusable(format!(
+        "no valid btrfs superblock: {}",
+        first_err.unwrap_or_else(|| "device too small".into())
+    )))
+}
+
+fn check_features(sb: &Superblock) -> Result<()> {
+    let unknown = sb.incompat_flags & !incompat::READ_SUPPORTED;
+    if unknown != 0 {
+        let names = superblock::flag_names(unknown, incompat::NAMES).join(", ");
+        return Err(Error::Unusable(format!(
+            "the filesystem uses features oleo cannot read: {names}"
+        )));
+    }
+    if sb.num_devices != 1 {
+        return Err(Error::Unusable(format!(
+            "the filesystem spans {} devices; oleo opens single-device filesystems only for now",
+            sb.num_devices
+        )));
+    }
+    Ok(())
+}
+
+fn read_chunk_tree(io: &DiskIo, chunk_root: &TreeRoot) -> Result<ChunkMap> {
+    let mut map = ChunkMap::default();
+    let min = Key::new(objectid::FIRST_CHUNK_TREE, item::CHUNK_ITEM, 0);
+    let max = Key::new(objectid::FIRST_CHUNK_TREE, item::CHUNK_ITEM, u64::MAX);
+    crate::ctree::for_each_in_range(io, chunk_root, min, max, |key, data| {
+        let chunk =
+            ChunkItem::parse(data).map_err(|e| Error::corrupt(0, format!("chunk {key:?}: {e}")))?;
+        map.insert(key.offset, chunk)?;
+        Ok(ControlFlow::Continue(()))
+    })?;
+    if map.chunks().next().is_none() {
+        return Err(Error::Unusable("the chunk tree has no chunks".into()));
+    }
+    Ok(map)
+}
+
+/// Reads see the running transaction's blocks before the disk's.
+impl crate::ctree::BlockSource for FsCore {
+    fn read_tree_block(
+        &self,
+        bytenr: u64,
+        level: Option<u8>,
+        generation: Option<u64>,
+        first_key: Option<Key>,
+    ) -> Result<crate::io::disk_io::Block> {
+        if let Some(block) = self.running.as_ref().and_then(|t| t.dirty.get(&bytenr)) {
+            crate::transaction::transaction::check_promises(
+                block, bytenr, level, generation, first_key,
+            )?;
+            return Ok(block.clone());
+        }
+        self.io
+            .read_tree_block(bytenr, level, generation, first_key)
+    }
+}
