@@ -26,10 +26,6 @@ const OLEO: &str = env!("CARGO_BIN_EXE_oleo");
 
 type View<T> = BTreeMap<String, T>;
 
-fn ready(what: &str) -> bool {
-    require_root(what) && require_fuse(what)
-}
-
 /// An empty btrfs image mounted read-write by oleo.
 struct Fs {
     // Dropped before `dir`: unmounts first.
@@ -312,7 +308,7 @@ fn tree(top: &Path) -> View<String> {
 #[test]
 fn big_writes_land_whole() {
     let name = "big_writes_land_whole";
-    if !ready(name) {
+    if !require_fuse_mount(name) {
         return;
     }
     let fs = Fs::new(name);
@@ -364,7 +360,7 @@ fn big_writes_land_whole() {
 #[test]
 fn o_trunc_truncates_on_disk() {
     let name = "o_trunc_truncates_on_disk";
-    if !ready(name) {
+    if !require_fuse_mount(name) {
         return;
     }
     let fs = Fs::new(name);
@@ -594,7 +590,7 @@ fn ls_mode(mode: u32) -> String {
 #[test]
 fn readdirplus_attributes_are_current() {
     let name = "readdirplus_attributes_are_current";
-    if !ready(name) {
+    if !require_fuse_mount(name) {
         return;
     }
     let fs = Fs::new(name);
@@ -668,7 +664,7 @@ fn readdirplus_attributes_are_current() {
 #[test]
 fn parallel_direct_io() {
     let name = "parallel_direct_io";
-    if !ready(name) {
+    if !require_fuse_mount(name) {
         return;
     }
     let fs = Fs::new(name);
@@ -719,7 +715,7 @@ fn parallel_direct_io() {
 #[test]
 fn symlinks_cached() {
     let name = "symlinks_cached";
-    if !ready(name) {
+    if !require_fuse_mount(name) {
         return;
     }
     let fs = Fs::new(name);
@@ -818,7 +814,7 @@ fn acl_steps(root: &Path) -> View<(u32, String)> {
 #[test]
 fn acl_mode_in_step() {
     let name = "acl_mode_in_step";
-    if !ready(name) {
+    if !require_fuse_mount(name) {
         return;
     }
     let fs = Fs::new(name);
@@ -912,7 +908,7 @@ fn suid_steps(root: &Path) -> View<(u32, u32)> {
 #[test]
 fn setuid_dropped() {
     let name = "setuid_dropped";
-    if !ready(name) {
+    if !require_fuse_mount(name) {
         return;
     }
     let fs = Fs::new(name);
@@ -1046,7 +1042,7 @@ fn umask_steps(root: &Path) -> View<(u32, String, String)> {
 #[test]
 fn umask_and_default_acl() {
     let name = "umask_and_default_acl";
-    if !ready(name) {
+    if !require_fuse_mount(name) {
         return;
     }
     let fs = Fs::new(name);
@@ -1127,7 +1123,7 @@ fn kill_sgid_steps(root: &Path) -> View<(u32, String)> {
 #[test]
 fn acl_kill_sgid() {
     let name = "acl_kill_sgid";
-    if !ready(name) {
+    if !require_fuse_mount(name) {
         return;
     }
     let fs = Fs::new(name);
@@ -1172,7 +1168,7 @@ fn stats(dir: &Path) -> View<St> {
 #[test]
 fn times_survive_remount() {
     let name = "times_survive_remount";
-    if !ready(name) {
+    if !require_fuse_mount(name) {
         return;
     }
     let fs = Fs::new(name);
@@ -1304,7 +1300,7 @@ fn btime(p: &Path) -> (bool, i64, u32) {
 #[test]
 fn statx_birth_time() {
     let name = "statx_birth_time";
-    if !ready(name) {
+    if !require_fuse_mount(name) {
         return;
     }
     let fs = Fs::new(name);
@@ -1350,7 +1346,7 @@ fn statx_birth_time() {
 #[test]
 fn mmap_of_direct_handle() {
     let name = "mmap_of_direct_handle";
-    if !ready(name) {
+    if !require_fuse_mount(name) {
         return;
     }
     let fs = Fs::new(name);
@@ -1394,7 +1390,7 @@ fn mmap_of_direct_handle() {
 #[test]
 fn reopen_reads_what_was_written() {
     let name = "reopen_reads_what_was_written";
-    if !ready(name) {
+    if !require_fuse_mount(name) {
         return;
     }
     let fs = Fs::new(name);
@@ -1484,7 +1480,7 @@ fn reopen_reads_what_was_written() {
 #[test]
 fn listing_shows_new_snapshot() {
     let name = "listing_shows_new_snapshot";
-    if !ready(name) {
+    if !require_fuse_mount(name) {
         return;
     }
     let fs = Fs::new(name);

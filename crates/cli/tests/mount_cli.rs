@@ -10,10 +10,6 @@ use oleo_testkit::*;
 
 const OLEO: &str = env!("CARGO_BIN_EXE_oleo");
 
-fn ready(what: &str) -> bool {
-    require_root(what) && require_fuse(what)
-}
-
 fn small_image(dir: &TempDir, name: &str) -> PathBuf {
     let image = dir.join(format!("{name}.img"));
     let spec = ImageSpec::new(name, seed(7))
@@ -21,14 +17,6 @@ fn small_image(dir: &TempDir, name: &str) -> PathBuf {
         .populate(PopulateSpec::basic());
     build_image(&spec, &image).expect("build image");
     image
-}
-
-fn is_mounted(mp: &Path) -> bool {
-    let want = std::fs::canonicalize(mp).unwrap();
-    std::fs::read_to_string("/proc/self/mountinfo")
-        .unwrap()
-        .lines()
-        .any(|l| l.split(' ').nth(4).map(Path::new) == Some(want.as_path()))
 }
 
 fn wait_until(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
@@ -48,7 +36,7 @@ fn oleo(args: &[&str]) -> std::process::Output {
 
 #[test]
 fn background_mount_then_umount() {
-    if !ready("background_mount_then_umount") {
+    if !require_fuse_mount("background_mount_then_umount") {
         return;
     }
     let dir = TempDir::new("mount-bg").unwrap();
@@ -93,7 +81,7 @@ fn server_ids(mp: &Path) -> Option<(i32, i32, i32)> {
 /// from does not stop it.
 #[test]
 fn background_mount_outlives_its_terminal_in_the_callers_session() {
-    if !ready("background_mount_outlives_its_terminal_in_the_callers_session") {
+    if !require_fuse_mount("background_mount_outlives_its_terminal_in_the_callers_session") {
         return;
     }
     let dir = TempDir::new("mount-hup").unwrap();
@@ -129,7 +117,7 @@ fn background_mount_outlives_its_terminal_in_the_callers_session() {
 
 #[test]
 fn foreground_mount_ends_on_unmount() {
-    if !ready("foreground_mount_ends_on_unmount") {
+    if !require_fuse_mount("foreground_mount_ends_on_unmount") {
         return;
     }
     let dir = TempDir::new("mount-fg").unwrap();
@@ -170,7 +158,7 @@ fn foreground_mount_ends_on_unmount() {
 
 #[test]
 fn mount_helper_convention() {
-    if !ready("mount_helper_convention") {
+    if !require_fuse_mount("mount_helper_convention") {
         return;
     }
     let dir = TempDir::new("mount-helper").unwrap();
@@ -202,7 +190,7 @@ fn mount_helper_convention() {
 
 #[test]
 fn refusals_are_one_clear_message() {
-    if !ready("refusals_are_one_clear_message") {
+    if !require_fuse_mount("refusals_are_one_clear_message") {
         return;
     }
     let dir = TempDir::new("mount-refuse").unwrap();
@@ -267,7 +255,7 @@ fn refusals_are_one_clear_message() {
 
 #[test]
 fn multi_device_filesystem_is_refused() {
-    if !ready("multi_device_filesystem_is_refused") {
+    if !require_fuse_mount("multi_device_filesystem_is_refused") {
         return;
     }
     let dir = TempDir::new("mount-multi").unwrap();
@@ -294,7 +282,7 @@ fn multi_device_filesystem_is_refused() {
 
 #[test]
 fn parallel_readers_get_the_same_bytes() {
-    if !ready("parallel_readers_get_the_same_bytes") {
+    if !require_fuse_mount("parallel_readers_get_the_same_bytes") {
         return;
     }
     let dir = TempDir::new("mount-par").unwrap();

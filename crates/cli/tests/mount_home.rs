@@ -12,19 +12,6 @@ use std::time::{Duration, Instant};
 const OLEO: &str = env!("CARGO_BIN_EXE_oleo");
 const NOBODY: u32 = 65534;
 
-fn ready(what: &str) -> bool {
-    require_root(what) && require_fuse(what)
-}
-
-fn mkfs(image: &Path) {
-    let out = Command::new(OLEO)
-        .args(["mkfs", "-q", "--size", "256M"])
-        .arg(image)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "oleo mkfs: {out:?}");
-}
-
 /// The type and options /proc/mounts gives the mount at `mp`.
 fn proc_mount(mp: &Path) -> Option<(String, String, String)> {
     let want = std::fs::canonicalize(mp).ok()?;
@@ -86,13 +73,13 @@ fn run(cmd: &mut Command) {
 #[test]
 fn mount8_remount_and_fstab() {
     let name = "mount_home_mount8";
-    if !ready(name) {
+    if !require_fuse_mount(name) {
         return;
     }
     let _helper = Helper::install();
     let dir = TempDir::new(name).unwrap();
     let image = dir.join("home.img");
-    mkfs(&image);
+    oleo_mkfs(OLEO, &image, 256);
     let mp = dir.subdir("mnt").unwrap();
     let log = dir.join("oleo.log");
     let opts = format!(
@@ -159,12 +146,12 @@ fn mount8_remount_and_fstab() {
 #[test]
 fn a_background_mount_without_syslog_logs_to_a_file_it_names() {
     let name = "mount_home_log";
-    if !ready(name) {
+    if !require_fuse_mount(name) {
         return;
     }
     let dir = TempDir::new(name).unwrap();
     let image = dir.join("logged.img");
-    mkfs(&image);
+    oleo_mkfs(OLEO, &image, 256);
     let mp = dir.subdir("mnt").unwrap();
     let state = dir.subdir("state").unwrap();
     let out = Command::new(OLEO)
@@ -193,7 +180,7 @@ fn a_background_mount_without_syslog_logs_to_a_file_it_names() {
 #[test]
 fn an_unprivileged_user_mounts_writes_and_unmounts() {
     let name = "mount_home_rootless";
-    if !ready(name) {
+    if !require_fuse_mount(name) {
         return;
     }
     let dir = TempDir::new(name).unwrap();
@@ -243,12 +230,12 @@ fn an_unprivileged_user_mounts_writes_and_unmounts() {
 #[test]
 fn an_unusable_fuse_says_why() {
     let name = "mount_home_refusals";
-    if !ready(name) {
+    if !require_fuse_mount(name) {
         return;
     }
     let dir = TempDir::new(name).unwrap();
     let image: PathBuf = dir.join("r.img");
-    mkfs(&image);
+    oleo_mkfs(OLEO, &image, 256);
     run(Command::new("chown")
         .arg(format!("{NOBODY}:{NOBODY}"))
         .arg(&image));
@@ -282,12 +269,12 @@ fn an_unusable_fuse_says_why() {
 #[test]
 fn only_the_serving_process_writes_the_image() {
     let name = "mount_home_one_writer";
-    if !ready(name) {
+    if !require_fuse_mount(name) {
         return;
     }
     let dir = TempDir::new(name).unwrap();
     let image = dir.join("one.img");
-    mkfs(&image);
+    oleo_mkfs(OLEO, &image, 256);
     let mp = dir.subdir("mnt").unwrap();
     let generation = superblock_generation(&image).unwrap();
     // The mount forks its server; the process that returns must leave the image alone

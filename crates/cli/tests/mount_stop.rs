@@ -13,23 +13,6 @@ use std::time::{Duration, Instant};
 
 const OLEO: &str = env!("CARGO_BIN_EXE_oleo");
 
-fn ready(what: &str) -> bool {
-    require_root(what) && require_fuse(what)
-}
-
-fn mkfs(image: &Path) {
-    let out = Command::new(OLEO)
-        .args(["mkfs", "-q", "--size", "256M"])
-        .arg(image)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "oleo mkfs: {out:?}");
-}
-
-fn is_mounted(mp: &Path) -> bool {
-    mount_at(mp).is_some()
-}
-
 /// Orphaned daemons become this process' children, so their exit status can be read.
 fn become_subreaper() {
     // SAFETY: plain prctl.
@@ -109,13 +92,13 @@ fn signal_name(sig: i32) -> &'static str {
 #[test]
 fn a_stop_signal_commits_unmounts_and_exits_zero() {
     let name = "mount_stop_signals";
-    if !ready(name) {
+    if !require_fuse_mount(name) {
         return;
     }
     become_subreaper();
     let dir = TempDir::new(name).unwrap();
     let image = dir.join("s.img");
-    mkfs(&image);
+    oleo_mkfs(OLEO, &image, 256);
     let mp = dir.subdir("mnt").unwrap();
     let log = dir.join("oleo.log");
     // Background servers: SIGTERM and SIGHUP; foreground: SIGINT (Ctrl-C) and SIGTERM.
@@ -198,12 +181,12 @@ fn a_stop_signal_commits_unmounts_and_exits_zero() {
 #[test]
 fn a_second_signal_exits_at_once_and_the_image_stays_consistent() {
     let name = "mount_stop_twice";
-    if !ready(name) {
+    if !require_fuse_mount(name) {
         return;
     }
     let dir = TempDir::new(name).unwrap();
     let image = dir.join("t.img");
-    mkfs(&image);
+    oleo_mkfs(OLEO, &image, 256);
     let mp = dir.subdir("mnt").unwrap();
     let mut child = Command::new(OLEO)
         .args(["mount", "-f", "-o", "rw,commit=300"])
@@ -256,12 +239,12 @@ fn rounds() -> usize {
 #[test]
 fn umount_then_check_and_kernel_mount_at_once_see_every_write() {
     let name = "mount_stop_umount_race";
-    if !ready(name) {
+    if !require_fuse_mount(name) {
         return;
     }
     let dir = TempDir::new(name).unwrap();
     let image = dir.join("u.img");
-    mkfs(&image);
+    oleo_mkfs(OLEO, &image, 256);
     let mp = dir.subdir("mnt").unwrap();
     let kmp = dir.subdir("kernel").unwrap();
     let started = Instant::now();
@@ -326,12 +309,12 @@ fn loops_over(image: &Path) -> Vec<PathBuf> {
 #[test]
 fn nobody_else_opens_a_served_image_for_writing() {
     let name = "mount_stop_guard";
-    if !ready(name) {
+    if !require_fuse_mount(name) {
         return;
     }
     let dir = TempDir::new(name).unwrap();
     let image = dir.join("g.img");
-    mkfs(&image);
+    oleo_mkfs(OLEO, &image, 256);
     let (mp, kmp) = (dir.subdir("mnt").unwrap(), dir.subdir("kernel").unwrap());
     run(Command::new(OLEO)
         .args(["mount", "-o", "rw"])
@@ -370,12 +353,12 @@ fn nobody_else_opens_a_served_image_for_writing() {
 #[test]
 fn without_fanotify_a_loop_device_turns_the_mount_read_only() {
     let name = "mount_stop_loop_detected";
-    if !ready(name) {
+    if !require_fuse_mount(name) {
         return;
     }
     let dir = TempDir::new(name).unwrap();
     let image = dir.join("l.img");
-    mkfs(&image);
+    oleo_mkfs(OLEO, &image, 256);
     let mp = dir.subdir("mnt").unwrap();
     let log = dir.join("oleo.log");
     run(Command::new(OLEO)
@@ -430,13 +413,13 @@ fn without_fanotify_a_loop_device_turns_the_mount_read_only() {
 #[test]
 fn a_dead_mount_point_is_explained_or_taken_away() {
     let name = "mount_stop_dead";
-    if !ready(name) {
+    if !require_fuse_mount(name) {
         return;
     }
     let dir = TempDir::new(name).unwrap();
     let (a, b) = (dir.join("a.img"), dir.join("b.img"));
-    mkfs(&a);
-    mkfs(&b);
+    oleo_mkfs(OLEO, &a, 256);
+    oleo_mkfs(OLEO, &b, 256);
     let mp = dir.subdir("mnt").unwrap();
     run(Command::new(OLEO).arg("mount").arg(&a).arg(&mp)).unwrap();
     std::fs::write(mp.join("kept"), b"fsynced").unwrap();
@@ -484,12 +467,12 @@ fn a_dead_mount_point_is_explained_or_taken_away() {
 #[test]
 fn errors_point_the_right_way() {
     let name = "mount_stop_errors";
-    if !ready(name) {
+    if !require_fuse_mount(name) {
         return;
     }
     let dir = TempDir::new(name).unwrap();
     let image = dir.join("e.img");
-    mkfs(&image);
+    oleo_mkfs(OLEO, &image, 256);
     let mp = dir.subdir("mnt").unwrap();
     run(Command::new(OLEO).arg("mount").arg(&image).arg(&mp)).unwrap();
     std::fs::write(mp.join("f"), b"x").unwrap();

@@ -13,10 +13,6 @@ use std::process::Command;
 
 const OLEO: &str = env!("CARGO_BIN_EXE_oleo");
 
-fn ready(what: &str) -> bool {
-    require_root(what) && require_fuse(what)
-}
-
 fn fresh_mount(dir: &TempDir) -> OleoMount {
     let image = dir.join("image");
     let out = Command::new(OLEO)
@@ -32,7 +28,7 @@ fn fresh_mount(dir: &TempDir) -> OleoMount {
 #[test]
 fn a_listing_renamed_while_read_lists_each_entry_once() {
     let name = "posix_readdir_rename";
-    if !ready(name) {
+    if !require_fuse_mount(name) {
         return;
     }
     let dir = TempDir::new(name).unwrap();
@@ -63,7 +59,7 @@ fn a_listing_renamed_while_read_lists_each_entry_once() {
 #[test]
 fn a_whiteout_is_left_where_a_file_was_renamed_from() {
     let name = "posix_whiteout";
-    if !ready(name) {
+    if !require_fuse_mount(name) {
         return;
     }
     let dir = TempDir::new(name).unwrap();
@@ -94,7 +90,7 @@ fn a_whiteout_is_left_where_a_file_was_renamed_from() {
 #[test]
 fn seek_data_sees_data_still_in_the_page_cache() {
     let name = "posix_seek_dirty";
-    if !ready(name) {
+    if !require_fuse_mount(name) {
         return;
     }
     let dir = TempDir::new(name).unwrap();
@@ -138,7 +134,7 @@ fn seek_data_sees_data_still_in_the_page_cache() {
 #[test]
 fn a_link_is_never_older_than_a_fifo_made_before_it() {
     let name = "posix_one_clock";
-    if !ready(name) {
+    if !require_fuse_mount(name) {
         return;
     }
     let dir = TempDir::new(name).unwrap();
@@ -166,7 +162,7 @@ fn a_link_is_never_older_than_a_fifo_made_before_it() {
 #[test]
 fn removed_inodes_live_until_the_kernel_forgets_them() {
     let name = "posix_forget";
-    if !ready(name) {
+    if !require_fuse_mount(name) {
         return;
     }
     let dir = TempDir::new(name).unwrap();
@@ -274,7 +270,7 @@ fn commit(p: &Path) {
 fn o_tmpfile_makes_unnamed_files_that_linkat_can_name() {
     use std::io::{Read, Seek, SeekFrom, Write};
     let name = "posix_tmpfile";
-    if !ready(name) {
+    if !require_fuse_mount(name) {
         return;
     }
     let dir = TempDir::new(name).unwrap();
@@ -357,7 +353,7 @@ fn o_tmpfile_makes_unnamed_files_that_linkat_can_name() {
 fn an_unnamed_file_of_a_killed_server_is_deleted_at_the_next_mount() {
     use std::io::Write;
     let name = "posix_tmpfile_killed";
-    if !ready(name) {
+    if !require_fuse_mount(name) {
         return;
     }
     let dir = TempDir::new(name).unwrap();
@@ -408,7 +404,7 @@ fn an_unnamed_file_of_a_killed_server_is_deleted_at_the_next_mount() {
 #[test]
 fn unprivileged_writes_drop_setuid_as_the_kernel_does() {
     let name = "posix_killpriv";
-    if !ready(name) {
+    if !require_fuse_mount(name) {
         return;
     }
     let dir = TempDir::new(name).unwrap();

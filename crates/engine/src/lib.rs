@@ -23,6 +23,8 @@
 //! concept in the file named after it. docs/architecture.md draws the layers and the data
 //! paths.
 
+#![warn(missing_docs)]
+
 pub mod blocking;
 pub mod error;
 pub(crate) mod sync;
@@ -37,6 +39,8 @@ pub mod inode;
 
 pub mod data;
 
+pub mod vfs;
+
 pub mod mkfs;
 pub(crate) mod subvolume;
 pub(crate) mod tree_log;
@@ -48,12 +52,12 @@ pub use data::file::ExtentInfo;
 pub use error::{Error, Result};
 pub use filesystem::Filesystem;
 pub use inode::inode_item::now;
-pub use inode::inode_ops::{FallocMode, NewInode, RenameFlags, SetAttr, XattrSet};
 pub use io::device;
 pub use oleo_format as format;
 pub use transaction::fs::{Attr, DirEntry, FileKind, InodeId, StatFs, SubvolumeInfo, Timespec};
 pub use transaction::options::{Compress, OpenOptions};
 pub use transaction::Transaction;
+pub use vfs::inode_ops::{FallocMode, NewInode, RenameFlags, SetAttr, XattrSet};
 
 /// Compression settings: the mount option and the property (kept at this path for
 /// programs written against it).
@@ -61,4 +65,4 @@ pub mod compression {
     pub use crate::inode::props::PROPERTY;
     pub use crate::transaction::options::Compress;
 }
-pub use inode::fileattr;
+pub use vfs::fileattr;

@@ -230,3 +230,9 @@ mod tests {
         );
     }
 }
+
+/// Whether a test that mounts through FUSE can run: root and /dev/fuse (see
+/// [`require_root`], [`require_fuse`]).
+pub fn require_fuse_mount(what: &str) -> bool {
+    require_root(what) && require_fuse(what)
+}

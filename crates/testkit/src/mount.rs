@@ -708,3 +708,18 @@ mod tests {
         assert!(mountinfo().iter().any(|m| m.mountpoint == Path::new("/")));
     }
 }
+
+/// Whether something is mounted at `mp`.
+pub fn is_mounted(mp: &Path) -> bool {
+    mount_at(mp).is_some()
+}
+
+/// Makes a `size_mb` MiB filesystem with the oleo binary `oleo` (`oleo mkfs -q`).
+pub fn oleo_mkfs(oleo: &str, image: &Path, size_mb: u64) {
+    let out = std::process::Command::new(oleo)
+        .args(["mkfs", "-q", "--size", &format!("{size_mb}M")])
+        .arg(image)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "oleo mkfs: {out:?}");
+}

@@ -5,7 +5,6 @@
 //! - `file_read`: reads, with checksums verified and compressed extents decompressed, off
 //!   the filesystem lock.
 //! - `file_write`: extents and checksums of new data, truncation, hole punching, clones.
-//! - `file_item`: csum items.
 //! - `ordered_extent`: a write's data IO done outside the filesystem lock, then its
 //!   extents inserted (the kernel's ordered extents).
 //! - `nocow`: writes in place into NOCOW files and preallocated extents.
@@ -14,7 +13,6 @@
 
 pub mod compression;
 pub(crate) mod file;
-pub(crate) mod file_item;
 pub(crate) mod file_read;
 pub(crate) mod file_write;
 pub(crate) mod nocow;

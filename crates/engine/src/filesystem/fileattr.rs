@@ -1,13 +1,13 @@
-//! Inode flags through the handle (chattr, lsattr, FS_IOC_FSGETXATTR): `inode::fileattr`
+//! Inode flags through the handle (chattr, lsattr, FS_IOC_FSGETXATTR): `vfs::fileattr`
 //! under the inode lock.
 
 use crate::error::Result;
 use crate::filesystem::Filesystem;
-use crate::inode::fileattr::to_fs_flags;
-use crate::inode::fileattr::to_xflags;
-use crate::inode::fileattr::with_xflags;
 use crate::transaction::fs::InodeId;
 use crate::transaction::space::reservation::Reserve;
+use crate::vfs::fileattr::to_fs_flags;
+use crate::vfs::fileattr::to_xflags;
+use crate::vfs::fileattr::with_xflags;
 
 impl Filesystem {
     /// FS_IOC_GETFLAGS: the inode's flags as chattr letters' bits.

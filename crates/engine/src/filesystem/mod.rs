@@ -21,11 +21,11 @@ use crate::ctree::TreeRoot;
 use crate::data::file::ExtentInfo;
 use crate::error::{Error, Result};
 use crate::inode::inode_lock::InodeLocks;
-use crate::inode::inode_ops::{FallocMode, NewInode, RenameFlags, SetAttr, XattrSet};
 use crate::transaction::fs::{Attr, DirEntry, FsCore, InodeId, StatFs, SubvolumeInfo};
 use crate::transaction::options::OpenOptions;
 use crate::transaction::Transaction;
 use crate::tree_log::{write_batch, FsyncPlan, Synced};
+use crate::vfs::inode_ops::{FallocMode, NewInode, RenameFlags, SetAttr, XattrSet};
 use oleo_format::superblock::Superblock;
 use oleo_format::TreeBlock;
 use parking_lot::{RwLock, RwLockReadGuard, RwLockWriteGuard};
@@ -100,16 +100,51 @@ macro_rules! writes {
     )*};
 }
 
+/// Opens the filesystem as a mount does, each step in the layer that owns it: the device
+/// and the trees (`FsCore::open`), the subvolume asked for (`subvolume`), a pending log
+/// replayed (`tree_log`), and the orphans the last session left deleted (`vfs`).
+fn mount(path: &Path, options: OpenOptions) -> Result<FsCore> {
+    let mut fs = FsCore::open(path, options.clone())?;
+    // A drop closes open files and commits, as an unmount does.
+    fs.on_close = Some(FsCore::finish);
+    fs.top = fs.resolve_mount_subvolume(&options)?;
+    if fs.pending_log {
+        fs.replay_pending_log(options.log_replay, !options.read_only)?;
+    }
+    if !options.read_only && fs.can_write().is_ok() {
+        // Like the kernel at mount: files unlinked while open in the last session go now.
+        match fs.remove_orphans(fs.top.subvol) {
+            Ok(0) => {}
+            Ok(n) => log::info!("removed {n} orphan inodes of subvolume {}", fs.top.subvol),
+            Err(e) => log::warn!("orphan cleanup skipped: {e}"),
+        }
+    }
+    if fs.pending_log {
+        log::warn!(
+                "the log tree at logical {} holds changes fsynced after the last commit (generation {}); \
+                 they are not replayed ({}): showing the last committed state, like rescue=nologreplay",
+                fs.sb.log_root,
+                fs.sb.generation,
+                fs.log_not_replayed.as_deref().unwrap_or("opened read-only")
+            );
+    }
+    Ok(fs)
+}
+
 #[allow(clippy::unused_unit)]
 impl Filesystem {
     /// Opens an image file or block device (read-only unless `options.read_only` is false).
     pub fn open(path: impl AsRef<Path>, options: OpenOptions) -> Result<Filesystem> {
-        Ok(Filesystem::new(FsCore::open(path, options)?))
+        Ok(Filesystem::new(mount(path.as_ref(), options)?))
     }
 
     /// Opens an image file or block device writable.
     pub fn open_rw(path: impl AsRef<Path>, options: OpenOptions) -> Result<Filesystem> {
-        Ok(Filesystem::new(FsCore::open_rw(path, options)?))
+        let options = OpenOptions {
+            read_only: false,
+            ..options
+        };
+        Ok(Filesystem::new(mount(path.as_ref(), options)?))
     }
 
     fn new(core: FsCore) -> Filesystem {

@@ -4,13 +4,13 @@
 use crate::error::Error;
 use crate::error::Result;
 use crate::filesystem::Filesystem;
-use crate::inode::inode_ops::check_name;
-use crate::mkfs::random_uuid;
 use crate::subvolume::create::SNAPSHOT_ITEMS;
 use crate::subvolume::create::SNAPSHOT_REF_BYTES;
 use crate::subvolume::drop::STEP_ITEMS;
+use crate::transaction::fs::random_uuid;
 use crate::transaction::fs::InodeId;
 use crate::transaction::space::reservation::Reserve;
+use crate::vfs::inode_ops::check_name;
 use oleo_format::items::ROOT_SUBVOL_RDONLY;
 use oleo_format::key::objectid;
 

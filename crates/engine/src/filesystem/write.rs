@@ -4,7 +4,6 @@
 use crate::data::compression::compress_chunks;
 use crate::data::compression::Compressed;
 use crate::data::compression::Policy;
-use crate::data::file_item::data_csums;
 use crate::data::file_write::OrderedWrite;
 use crate::data::ordered_extent::Gather;
 use crate::data::ordered_extent::Plan;
@@ -12,9 +11,10 @@ use crate::data::ordered_extent::WriteHow;
 use crate::data::prealloc_fill::FillPlan;
 use crate::error::Result;
 use crate::filesystem::Filesystem;
-use crate::inode::inode_ops::SetAttr;
+use crate::transaction::file_item::data_csums;
 use crate::transaction::fs::InodeId;
 use crate::transaction::space::reservation::Reserve;
+use crate::vfs::inode_ops::SetAttr;
 use oleo_format::items::Compression;
 use oleo_format::items::INODE_FLAG_NODATACOW;
 use oleo_format::items::INODE_FLAG_PREALLOC;
@@ -339,7 +339,7 @@ impl Filesystem {
             let piece = &plan.buf[from..from + p.len as usize];
             io.write_logical_mode(p.bytenr + p.ext_off, piece, how.uncached)?;
             sums.push(if plan.sums {
-                crate::data::file_item::data_csums(csum, sector, piece)
+                crate::transaction::file_item::data_csums(csum, sector, piece)
             } else {
                 Vec::new()
             });

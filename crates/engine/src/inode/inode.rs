@@ -147,3 +147,22 @@ impl FsCore {
         Ok(parts.join(&b'/'))
     }
 }
+
+impl FsCore {
+    /// A read-only subvolume (a read-only snapshot) refuses every change, as in the kernel.
+    pub(crate) fn check_subvol_writable(&self, subvol: u64) -> Result<()> {
+        if let Some(&ro) = self.readonly_subvols.lock().get(&subvol) {
+            return if ro { Err(Error::ReadOnly) } else { Ok(()) };
+        }
+        // A deleted subvolume (refs 0, its tree waiting to be dropped) takes no writes.
+        let ro = self.read_root_item(subvol)?.is_some_and(|(_, ri)| {
+            ri.flags & oleo_format::items::ROOT_SUBVOL_RDONLY != 0 || ri.refs == 0
+        });
+        self.readonly_subvols.lock().insert(subvol, ro);
+        if ro {
+            Err(Error::ReadOnly)
+        } else {
+            Ok(())
+        }
+    }
+}

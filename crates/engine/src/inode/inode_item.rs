@@ -289,25 +289,6 @@ impl Transaction<'_> {
         }
     }
 
-    /// Deletes every item of inode `id` (its data extents dropped first) and its orphan item.
-    pub(crate) fn delete_inode(&mut self, id: InodeId) -> Result<()> {
-        self.forget_delayed(id);
-        self.filesystem().default_acls.lock().remove(&id);
-        self.drop_extents(id, 0, u64::MAX)?;
-        let min = Key::new(id.ino, 0, 0);
-        let max = Key::new(id.ino, u8::MAX, u64::MAX);
-        self.delete_items_in_range(id.subvol, min, max)?;
-        match self.delete_item(
-            id.subvol,
-            &Key::new(objectid::ORPHAN, item::ORPHAN_ITEM, id.ino),
-        ) {
-            Err(Error::NotFound) => {}
-            r => r?,
-        }
-        self.filesystem().inodes.remove(&id);
-        Ok(())
-    }
-
     /// The inodes listed as orphans in subvolume `subvol`.
     pub(crate) fn orphans(&mut self, subvol: u64) -> Result<Vec<u64>> {
         let mut out = Vec::new();

@@ -12,6 +12,7 @@ mod signature;
 mod trees;
 
 use crate::error::{Error, Result};
+use crate::transaction::fs::random_uuid;
 use oleo_format::items::block_group;
 use oleo_format::key::objectid;
 use oleo_format::superblock::{
@@ -201,19 +202,6 @@ pub fn parse_uuid(s: &str) -> Result<[u8; 16]> {
         out[i] = u8::from_str_radix(text, 16).map_err(|_| bad())?;
     }
     Ok(out)
-}
-
-/// A random (version 4) UUID from the OS generator.
-pub(crate) fn random_uuid() -> Result<[u8; 16]> {
-    let mut u = [0u8; 16];
-    getrandom::fill(&mut u).map_err(|e| {
-        Error::Io(std::io::Error::other(format!(
-            "no randomness for a UUID: {e}"
-        )))
-    })?;
-    u[6] = (u[6] & 0x0f) | 0x40;
-    u[8] = (u[8] & 0x3f) | 0x80;
-    Ok(u)
 }
 
 fn check_options(o: &MkfsOptions) -> Result<()> {

@@ -6,8 +6,8 @@
 //! empty directories), as with mkfs.btrfs.
 
 use crate::error::{Error, Result};
-use crate::inode::inode_ops::{NewInode, SetAttr, XattrSet};
 use crate::transaction::fs::{FsCore, InodeId, Timespec};
+use crate::vfs::inode_ops::{NewInode, SetAttr, XattrSet};
 use std::collections::HashMap;
 use std::ffi::CString;
 use std::fs::{File, Metadata};

@@ -14,11 +14,11 @@ use crate::ctree;
 use crate::error::{Error, Result};
 use crate::inode::dir_item::EntryTarget;
 use crate::inode::inode_item::now;
-use crate::inode::inode_ops::{check_name, grow_dir};
-use crate::mkfs::random_uuid;
+use crate::transaction::fs::random_uuid;
 use crate::transaction::fs::{FsCore, InodeId};
 use crate::transaction::space::reservation::Reserve;
 use crate::transaction::Transaction;
+use crate::vfs::inode_ops::{check_name, grow_dir};
 use oleo_format::items::{
     FileType, InodeItem, InodeRef, RootItem, RootRef, INODE_FLAG_ROOT_ITEM_INIT, ROOT_SUBVOL_RDONLY,
 };

@@ -149,8 +149,8 @@ pub struct FsCore {
     pub(crate) subvol_roots: RwLock<HashMap<u64, Option<TreeRoot>>>,
     pub(crate) inodes: Cache<InodeId, Arc<InodeItem>>,
     pub(crate) extents: Arc<ExtentCache>,
-    top: InodeId,
-    pending_log: bool,
+    pub(crate) top: InodeId,
+    pub(crate) pending_log: bool,
     /// Why the pending log was not replayed (it keeps the filesystem read-only).
     pub(crate) log_not_replayed: Option<String>,
     /// The log is replayed into a running transaction that is never committed (a
@@ -188,6 +188,9 @@ pub struct FsCore {
     pub(crate) block_groups: Option<crate::transaction::space::block_group::BlockGroups>,
     /// Commits writing in the background: their order and outcome (see `transaction`).
     pub(crate) pipe: Arc<crate::transaction::commit_pipe::CommitPipe>,
+    /// What a drop runs (closing open files, then a commit), set by the layer that opened
+    /// the filesystem: closing files belongs to the layers above this one.
+    pub(crate) on_close: Option<fn(&mut FsCore) -> Result<()>>,
 }
 
 impl Drop for FsCore {
@@ -197,7 +200,10 @@ impl Drop for FsCore {
         if std::thread::panicking() {
             return;
         }
-        if let Err(e) = self.finish() {
+        let Some(close) = self.on_close else {
+            return;
+        };
+        if let Err(e) = close(self) {
             log::error!(
                 "closing the filesystem: the final commit failed, changes since generation {} are lost: {e}",
                 self.sb.generation
@@ -218,19 +224,9 @@ pub(crate) fn too_small(size: u64, sb: &Superblock) -> Option<String> {
 }
 
 impl FsCore {
-    /// Opens an image file or block device writable: changes go through
-    /// [`FsCore::start_transaction`] (items only for now).
-    pub fn open_rw(path: impl AsRef<Path>, options: OpenOptions) -> Result<FsCore> {
-        FsCore::open(
-            path,
-            OpenOptions {
-                read_only: false,
-                ..options
-            },
-        )
-    }
-
-    /// Opens an image file or block device (read-only unless `options.read_only` is false).
+    /// Opens an image file or block device (read-only unless `options.read_only` is false):
+    /// the device claimed, the superblock, chunk tree and root tree read. The rest of a
+    /// mount (subvolume, log replay, orphans) is the layers' above (`filesystem::mount`).
     pub fn open(path: impl AsRef<Path>, options: OpenOptions) -> Result<FsCore> {
         let path = path.as_ref();
         let device = if options.read_only {
@@ -323,6 +319,7 @@ impl FsCore {
             staging: Mutex::new(Vec::new()),
             block_groups: None,
             pipe,
+            on_close: None,
         };
         fs.csum_tree = fs.read_root_item(objectid::CSUM_TREE)?.map(|(r, _)| r);
         if fs.subvol_root(objectid::FS_TREE)?.is_none() {
@@ -330,69 +327,7 @@ impl FsCore {
                 "the top-level subvolume (tree 5) is missing".into(),
             ));
         }
-        fs.top = fs.resolve_mount_subvolume(&options)?;
-        if pending_log {
-            fs.replay_pending_log(options.log_replay, !options.read_only)?;
-        }
-        if !options.read_only && fs.can_write().is_ok() {
-            // Like the kernel at mount: files unlinked while open in the last session go now.
-            match fs.remove_orphans(fs.top.subvol) {
-                Ok(0) => {}
-                Ok(n) => log::info!("removed {n} orphan inodes of subvolume {}", fs.top.subvol),
-                Err(e) => log::warn!("orphan cleanup skipped: {e}"),
-            }
-        }
-        if fs.pending_log {
-            log::warn!(
-                "the log tree at logical {} holds changes fsynced after the last commit (generation {}); \
-                 they are not replayed ({}): showing the last committed state, like rescue=nologreplay",
-                fs.sb.log_root,
-                fs.sb.generation,
-                fs.log_not_replayed.as_deref().unwrap_or("opened read-only")
-            );
-        }
         Ok(fs)
-    }
-
-    /// Replays the log at open, as the kernel does at mount. Writable, the replay is
-    /// committed; read-only, it stays in memory (the image is not written) and any error
-    /// leaves the last committed state. A log oleo cannot replay leaves the filesystem at
-    /// its last commit (read-only, and says why); a damaged one refuses a writable open.
-    fn replay_pending_log(&mut self, allowed: bool, writable: bool) -> Result<()> {
-        if !allowed {
-            self.log_not_replayed = Some("log replay was turned off (nologreplay)".into());
-            return Ok(());
-        }
-        match self.replay_log(writable) {
-            Ok(n) if writable => {
-                log::info!(
-                    "replayed the log tree: {n} inodes, now at generation {}",
-                    self.sb.generation
-                );
-                self.pending_log = false;
-                Ok(())
-            }
-            Ok(n) => {
-                log::info!(
-                    "replayed the log tree in memory ({n} inodes): showing what was fsynced; \
-                     the image is not written"
-                );
-                self.pending_log = false;
-                Ok(())
-            }
-            Err(Error::Unsupported(why)) => {
-                self.log_not_replayed = Some(why);
-                Ok(())
-            }
-            Err(e) if !writable => {
-                self.log_not_replayed = Some(format!("replaying it failed: {e}"));
-                Ok(())
-            }
-            Err(e) => Err(Error::Unusable(format!(
-                "replaying the log tree failed: {e}; mount with -o ro,rescue=nologreplay to \
-                 read the last committed state"
-            ))),
-        }
     }
 
     /// The root directory of the opened subvolume.
@@ -631,4 +566,17 @@ impl crate::ctree::BlockSource for FsCore {
         self.io
             .read_tree_block(bytenr, level, generation, first_key)
     }
+}
+
+/// A random (version 4) UUID from the OS generator.
+pub(crate) fn random_uuid() -> Result<[u8; 16]> {
+    let mut u = [0u8; 16];
+    getrandom::fill(&mut u).map_err(|e| {
+        Error::Io(std::io::Error::other(format!(
+            "no randomness for a UUID: {e}"
+        )))
+    })?;
+    u[6] = (u[6] & 0x0f) | 0x40;
+    u[8] = (u[8] & 0x3f) | 0x80;
+    Ok(u)
 }

@@ -7,7 +7,10 @@
 //! - `options`: mount options (`OpenOptions`, `compress=`).
 //! - `transaction`: joining, closing and committing T; the bookkeeping fixpoint.
 //! - `commit_pipe`: a closed commit's writes, off every filesystem lock, in order.
+//! - `file_item`: data checksums in the csum tree: added as data is written, deleted
+//!   when space frees an extent.
 //! - `delayed_inode`: inode and DIR_INDEX items kept out of their trees until a commit.
+//! - `root_tree`: which tree holds a subvolume, and the refs linking subvolumes.
 //! - `changes`: what each edit touched, for the log tree's fsync decisions.
 //! - `log_store`, `log_sync`: where log tree blocks live and how a log sync writes them
 //!   and superblock copy 0 (every superblock write is this layer's, so commits and log
@@ -25,10 +28,12 @@
 pub(crate) mod changes;
 pub mod commit_pipe;
 pub(crate) mod delayed_inode;
+pub(crate) mod file_item;
 pub mod fs;
 pub(crate) mod log_store;
 pub(crate) mod log_sync;
 pub mod options;
+pub(crate) mod root_tree;
 pub mod space;
 #[allow(clippy::module_inception)] // the kernel's file name
 pub mod transaction;

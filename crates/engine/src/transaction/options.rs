@@ -6,7 +6,7 @@ use oleo_format::items::Compression;
 
 #[derive(Clone, Debug)]
 pub struct OpenOptions {
-    /// False opens the device read-write, for transactions (see `FsCore::open_rw`).
+    /// False opens the device read-write, for transactions (see `Filesystem::open_rw`).
     pub read_only: bool,
     /// Open this subvolume (path from the top level), like btrfs's `subvol=`.
     pub subvol: Option<Vec<u8>>,

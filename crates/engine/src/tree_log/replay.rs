@@ -477,3 +477,46 @@ impl Transaction<'_> {
         Ok(total)
     }
 }
+
+impl FsCore {
+    /// Replays the log at open, as the kernel does at mount. Writable, the replay is
+    /// committed; read-only, it stays in memory (the image is not written) and any error
+    /// leaves the last committed state. A log oleo cannot replay leaves the filesystem at
+    /// its last commit (read-only, and says why); a damaged one refuses a writable open.
+    pub(crate) fn replay_pending_log(&mut self, allowed: bool, writable: bool) -> Result<()> {
+        if !allowed {
+            self.log_not_replayed = Some("log replay was turned off (nologreplay)".into());
+            return Ok(());
+        }
+        match self.replay_log(writable) {
+            Ok(n) if writable => {
+                log::info!(
+                    "replayed the log tree: {n} inodes, now at generation {}",
+                    self.sb.generation
+                );
+                self.pending_log = false;
+                Ok(())
+            }
+            Ok(n) => {
+                log::info!(
+                    "replayed the log tree in memory ({n} inodes): showing what was fsynced; \
+                     the image is not written"
+                );
+                self.pending_log = false;
+                Ok(())
+            }
+            Err(Error::Unsupported(why)) => {
+                self.log_not_replayed = Some(why);
+                Ok(())
+            }
+            Err(e) if !writable => {
+                self.log_not_replayed = Some(format!("replaying it failed: {e}"));
+                Ok(())
+            }
+            Err(e) => Err(Error::Unusable(format!(
+                "replaying the log tree failed: {e}; mount with -o ro,rescue=nologreplay to \
+                 read the last committed state"
+            ))),
+        }
+    }
+}

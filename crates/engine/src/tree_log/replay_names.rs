@@ -108,7 +108,7 @@ impl Transaction<'_> {
         let mode = self.read_inode(id)?.mode;
         let target = crate::inode::dir_item::EntryTarget {
             location: Key::new(ino, item::INODE_ITEM, 0),
-            file_type: crate::inode::inode_ops::file_type_of(mode)
+            file_type: crate::vfs::inode_ops::file_type_of(mode)
                 .map_err(|e| corrupt(format!("inode {ino}: {e}")))?,
         };
         self.add_dir_entry(InodeId { subvol, ino: dir }, name, target, index)?;

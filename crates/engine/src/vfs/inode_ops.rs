@@ -883,6 +883,15 @@ impl FsCore {
         new_name: &[u8],
         flags: RenameFlags,
     ) -> Result<()> {
+        // The VFS's first check (do_renameat2): "." or ".." on either side is busy, or
+        // an existing target under RENAME_NOREPLACE.
+        let dots = |n: &[u8]| n == b"." || n == b"..";
+        if dots(name) || (dots(new_name) && !flags.noreplace) {
+            return Err(Error::Busy("a rename of \".\" or \"..\"".into()));
+        }
+        if dots(new_name) {
+            return Err(Error::AlreadyExists);
+        }
         self.check_subvol_writable(parent.subvol)?;
         self.check_entry_may_go(parent, name)?;
         self.check_may_add_entry(new_parent)?;
@@ -1128,24 +1137,5 @@ impl FsCore {
             self.unpin_open(id)?;
         }
         self.sync()
-    }
-}
-
-impl FsCore {
-    /// A read-only subvolume (a read-only snapshot) refuses every change, as in the kernel.
-    pub(crate) fn check_subvol_writable(&self, subvol: u64) -> Result<()> {
-        if let Some(&ro) = self.readonly_subvols.lock().get(&subvol) {
-            return if ro { Err(Error::ReadOnly) } else { Ok(()) };
-        }
-        // A deleted subvolume (refs 0, its tree waiting to be dropped) takes no writes.
-        let ro = self.read_root_item(subvol)?.is_some_and(|(_, ri)| {
-            ri.flags & oleo_format::items::ROOT_SUBVOL_RDONLY != 0 || ri.refs == 0
-        });
-        self.readonly_subvols.lock().insert(subvol, ro);
-        if ro {
-            Err(Error::ReadOnly)
-        } else {
-            Ok(())
-        }
     }
 }

@@ -2,9 +2,11 @@
 //! (`inode_ops`), until its last user lets go; a mount deletes those a previous session
 //! left behind, as the kernel does.
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::transaction::fs::{FsCore, InodeId};
 use crate::transaction::space::reservation::Reserve;
+use crate::transaction::Transaction;
+use oleo_format::key::{item, objectid, Key};
 
 impl FsCore {
     /// Marks `id` as open: if its last name goes, it lives on (as an orphan) until closed.
@@ -65,5 +67,26 @@ impl FsCore {
             self.write_op(Reserve::items(8), |t| t.delete_inode(id))?;
         }
         Ok(orphans.len())
+    }
+}
+
+impl Transaction<'_> {
+    /// Deletes every item of inode `id` (its data extents dropped first) and its orphan item.
+    pub(crate) fn delete_inode(&mut self, id: InodeId) -> Result<()> {
+        self.forget_delayed(id);
+        self.filesystem().default_acls.lock().remove(&id);
+        self.drop_extents(id, 0, u64::MAX)?;
+        let min = Key::new(id.ino, 0, 0);
+        let max = Key::new(id.ino, u8::MAX, u64::MAX);
+        self.delete_items_in_range(id.subvol, min, max)?;
+        match self.delete_item(
+            id.subvol,
+            &Key::new(objectid::ORPHAN, item::ORPHAN_ITEM, id.ino),
+        ) {
+            Err(Error::NotFound) => {}
+            r => r?,
+        }
+        self.filesystem().inodes.remove(&id);
+        Ok(())
     }
 }
