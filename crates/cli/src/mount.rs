@@ -9,6 +9,8 @@ use std::os::fd::{FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
+// The field docs are --help text (clap), where `[:LEVEL]` is an optional part, not a link.
+#[allow(rustdoc::broken_intra_doc_links)]
 #[derive(clap::Args)]
 pub struct MountArgs {
     /// Comma-separated mount options: ro, rw (the default), commit=SECONDS (default 30),

@@ -14,26 +14,32 @@ pub fn slice(buf: &[u8], off: usize, len: usize) -> Result<&[u8]> {
         })
 }
 
+/// Reads the byte at `off`.
 pub fn u8_at(buf: &[u8], off: usize) -> Result<u8> {
     Ok(slice(buf, off, 1)?[0])
 }
 
+/// Reads a little-endian u16 at `off`.
 pub fn u16_at(buf: &[u8], off: usize) -> Result<u16> {
     Ok(u16::from_le_bytes(array(buf, off)?))
 }
 
+/// Reads a little-endian u32 at `off`.
 pub fn u32_at(buf: &[u8], off: usize) -> Result<u32> {
     Ok(u32::from_le_bytes(array(buf, off)?))
 }
 
+/// Reads a little-endian u64 at `off`.
 pub fn u64_at(buf: &[u8], off: usize) -> Result<u64> {
     Ok(u64::from_le_bytes(array(buf, off)?))
 }
 
+/// Reads a little-endian i64 at `off` (the seconds of an on-disk timespec).
 pub fn i64_at(buf: &[u8], off: usize) -> Result<i64> {
     Ok(i64::from_le_bytes(array(buf, off)?))
 }
 
+/// Copies the `N` bytes at `off` (UUIDs, checksum fields).
 pub fn array<const N: usize>(buf: &[u8], off: usize) -> Result<[u8; N]> {
     let mut out = [0u8; N];
     out.copy_from_slice(slice(buf, off, N)?);
@@ -53,36 +59,42 @@ pub fn uuid_string(uuid: &[u8; 16]) -> String {
     )
 }
 
-// Writers: the inverse of the accessors above. They append to a Vec, so a writer can never
-// index out of bounds; callers that need a fixed-size structure check the final length.
+// Writers: the inverse of the accessors above, for this crate's `to_bytes` / `write_into`
+// methods (the public way to serialize). They append to a Vec, so a writer can never index
+// out of bounds; callers that need a fixed-size structure check the final length.
 
-pub fn put_u8(out: &mut Vec<u8>, v: u8) {
+/// Appends one byte.
+pub(crate) fn put_u8(out: &mut Vec<u8>, v: u8) {
     out.push(v);
 }
 
-pub fn put_u16(out: &mut Vec<u8>, v: u16) {
+/// Appends a little-endian u16.
+pub(crate) fn put_u16(out: &mut Vec<u8>, v: u16) {
     out.extend_from_slice(&v.to_le_bytes());
 }
 
-pub fn put_u32(out: &mut Vec<u8>, v: u32) {
+/// Appends a little-endian u32.
+pub(crate) fn put_u32(out: &mut Vec<u8>, v: u32) {
     out.extend_from_slice(&v.to_le_bytes());
 }
 
-pub fn put_u64(out: &mut Vec<u8>, v: u64) {
+/// Appends a little-endian u64.
+pub(crate) fn put_u64(out: &mut Vec<u8>, v: u64) {
     out.extend_from_slice(&v.to_le_bytes());
 }
 
-pub fn put_i64(out: &mut Vec<u8>, v: i64) {
+/// Appends a little-endian i64.
+pub(crate) fn put_i64(out: &mut Vec<u8>, v: i64) {
     out.extend_from_slice(&v.to_le_bytes());
 }
 
 /// Appends `n` zero bytes (reserved and padding fields).
-pub fn put_zeros(out: &mut Vec<u8>, n: usize) {
+pub(crate) fn put_zeros(out: &mut Vec<u8>, n: usize) {
     out.resize(out.len() + n, 0);
 }
 
 /// Overwrites `buf[off..off+src.len()]`, or a `Truncated` error instead of panicking.
-pub fn put_at(buf: &mut [u8], off: usize, src: &[u8]) -> Result<()> {
+pub(crate) fn put_at(buf: &mut [u8], off: usize, src: &[u8]) -> Result<()> {
     let have = buf.len();
     off.checked_add(src.len())
         .and_then(|end| buf.get_mut(off..end))

@@ -7,15 +7,23 @@ use blake2::{Blake2b, Digest};
 /// Every checksum field on disk is this wide; shorter digests are zero-padded.
 pub const CSUM_FIELD_SIZE: usize = 32;
 
+/// The checksum algorithm of a filesystem (the superblock's `csum_type`), used for the
+/// superblock, every tree block and every data sector.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CsumType {
+    /// 0: CRC-32C (Castagnoli), 4 bytes. The mkfs default.
     Crc32c,
+    /// 1: XXH64 with seed 0, 8 bytes.
     Xxhash64,
+    /// 2: SHA-256, 32 bytes.
     Sha256,
+    /// 3: BLAKE2b with a 32-byte digest (BLAKE2b-256), unkeyed.
     Blake2b,
 }
 
 impl CsumType {
+    /// The algorithm of an on-disk `csum_type` value; [`FormatError::UnknownCsumType`] for
+    /// others.
     pub fn from_raw(raw: u16) -> Result<CsumType> {
         match raw {
             0 => Ok(CsumType::Crc32c),
@@ -26,6 +34,7 @@ impl CsumType {
         }
     }
 
+    /// The on-disk `csum_type` value.
     pub fn raw(self) -> u16 {
         match self {
             CsumType::Crc32c => 0,
@@ -44,6 +53,7 @@ impl CsumType {
         }
     }
 
+    /// The name btrfs-progs uses (`crc32c`, `xxhash64`, `sha256`, `blake2b`).
     pub fn name(self) -> &'static str {
         match self {
             CsumType::Crc32c => "crc32c",

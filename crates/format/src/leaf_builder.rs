@@ -63,6 +63,7 @@ pub struct LeafBuilder {
 }
 
 impl LeafBuilder {
+    /// An empty leaf for blocks of `nodesize` bytes (a power of two in 4 KiB..=64 KiB).
     pub fn new(nodesize: u32) -> Result<LeafBuilder> {
         check_nodesize(nodesize)?;
         Ok(LeafBuilder {
@@ -103,18 +104,22 @@ impl LeafBuilder {
         Ok(())
     }
 
+    /// Number of items pushed so far.
     pub fn nritems(&self) -> usize {
         self.items.len()
     }
 
+    /// True when no item has been pushed.
     pub fn is_empty(&self) -> bool {
         self.items.is_empty()
     }
 
+    /// Key of the first item (the key a parent's pointer to this leaf carries).
     pub fn first_key(&self) -> Option<Key> {
         self.items.first().map(|(k, _)| *k)
     }
 
+    /// Key of the last item pushed.
     pub fn last_key(&self) -> Option<Key> {
         self.items.last().map(|(k, _)| *k)
     }
@@ -152,6 +157,7 @@ pub struct NodeBuilder {
 }
 
 impl NodeBuilder {
+    /// An empty node for blocks of `nodesize` bytes (a power of two in 4 KiB..=64 KiB).
     pub fn new(nodesize: u32) -> Result<NodeBuilder> {
         check_nodesize(nodesize)?;
         Ok(NodeBuilder {
@@ -160,6 +166,7 @@ impl NodeBuilder {
         })
     }
 
+    /// True when no more pointers fit ([`max_node_ptrs`]).
     pub fn is_full(&self) -> bool {
         self.ptrs.len() >= max_node_ptrs(self.nodesize)
     }
@@ -182,10 +189,12 @@ impl NodeBuilder {
         Ok(())
     }
 
+    /// Number of pointers pushed so far.
     pub fn nritems(&self) -> usize {
         self.ptrs.len()
     }
 
+    /// Key of the first pointer (the key a parent's pointer to this node carries).
     pub fn first_key(&self) -> Option<Key> {
         self.ptrs.first().map(|p| p.key)
     }

@@ -9,10 +9,15 @@ use crate::invalid;
 use crate::items::{ChunkItem, DevItem};
 use crate::key::{item, Key, KEY_SIZE};
 
+/// Size of one superblock copy (`BTRFS_SUPER_INFO_SIZE`).
 pub const SUPER_INFO_SIZE: usize = 4096;
+/// Physical offset of the primary superblock (mirror 0): 64 KiB.
 pub const SUPER_PRIMARY_OFFSET: u64 = 0x10000;
+/// The superblock magic, ASCII `_BHRfS_M` read as a little-endian u64.
 pub const MAGIC: u64 = 0x4D5F_5366_5248_425F; // "_BHRfS_M"
+/// Capacity of `sys_chunk_array` in bytes.
 pub const SYS_CHUNK_ARRAY_MAX: usize = 2048;
+/// Number of backup root records in a superblock.
 pub const NUM_BACKUP_ROOTS: usize = 4;
 /// The label field: up to 255 bytes plus a terminating NUL.
 pub const LABEL_SIZE: usize = 256;
@@ -31,23 +36,42 @@ pub fn mirror_offset(mirror: usize) -> u64 {
     }
 }
 
+/// `incompat_flags` bits: an implementation that does not know a set bit must neither
+/// read nor write the filesystem.
 pub mod incompat {
+    /// Modern back references (inline refs, SHARED refs, header backref revision 1). Always set.
     pub const MIXED_BACKREF: u64 = 1 << 0;
+    /// The `default` entry of the root tree directory points to a subvolume other than 5.
     pub const DEFAULT_SUBVOL: u64 = 1 << 1;
+    /// Block groups may be DATA and METADATA at once (needs sectorsize == nodesize).
     pub const MIXED_GROUPS: u64 = 1 << 2;
+    /// LZO-compressed extents may exist.
     pub const COMPRESS_LZO: u64 = 1 << 3;
+    /// zstd-compressed extents may exist (zlib needs no bit).
     pub const COMPRESS_ZSTD: u64 = 1 << 4;
+    /// nodesize larger than the page size (the kernel sets it at mount when so).
     pub const BIG_METADATA: u64 = 1 << 5;
+    /// INODE_EXTREF items may exist.
     pub const EXTENDED_IREF: u64 = 1 << 6;
+    /// RAID5 / RAID6 chunks may exist.
     pub const RAID56: u64 = 1 << 7;
+    /// Tree blocks are tracked by METADATA_ITEM keys.
     pub const SKINNY_METADATA: u64 = 1 << 8;
+    /// Holes are implicit: gaps between EXTENT_DATA items need no hole items.
     pub const NO_HOLES: u64 = 1 << 9;
+    /// Tree block headers carry `metadata_uuid` instead of `fsid`.
     pub const METADATA_UUID: u64 = 1 << 10;
+    /// RAID1C3 / RAID1C4 chunks may exist.
     pub const RAID1C34: u64 = 1 << 11;
+    /// Zoned block device mode.
     pub const ZONED: u64 = 1 << 12;
+    /// Experimental extent tree v2 (debug kernels only).
     pub const EXTENT_TREE_V2: u64 = 1 << 13;
+    /// Logical -> physical per-extent stripe map (tree 12).
     pub const RAID_STRIPE_TREE: u64 = 1 << 14;
+    /// Simple quotas: EXTENT_OWNER_REF inline refs exist.
     pub const SIMPLE_QUOTA: u64 = 1 << 16;
+    /// Relocation remap tree (tree 13).
     pub const REMAP_TREE: u64 = 1 << 17;
 
     /// Bits a reader of this crate understands well enough to read the filesystem.
@@ -65,6 +89,7 @@ pub mod incompat {
         | RAID1C34
         | SIMPLE_QUOTA;
 
+    /// Every bit with its btrfs-progs name, for [`flag_names`](super::flag_names).
     pub const NAMES: &[(u64, &str)] = &[
         (MIXED_BACKREF, "MIXED_BACKREF"),
         (DEFAULT_SUBVOL, "DEFAULT_SUBVOL"),
@@ -86,12 +111,19 @@ pub mod incompat {
     ];
 }
 
+/// `compat_ro_flags` bits: an implementation that does not know a set bit may read the
+/// filesystem but must not write it.
 pub mod compat_ro {
+    /// The free space tree (tree 10) exists and writers must maintain it.
     pub const FREE_SPACE_TREE: u64 = 1 << 0;
+    /// The free space tree can be trusted; always set with `FREE_SPACE_TREE`.
     pub const FREE_SPACE_TREE_VALID: u64 = 1 << 1;
+    /// fs-verity items may exist.
     pub const VERITY: u64 = 1 << 2;
+    /// BLOCK_GROUP_ITEMs live in tree 11 instead of the extent tree.
     pub const BLOCK_GROUP_TREE: u64 = 1 << 3;
 
+    /// Every bit with its btrfs-progs name, for [`flag_names`](super::flag_names).
     pub const NAMES: &[(u64, &str)] = &[
         (FREE_SPACE_TREE, "FREE_SPACE_TREE"),
         (FREE_SPACE_TREE_VALID, "FREE_SPACE_TREE_VALID"),
@@ -116,29 +148,52 @@ pub fn flag_names(flags: u64, names: &[(u64, &str)]) -> Vec<String> {
     out
 }
 
-/// One of the four backup root records.
+/// One of the four backup root records (`btrfs_root_backup`): the roots of a recent
+/// commit, for recovery (`-o rescue=usebackuproot`). At each commit the kernel fills the
+/// next slot round robin, so the newest slot describes the superblock's own state.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct BackupRoot {
+    /// Logical address of the root tree root block.
     pub tree_root: u64,
+    /// Generation of that block (the commit's transaction id).
     pub tree_root_gen: u64,
+    /// Logical address of the chunk tree root block.
     pub chunk_root: u64,
+    /// Generation of the chunk tree root block.
     pub chunk_root_gen: u64,
+    /// Logical address of the extent tree root block.
     pub extent_root: u64,
+    /// Generation of the extent tree root block.
     pub extent_root_gen: u64,
+    /// Logical address of the top-level subvolume's (tree 5) root block.
     pub fs_root: u64,
+    /// Generation of tree 5's root block.
     pub fs_root_gen: u64,
+    /// Logical address of the device tree root block.
     pub dev_root: u64,
+    /// Generation of the device tree root block.
     pub dev_root_gen: u64,
+    /// Logical address of the checksum tree root block.
     pub csum_root: u64,
+    /// Generation of the checksum tree root block.
     pub csum_root_gen: u64,
+    /// The superblock's `total_bytes` at that commit.
     pub total_bytes: u64,
+    /// The superblock's `bytes_used` at that commit.
     pub bytes_used: u64,
+    /// The superblock's `num_devices` at that commit.
     pub num_devices: u64,
+    /// Level of the root tree root block.
     pub tree_root_level: u8,
+    /// Level of the chunk tree root block.
     pub chunk_root_level: u8,
+    /// Level of the extent tree root block.
     pub extent_root_level: u8,
+    /// Level of tree 5's root block.
     pub fs_root_level: u8,
+    /// Level of the device tree root block.
     pub dev_root_level: u8,
+    /// Level of the checksum tree root block.
     pub csum_root_level: u8,
 }
 
@@ -207,40 +262,76 @@ impl BackupRoot {
     }
 }
 
+/// One superblock copy (`btrfs_super_block`, 4096 bytes): where every tree starts, the
+/// filesystem's geometry and features, and the SYSTEM chunks needed to find the chunk tree.
+/// All copies are identical but for `bytenr` and the checksum.
 #[derive(Clone, Debug)]
 pub struct Superblock {
+    /// Checksum of bytes `[32, 4096)`, zero-padded (recomputed by [`Superblock::to_bytes`]).
     pub csum: [u8; 32],
+    /// Filesystem UUID, as users see it.
     pub fsid: [u8; 16],
+    /// Physical offset of this copy (64 KiB, 64 MiB or 256 GiB).
     pub bytenr: u64,
+    /// Superblock flags ([`SUPER_FLAG_WRITTEN`], error and seeding bits).
     pub flags: u64,
+    /// Always [`MAGIC`].
     pub magic: u64,
+    /// Transaction id of the last committed transaction.
     pub generation: u64,
+    /// Logical address of the root tree root block.
     pub root: u64,
+    /// Logical address of the chunk tree root block.
     pub chunk_root: u64,
+    /// Logical address of the log root tree root block; 0 when there is no log to replay.
     pub log_root: u64,
+    /// Sum of the sizes of all devices, as btrfs may use them.
     pub total_bytes: u64,
+    /// Bytes allocated in all block groups (data and metadata, each extent counted once).
     pub bytes_used: u64,
+    /// Always 6 ([`ROOT_TREE_DIR`](crate::key::objectid::ROOT_TREE_DIR)).
     pub root_dir_objectid: u64,
+    /// Number of devices in the filesystem.
     pub num_devices: u64,
+    /// Data block size: a power of two in 4 KiB..=64 KiB.
     pub sectorsize: u32,
+    /// Tree block size: a power of two in sectorsize..=64 KiB.
     pub nodesize: u32,
+    /// Legacy; always equal to `nodesize`.
     pub leafsize: u32,
+    /// Stripe size hint; mkfs writes the sectorsize.
     pub stripesize: u32,
+    /// Valid bytes in `sys_chunk_array` (on output, taken from its length).
     pub sys_chunk_array_size: u32,
+    /// Header generation of the chunk tree root block.
     pub chunk_root_generation: u64,
+    /// Compatible feature bits (none are defined).
     pub compat_flags: u64,
+    /// Read-only compatible feature bits ([`compat_ro`]).
     pub compat_ro_flags: u64,
+    /// Incompatible feature bits ([`incompat`]).
     pub incompat_flags: u64,
+    /// Checksum algorithm as stored (see [`Superblock::csum_type`]).
     pub csum_type_raw: u16,
+    /// Level of the root tree root block.
     pub root_level: u8,
+    /// Level of the chunk tree root block.
     pub chunk_root_level: u8,
+    /// Level of the log root tree root block.
     pub log_root_level: u8,
+    /// Copy of this device's DEV_ITEM from the chunk tree.
     pub dev_item: DevItem,
+    /// Filesystem label, without the terminating NUL (at most 255 bytes).
     pub label: Vec<u8>,
+    /// Generation of the v1 free space cache; 0 when it is unused.
     pub cache_generation: u64,
+    /// Generation at which the UUID tree was last known consistent.
     pub uuid_tree_generation: u64,
+    /// The fsid tree blocks carry when incompat `METADATA_UUID` is set; zero otherwise.
     pub metadata_uuid: [u8; 16],
+    /// The SYSTEM chunks: packed (disk key, CHUNK_ITEM) pairs (see [`Superblock::sys_chunks`]).
     pub sys_chunk_array: Vec<u8>,
+    /// The backup root records ([`NUM_BACKUP_ROOTS`] on disk).
     pub backup_roots: Vec<BackupRoot>,
 }
 
@@ -452,15 +543,18 @@ impl Superblock {
         Ok(out)
     }
 
+    /// The checksum algorithm (`csum_type_raw`, known good after [`Superblock::parse`]).
     pub fn csum_type(&self) -> CsumType {
         // Checked in parse().
         CsumType::from_raw(self.csum_type_raw).unwrap_or(CsumType::Crc32c)
     }
 
+    /// True when incompat feature `bit` ([`incompat`]) is set.
     pub fn has_incompat(&self, bit: u64) -> bool {
         self.incompat_flags & bit != 0
     }
 
+    /// True when compat_ro feature `bit` ([`compat_ro`]) is set.
     pub fn has_compat_ro(&self, bit: u64) -> bool {
         self.compat_ro_flags & bit != 0
     }

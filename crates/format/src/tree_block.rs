@@ -6,30 +6,50 @@ use crate::csum::CsumType;
 use crate::error::Result;
 use crate::key::{Key, KEY_SIZE};
 
+/// Size of the header every tree block starts with (`btrfs_header`).
 pub const HEADER_SIZE: usize = 101;
+/// Size of a leaf item header (`btrfs_item`): key, body offset, body size.
 pub const ITEM_SIZE: usize = 25;
+/// Size of a node's child pointer (`btrfs_key_ptr`): key, block address, generation.
 pub const KEY_PTR_SIZE: usize = 33;
+/// Number of levels a tree may have (`BTRFS_MAX_LEVEL`): levels run from 0 (leaves) to 7.
 pub const MAX_LEVEL: u8 = 8;
 
+/// Header flag: the block has been written out; it must be COWed before it changes.
 pub const HEADER_FLAG_WRITTEN: u64 = 1 << 0;
+/// Header flag: the block belongs to a relocation tree (balance).
 pub const HEADER_FLAG_RELOC: u64 = 1 << 1;
+/// The header flags' top byte (bits 56..64) holds the back reference revision.
 pub const BACKREF_REV_SHIFT: u32 = 56;
+/// Back reference revision of every block of a MIXED_BACKREF filesystem.
 pub const MIXED_BACKREF_REV: u64 = 1;
 
+/// The header at the start of every node and leaf (`btrfs_header`, 101 bytes).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Header {
+    /// Checksum of bytes `[32, nodesize)` of the block, zero-padded.
     pub csum: [u8; 32],
+    /// The filesystem's fsid (its `metadata_uuid` with METADATA_UUID).
     pub fsid: [u8; 16],
+    /// Logical address of this block; must equal where it was read from.
     pub bytenr: u64,
+    /// Flags ([`HEADER_FLAG_WRITTEN`], [`HEADER_FLAG_RELOC`]) and, in the top byte, the
+    /// back reference revision.
     pub flags: u64,
+    /// UUID of the chunk tree, the same in every block of the filesystem.
     pub chunk_tree_uuid: [u8; 16],
+    /// Transaction id in which this block was written.
     pub generation: u64,
+    /// Id of the tree the block belongs to (at the time it was created).
     pub owner: u64,
+    /// Number of items (leaf) or child pointers (node).
     pub nritems: u32,
+    /// 0 for a leaf, 1 to 7 for a node (one more than its children).
     pub level: u8,
 }
 
 impl Header {
+    /// Reads the header from the first 101 bytes of `b`.
     pub fn parse(b: &[u8]) -> Result<Header> {
         slice(b, 0, HEADER_SIZE)?;
         Ok(Header {
@@ -45,6 +65,7 @@ impl Header {
         })
     }
 
+    /// The back reference revision (top byte of `flags`; [`MIXED_BACKREF_REV`] normally).
     pub fn backref_rev(&self) -> u64 {
         self.flags >> BACKREF_REV_SHIFT
     }
@@ -80,21 +101,27 @@ pub fn write_csum(block: &mut [u8], csum_type: CsumType) -> Result<()> {
 /// A leaf item header: its key and where its body lies.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ItemHeader {
+    /// The item's key.
     pub key: Key,
     /// Body offset relative to the end of the block header.
     pub offset: u32,
+    /// Body length in bytes.
     pub size: u32,
 }
 
 /// A node's pointer to a child block.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct KeyPtr {
+    /// The child's first key (the lowest key in its subtree).
     pub key: Key,
+    /// Logical address of the child block.
     pub blockptr: u64,
+    /// The child's header generation; a read must find exactly this.
     pub generation: u64,
 }
 
 impl KeyPtr {
+    /// The 33-byte on-disk pointer.
     pub fn to_bytes(&self) -> [u8; KEY_PTR_SIZE] {
         let mut b = [0u8; KEY_PTR_SIZE];
         b[..KEY_SIZE].copy_from_slice(&self.key.to_bytes());
@@ -113,6 +140,8 @@ pub struct TreeBlock<'a> {
 }
 
 impl<'a> TreeBlock<'a> {
+    /// A view of `data`, which must hold at least a header. Checks nothing else: use
+    /// [`check_tree_block`](crate::validate::check_tree_block) before trusting the rest.
     pub fn new(data: &'a [u8]) -> Result<TreeBlock<'a>> {
         slice(data, 0, HEADER_SIZE)?;
         Ok(TreeBlock {
@@ -122,38 +151,47 @@ impl<'a> TreeBlock<'a> {
         })
     }
 
+    /// The whole block.
     pub fn bytes(&self) -> &'a [u8] {
         self.data
     }
 
+    /// The parsed header.
     pub fn header(&self) -> Result<Header> {
         Header::parse(self.data)
     }
 
+    /// Number of items (leaf) or child pointers (node).
     pub fn nritems(&self) -> usize {
         self.nritems
     }
 
+    /// The block's level: 0 for a leaf.
     pub fn level(&self) -> u8 {
         self.level
     }
 
+    /// True for a leaf (level 0).
     pub fn is_leaf(&self) -> bool {
         self.level == 0
     }
 
+    /// Transaction id in which the block was written.
     pub fn generation(&self) -> u64 {
         u64_at(self.data, 80).unwrap_or(0)
     }
 
+    /// Id of the tree the block belongs to.
     pub fn owner(&self) -> u64 {
         u64_at(self.data, 88).unwrap_or(0)
     }
 
+    /// Logical address the block claims as its own.
     pub fn bytenr(&self) -> u64 {
         u64_at(self.data, 48).unwrap_or(0)
     }
 
+    /// Leaf item header `slot`.
     pub fn item(&self, slot: usize) -> Result<ItemHeader> {
         let off = HEADER_SIZE + slot * ITEM_SIZE;
         Ok(ItemHeader {
@@ -163,6 +201,7 @@ impl<'a> TreeBlock<'a> {
         })
     }
 
+    /// The key of leaf item `slot`.
     pub fn item_key(&self, slot: usize) -> Result<Key> {
         Key::parse(self.data, HEADER_SIZE + slot * ITEM_SIZE)
     }
@@ -177,6 +216,7 @@ impl<'a> TreeBlock<'a> {
         )
     }
 
+    /// Node child pointer `slot`.
     pub fn key_ptr(&self, slot: usize) -> Result<KeyPtr> {
         let off = HEADER_SIZE + slot * KEY_PTR_SIZE;
         Ok(KeyPtr {

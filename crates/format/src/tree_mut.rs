@@ -85,6 +85,8 @@ pub struct HeaderMut<'a> {
 }
 
 impl<'a> HeaderMut<'a> {
+    /// A view of the header of any block (`data` must hold at least a header); level and
+    /// nritems may be set through it.
     pub fn new(data: &'a mut [u8]) -> Result<HeaderMut<'a>> {
         slice(data, 0, HEADER_SIZE)?;
         Ok(HeaderMut {
@@ -107,68 +109,84 @@ impl<'a> HeaderMut<'a> {
         Ok(())
     }
 
+    /// The parsed header.
     pub fn parse(&self) -> Result<Header> {
         Header::parse(self.data)
     }
 
+    /// The header's logical address the block claims.
     pub fn bytenr(&self) -> Result<u64> {
         u64_at(self.data, BYTENR_OFF)
     }
 
+    /// The header's flags.
     pub fn flags(&self) -> Result<u64> {
         u64_at(self.data, FLAGS_OFF)
     }
 
+    /// The header's generation (transaction id of the write).
     pub fn generation(&self) -> Result<u64> {
         u64_at(self.data, GENERATION_OFF)
     }
 
+    /// The header's owner tree id.
     pub fn owner(&self) -> Result<u64> {
         u64_at(self.data, OWNER_OFF)
     }
 
+    /// The header's level.
     pub fn level(&self) -> Result<u8> {
         u8_at(self.data, LEVEL_OFF)
     }
 
+    /// The header's item or pointer count.
     pub fn nritems(&self) -> Result<u32> {
         u32_at(self.data, NRITEMS_OFF)
     }
 
+    /// The header's fsid.
     pub fn fsid(&self) -> Result<[u8; 16]> {
         array(self.data, FSID_OFF)
     }
 
+    /// Sets the logical address the block claims.
     pub fn set_bytenr(&mut self, v: u64) -> Result<()> {
         put_at(self.data, BYTENR_OFF, &v.to_le_bytes())
     }
 
+    /// Sets the header flags.
     pub fn set_flags(&mut self, v: u64) -> Result<()> {
         put_at(self.data, FLAGS_OFF, &v.to_le_bytes())
     }
 
+    /// Sets the generation (the transaction writing the block).
     pub fn set_generation(&mut self, v: u64) -> Result<()> {
         put_at(self.data, GENERATION_OFF, &v.to_le_bytes())
     }
 
+    /// Sets the owner tree id.
     pub fn set_owner(&mut self, v: u64) -> Result<()> {
         put_at(self.data, OWNER_OFF, &v.to_le_bytes())
     }
 
+    /// Sets the level; refused on the header of a [`LeafMut`] or [`NodeMut`].
     pub fn set_level(&mut self, v: u8) -> Result<()> {
         self.check_layout_settable()?;
         put_at(self.data, LEVEL_OFF, &[v])
     }
 
+    /// Sets the item count; refused on the header of a [`LeafMut`] or [`NodeMut`].
     pub fn set_nritems(&mut self, v: u32) -> Result<()> {
         self.check_layout_settable()?;
         put_at(self.data, NRITEMS_OFF, &v.to_le_bytes())
     }
 
+    /// Sets the fsid.
     pub fn set_fsid(&mut self, v: &[u8; 16]) -> Result<()> {
         put_at(self.data, FSID_OFF, v)
     }
 
+    /// Sets the chunk tree UUID.
     pub fn set_chunk_tree_uuid(&mut self, v: &[u8; 16]) -> Result<()> {
         put_at(self.data, CHUNK_UUID_OFF, v)
     }
@@ -179,23 +197,27 @@ impl<'a> HeaderMut<'a> {
     }
 }
 
-/// A leaf (level 0) open for editing.
 /// The header-level accessors leaves and nodes share (`$what` names the count in errors).
 macro_rules! block_common {
     ($ty:ident, $what:literal) => {
         impl $ty<'_> {
+            /// The whole block.
             pub fn bytes(&self) -> &[u8] {
                 self.data
             }
 
+            /// The block's header, for the fields a view does not manage (level and
+            /// nritems stay the view's).
             pub fn header_mut(&mut self) -> HeaderMut<'_> {
                 HeaderMut::of_view(self.data)
             }
 
+            /// Recomputes the checksum over the whole block: call after the last edit.
             pub fn finalize(&mut self, csum: CsumType) -> Result<()> {
                 write_csum(self.data, csum)
             }
 
+            /// The header's nritems (0 if unreadable).
             pub fn nritems(&self) -> usize {
                 u32_at(self.data, NRITEMS_OFF).unwrap_or(0) as usize
             }
@@ -210,6 +232,7 @@ macro_rules! block_common {
 block_common!(LeafMut, "item count");
 block_common!(NodeMut, "pointer count");
 
+/// A leaf (level 0) open for editing.
 pub struct LeafMut<'a> {
     data: &'a mut [u8],
 }
@@ -276,6 +299,7 @@ impl<'a> LeafMut<'a> {
         Ok(())
     }
 
+    /// Item header `slot`.
     pub fn item(&self, slot: usize) -> Result<ItemHeader> {
         self.check_slot(slot)?;
         let off = HEADER_SIZE + slot * ITEM_SIZE;
@@ -286,6 +310,7 @@ impl<'a> LeafMut<'a> {
         })
     }
 
+    /// The key of item `slot`.
     pub fn key(&self, slot: usize) -> Result<Key> {
         Ok(self.item(slot)?.key)
     }
@@ -353,6 +378,7 @@ impl<'a> LeafMut<'a> {
         self.data_size().saturating_sub(self.used())
     }
 
+    /// The body of item `slot`.
     pub fn item_body(&self, slot: usize) -> Result<&[u8]> {
         let it = self.item(slot)?;
         slice(
@@ -362,6 +388,7 @@ impl<'a> LeafMut<'a> {
         )
     }
 
+    /// The body of item `slot`, to edit in place.
     pub fn item_body_mut(&mut self, slot: usize) -> Result<&mut [u8]> {
         let it = self.item(slot)?;
         let (off, len) = (HEADER_SIZE + it.offset as usize, it.size as usize);
@@ -634,6 +661,7 @@ pub struct NodeMut<'a> {
 }
 
 impl<'a> NodeMut<'a> {
+    /// A view of an existing node: checks the level and that the pointer count fits.
     pub fn new(data: &'a mut [u8]) -> Result<NodeMut<'a>> {
         if data.len() < HEADER_SIZE + KEY_PTR_SIZE || u32::try_from(data.len()).is_err() {
             invalid!("{} bytes is no tree block size", data.len());
@@ -652,10 +680,12 @@ impl<'a> NodeMut<'a> {
         Ok(node)
     }
 
+    /// How many child pointers fit in this block.
     pub fn max_ptrs(&self) -> usize {
         (self.data.len() - HEADER_SIZE) / KEY_PTR_SIZE
     }
 
+    /// Child pointer `slot`.
     pub fn key_ptr(&self, slot: usize) -> Result<KeyPtr> {
         if slot >= self.nritems() {
             invalid!(
@@ -671,6 +701,7 @@ impl<'a> NodeMut<'a> {
         })
     }
 
+    /// The key of pointer `slot`.
     pub fn key(&self, slot: usize) -> Result<Key> {
         Ok(self.key_ptr(slot)?.key)
     }
@@ -726,6 +757,7 @@ impl<'a> NodeMut<'a> {
         self.set_nritems(n + 1)
     }
 
+    /// Removes child pointer `slot`.
     pub fn remove_ptr(&mut self, slot: usize) -> Result<()> {
         let n = self.nritems();
         if slot >= n {

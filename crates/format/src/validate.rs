@@ -16,19 +16,30 @@ use crate::tree_block::{TreeBlock, HEADER_SIZE, ITEM_SIZE, KEY_PTR_SIZE, MAX_LEV
 /// Filesystem-wide facts a block is checked against.
 #[derive(Clone, Debug)]
 pub struct FsContext {
+    /// Tree block size (superblock `nodesize`).
     pub nodesize: u32,
+    /// Data block size (superblock `sectorsize`); block addresses and extents align to it.
     pub sectorsize: u32,
+    /// Checksum algorithm of the filesystem.
     pub csum_type: CsumType,
+    /// The fsid every header must carry
+    /// ([`Superblock::metadata_fsid`](crate::Superblock::metadata_fsid)).
     pub metadata_fsid: [u8; 16],
+    /// The superblock's generation: nothing in a block may be newer than the next one.
     pub super_generation: u64,
 }
 
 /// What the reader of a block expects it to be, from the pointer that led to it.
 #[derive(Clone, Debug, Default)]
 pub struct Expect {
+    /// Logical address the block was read from; the header must claim it.
     pub bytenr: u64,
+    /// Level the parent pointer, ROOT_ITEM or superblock gives, if known.
     pub level: Option<u8>,
+    /// Generation the parent pointer, ROOT_ITEM or superblock gives, if known
+    /// (a mismatch is the kernel's "parent transid verify failed").
     pub generation: Option<u64>,
+    /// Key the parent's pointer carries, if known: the block's first key must equal it.
     pub first_key: Option<Key>,
 }
 

@@ -7,6 +7,66 @@
 //! this mount hands out in the order it meets subvolumes (0 = the opened subvolume). The
 //! same value is st_ino, so inode numbers in the opened subvolume are exactly btrfs's and
 //! stay unique across the whole mount (all subvolumes share FUSE's one st_dev).
+//!
+//! # Layers
+//!
+//! - [`transport`]: oleo's own FUSE transport, which knows nothing of btrfs. A [`Session`]
+//!   reads requests from a mounted /dev/fuse descriptor (or io_uring), decodes them into
+//!   [`transport::Op`]s and hands each to a [`transport::Handler`] with a
+//!   [`transport::Reply`] to answer it.
+//! - [`OleoFuse`]: the handler that serves an [`oleo::Filesystem`], with [`MountSettings`]
+//!   for what the image does not say (writable, commit interval, io_uring).
+//! - [`subvol_ioctl`]: the fixed-size ioctls through which `oleo subvolume` and
+//!   `oleo property` reach a mounted filesystem.
+//!
+//! # Example: serve an image
+//!
+//! Mounting needs root here (mount(2) with the descriptor; `oleo mount` also knows
+//! fusermount3). The session serves until the filesystem is unmounted.
+//!
+//! ```no_run
+//! use std::ffi::CString;
+//! use std::os::fd::{AsRawFd, OwnedFd};
+//! use oleo::{Filesystem, OpenOptions};
+//! use oleo_fuse::{Access, MountSettings, OleoFuse, Session};
+//!
+//! // Read-only: the default OpenOptions and MountSettings.
+//! let fs = Filesystem::open("btrfs.img", OpenOptions::default())?;
+//! let server = OleoFuse::new(fs, MountSettings::default());
+//!
+//! // Attach a FUSE connection at /mnt (a directory, hence rootmode 40000).
+//! let dev: OwnedFd = std::fs::OpenOptions::new()
+//!     .read(true)
+//!     .write(true)
+//!     .open("/dev/fuse")?
+//!     .into();
+//! let data = CString::new(format!(
+//!     "fd={},rootmode=40000,user_id=0,group_id=0,default_permissions",
+//!     dev.as_raw_fd()
+//! ))?;
+//! // SAFETY: every pointer is a NUL-terminated string that outlives the call.
+//! let r = unsafe {
+//!     libc::mount(
+//!         c"btrfs.img".as_ptr(),
+//!         c"/mnt".as_ptr(),
+//!         c"fuse.oleo".as_ptr(),
+//!         libc::MS_RDONLY,
+//!         data.as_ptr().cast(),
+//!     )
+//! };
+//! if r != 0 {
+//!     return Err(std::io::Error::last_os_error().into());
+//! }
+//!
+//! // Four workers; the server gets the session's notifier to invalidate kernel caches.
+//! let slot = server.notifier_slot();
+//! let session = Session::from_fd(server, dev, 4, Access::All);
+//! let _ = slot.set(session.notifier());
+//! session.run()?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+#![deny(missing_docs)]
 
 mod fileattr_ops;
 mod listings;
@@ -61,6 +121,8 @@ impl Default for MountSettings {
     }
 }
 
+/// The FUSE server of one mount: a [`transport::Handler`] that answers the kernel's
+/// requests with calls to an [`oleo::Filesystem`]. Hand it to [`Session::from_fd`].
 pub struct OleoFuse {
     /// Reads share the lock; an operation that writes holds it alone.
     fs: Arc<Filesystem>,
@@ -81,6 +143,9 @@ pub struct OleoFuse {
 }
 
 impl OleoFuse {
+    /// A server for `fs`; `settings.writable` needs `fs` opened writable
+    /// ([`Filesystem::open_rw`]). Nothing runs until a session serves it: the commit thread of
+    /// a writable mount starts at the kernel's INIT.
     pub fn new(fs: Filesystem, settings: MountSettings) -> OleoFuse {
         let ids = NodeIds::new(fs.root());
         let ttl = if settings.writable { RW_TTL } else { TTL };

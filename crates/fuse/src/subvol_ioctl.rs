@@ -18,17 +18,20 @@ pub const PATH: usize = 3584;
 
 /// On any file: which subvolume it is in (`SubvolOf`).
 pub const SUBVOL_OF: u32 = ioc(READ, 1, SUBVOL_OF_SIZE);
+/// Size of SUBVOL_OF's answer (`SubvolOf`).
 pub const SUBVOL_OF_SIZE: usize = 24;
 /// On a directory: create the empty subvolume `name` in it (`name` NUL-terminated).
 pub const CREATE: u32 = ioc(WRITE, 2, NAME);
 /// On a directory: snapshot subvolume `source` as `name` in it (`SnapshotArgs`).
 pub const SNAPSHOT: u32 = ioc(WRITE, 3, SNAPSHOT_SIZE);
+/// Size of SNAPSHOT's argument (`SnapshotArgs`).
 pub const SNAPSHOT_SIZE: usize = 16 + NAME;
 /// On a subvolume's root directory: set its read-only flag (u64 flags: `RO`, `FORCE`).
 pub const SET_FLAGS: u32 = ioc(WRITE, 4, 8);
 /// On any file: the first subvolume with an id at least the u64 given (`SubvolInfo`);
 /// ENOENT past the last.
 pub const NEXT_SUBVOL: u32 = ioc(READ | WRITE, 5, INFO_SIZE);
+/// Size of NEXT_SUBVOL's argument and answer (`SubvolInfo`).
 pub const INFO_SIZE: usize = 8 * 4 + 16 * 3 + 8 * 3 + 16 * 3 + PATH;
 /// On a directory: delete the subvolume whose entry is `name` in it (`name` NUL-terminated).
 pub const DELETE: u32 = ioc(WRITE, 6, NAME);
@@ -49,7 +52,7 @@ fn u64_at(b: &[u8], at: usize) -> u64 {
 }
 
 /// The u64 argument of SET_FLAGS, SET_DEFAULT and NEXT_SUBVOL (0 if short).
-pub fn u64_arg(b: &[u8]) -> u64 {
+pub(crate) fn u64_arg(b: &[u8]) -> u64 {
     u64_at(b, 0)
 }
 
@@ -68,22 +71,26 @@ fn put_c_str(out: &mut Vec<u8>, s: &[u8], len: usize) -> Option<()> {
     Some(())
 }
 
-/// SUBVOL_OF's answer.
+/// SUBVOL_OF's answer: where a file is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SubvolOf {
+    /// The subvolume's id.
     pub id: u64,
     /// The file's inode number inside the subvolume (256: its root directory).
     pub ino: u64,
+    /// [`RO`] if the subvolume is read-only.
     pub flags: u64,
 }
 
 impl SubvolOf {
+    /// The 24-byte answer.
     pub fn to_bytes(self) -> Vec<u8> {
         [self.id, self.ino, self.flags]
             .iter()
             .flat_map(|v| v.to_le_bytes())
             .collect()
     }
+    /// Reads an answer (missing fields read as 0).
     pub fn parse(b: &[u8]) -> SubvolOf {
         SubvolOf {
             id: u64_at(b, 0),
@@ -96,12 +103,16 @@ impl SubvolOf {
 /// SNAPSHOT's argument.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SnapshotArgs {
+    /// Id of the subvolume to snapshot.
     pub source: u64,
+    /// [`RO`] for a read-only snapshot.
     pub flags: u64,
+    /// Name of the snapshot in the directory (no NUL).
     pub name: Vec<u8>,
 }
 
 impl SnapshotArgs {
+    /// The argument; None if the name does not fit.
     pub fn to_bytes(&self) -> Option<Vec<u8>> {
         let mut out = Vec::with_capacity(SNAPSHOT_SIZE);
         out.extend_from_slice(&self.source.to_le_bytes());
@@ -109,6 +120,7 @@ impl SnapshotArgs {
         put_c_str(&mut out, &self.name, NAME)?;
         Some(out)
     }
+    /// Reads an argument (missing fields read as 0).
     pub fn parse(b: &[u8]) -> SnapshotArgs {
         SnapshotArgs {
             source: u64_at(b, 0),
@@ -125,27 +137,39 @@ pub fn create_arg(name: &[u8]) -> Option<Vec<u8>> {
     Some(out)
 }
 
-pub fn parse_create_arg(b: &[u8]) -> &[u8] {
+/// The name in CREATE's or DELETE's argument.
+pub(crate) fn parse_create_arg(b: &[u8]) -> &[u8] {
     c_str(b)
 }
 
 /// NEXT_SUBVOL's answer: one subvolume as `btrfs subvolume list` shows it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SubvolInfo {
+    /// The subvolume's id.
     pub id: u64,
     /// The subvolume holding its entry (0: none, the top level).
     pub parent: u64,
+    /// Transaction id of its root's last update (ROOT_ITEM `generation`).
     pub generation: u64,
+    /// [`RO`] if read-only.
     pub flags: u64,
+    /// Its UUID.
     pub uuid: [u8; 16],
+    /// For a snapshot: the UUID of its source.
     pub parent_uuid: [u8; 16],
+    /// For a received subvolume: the UUID of the sent one.
     pub received_uuid: [u8; 16],
+    /// Transaction id of its creation.
     pub otransid: u64,
+    /// For a received subvolume: the sent one's ctransid.
     pub stransid: u64,
+    /// For a received subvolume: transaction id of the receive.
     pub rtransid: u64,
     /// Creation, send and receive times: (seconds, nanoseconds).
     pub otime: (i64, u32),
+    /// Send time: (seconds, nanoseconds).
     pub stime: (i64, u32),
+    /// Receive time: (seconds, nanoseconds).
     pub rtime: (i64, u32),
     /// From the top level; empty if unreachable.
     pub path: Vec<u8>,
@@ -191,6 +215,7 @@ impl SubvolInfo {
         put_c_str(&mut out, &self.path, PATH)?;
         Some(out)
     }
+    /// Reads an answer (missing fields read as 0).
     pub fn parse(b: &[u8]) -> SubvolInfo {
         let uuid = |at: usize| -> [u8; 16] {
             b.get(at..at + 16)
@@ -220,23 +245,30 @@ impl SubvolInfo {
 /// most `EXTENT_ENTRIES` (`ExtentsPage`): `oleo extents` through a mount, since FIEMAP
 /// cannot pass through FUSE.
 pub const EXTENTS: u32 = ioc(READ | WRITE, 9, EXTENTS_SIZE);
+/// Most extents in one `ExtentsPage`.
 pub const EXTENT_ENTRIES: usize = 256;
 const EXTENT_ENTRY: usize = 32;
 const EXTENTS_HEADER: usize = 24;
+/// Size of EXTENTS' argument and answer (`ExtentsPage`).
 pub const EXTENTS_SIZE: usize = EXTENTS_HEADER + EXTENT_ENTRIES * EXTENT_ENTRY;
 
-/// `Extent` flags.
+/// `Extent` flag: the data is inline in the tree.
 pub const EXTENT_INLINE: u32 = 1;
+/// `Extent` flag: preallocated, reads as zeros.
 pub const EXTENT_PREALLOC: u32 = 2;
+/// `Extent` flag: compressed.
 pub const EXTENT_ENCODED: u32 = 4;
 
 /// One file extent item (a hole item is left out), as `oleo::ExtentInfo` says it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Extent {
+    /// Where the extent item starts in the file.
     pub file_offset: u64,
+    /// Bytes of file it covers.
     pub len: u64,
     /// btrfs logical address of the first byte; None for inline data.
     pub logical: Option<u64>,
+    /// `EXTENT_INLINE`, `EXTENT_PREALLOC`, `EXTENT_ENCODED`.
     pub flags: u32,
 }
 
@@ -244,13 +276,18 @@ pub struct Extent {
 /// extents past the page's last remain.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ExtentsPage {
+    /// The file's size.
     pub size: u64,
+    /// The filesystem's sector size.
     pub sectorsize: u32,
+    /// Extents past this page's last remain: ask again from its end.
     pub more: bool,
+    /// At most `EXTENT_ENTRIES` extents, in file order.
     pub extents: Vec<Extent>,
 }
 
 impl ExtentsPage {
+    /// The `EXTENTS_SIZE`-byte answer (extents past `EXTENT_ENTRIES` are left out).
     pub fn to_bytes(&self) -> Vec<u8> {
         let mut b = vec![0u8; EXTENTS_SIZE];
         b[0..8].copy_from_slice(&self.size.to_le_bytes());
@@ -268,6 +305,7 @@ impl ExtentsPage {
         b
     }
 
+    /// Reads an answer (missing fields read as 0).
     pub fn parse(b: &[u8]) -> ExtentsPage {
         let u32_at = |at: usize| {
             b.get(at..at + 4)

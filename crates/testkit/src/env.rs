@@ -207,6 +207,12 @@ pub fn seed(default: u64) -> u64 {
     }
 }
 
+/// Whether a test that mounts through FUSE can run: root and /dev/fuse (see
+/// [`require_root`], [`require_fuse`]).
+pub fn require_fuse_mount(what: &str) -> bool {
+    require_root(what) && require_fuse(what)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -229,10 +235,4 @@ mod tests {
             ["^no-holes", "block-group-tree", "extref", "squota"]
         );
     }
-}
-
-/// Whether a test that mounts through FUSE can run: root and /dev/fuse (see
-/// [`require_root`], [`require_fuse`]).
-pub fn require_fuse_mount(what: &str) -> bool {
-    require_root(what) && require_fuse(what)
 }

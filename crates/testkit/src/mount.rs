@@ -630,6 +630,21 @@ fn abort_fuse_connection(id: u64) {
     }
 }
 
+/// Whether something is mounted at `mp`.
+pub fn is_mounted(mp: &Path) -> bool {
+    mount_at(mp).is_some()
+}
+
+/// Makes a `size_mb` MiB filesystem with the oleo binary `oleo` (`oleo mkfs -q`).
+pub fn oleo_mkfs(oleo: &str, image: &Path, size_mb: u64) {
+    let out = std::process::Command::new(oleo)
+        .args(["mkfs", "-q", "--size", &format!("{size_mb}M")])
+        .arg(image)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "oleo mkfs: {out:?}");
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -707,19 +722,4 @@ mod tests {
         // Every Linux process has a root mount.
         assert!(mountinfo().iter().any(|m| m.mountpoint == Path::new("/")));
     }
-}
-
-/// Whether something is mounted at `mp`.
-pub fn is_mounted(mp: &Path) -> bool {
-    mount_at(mp).is_some()
-}
-
-/// Makes a `size_mb` MiB filesystem with the oleo binary `oleo` (`oleo mkfs -q`).
-pub fn oleo_mkfs(oleo: &str, image: &Path, size_mb: u64) {
-    let out = std::process::Command::new(oleo)
-        .args(["mkfs", "-q", "--size", &format!("{size_mb}M")])
-        .arg(image)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "oleo mkfs: {out:?}");
 }

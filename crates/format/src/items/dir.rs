@@ -4,22 +4,35 @@ use crate::bytes::{put_u16, put_u64, put_u8, slice, u16_at, u64_at, u8_at};
 use crate::error::Result;
 use crate::key::Key;
 
+/// Size of a dir entry's fixed part (`btrfs_dir_item`): location, transid, data_len,
+/// name_len, type.
 pub const DIR_ENTRY_HEADER: usize = 30;
 
+/// The `type` byte of a directory entry (`BTRFS_FT_*`): what kind of inode it names.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FileType {
+    /// 0, or any value btrfs does not define: invalid on disk.
     Unknown,
+    /// 1: a regular file.
     RegFile,
+    /// 2: a directory (or a subvolume).
     Dir,
+    /// 3: a character device.
     ChrDev,
+    /// 4: a block device.
     BlkDev,
+    /// 5: a named pipe.
     Fifo,
+    /// 6: a Unix socket.
     Sock,
+    /// 7: a symbolic link.
     Symlink,
+    /// 8: an extended attribute (XATTR_ITEM entries only).
     Xattr,
 }
 
 impl FileType {
+    /// The type of an on-disk type byte (the ENCRYPTED bit 0x80 ignored).
     pub fn from_raw(t: u8) -> FileType {
         match t & 0x7f {
             1 => FileType::RegFile,
@@ -50,17 +63,25 @@ impl FileType {
     }
 }
 
-/// One entry: a directory entry (location = target's key) or an xattr (data = value).
+/// One entry of a DIR_ITEM, DIR_INDEX or XATTR_ITEM body (`btrfs_dir_item` and what
+/// follows it): a directory entry (location = target's key) or an xattr (data = value).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DirEntryItem<'a> {
+    /// Key of the target: `(inode, INODE_ITEM, 0)`, `(subvolume id, ROOT_ITEM, 0 or -1)` for a
+    /// subvolume, all zero for an xattr.
     pub location: Key,
+    /// Transaction id in which the entry was created.
     pub transid: u64,
+    /// The raw type byte (see [`DirEntryItem::kind`]).
     pub file_type: u8,
+    /// The name (no NUL); an xattr's full name with its namespace prefix.
     pub name: &'a [u8],
+    /// An xattr's value; empty for directory entries.
     pub data: &'a [u8],
 }
 
 impl DirEntryItem<'_> {
+    /// The decoded type byte.
     pub fn kind(&self) -> FileType {
         FileType::from_raw(self.file_type)
     }
@@ -85,6 +106,7 @@ impl DirEntryItem<'_> {
         Ok(())
     }
 
+    /// This entry alone, as an item body (a DIR_INDEX body, or a DIR_ITEM without collisions).
     pub fn to_bytes(&self) -> Result<Vec<u8>> {
         let mut out = Vec::with_capacity(self.encoded_len());
         self.write_into(&mut out)?;
@@ -99,6 +121,7 @@ pub struct DirEntryIter<'a> {
 }
 
 impl<'a> DirEntryIter<'a> {
+    /// Iterates over the entries of an item body.
     pub fn new(body: &'a [u8]) -> Self {
         DirEntryIter { body, off: 0 }
     }

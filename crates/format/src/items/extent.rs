@@ -6,7 +6,9 @@ use crate::error::Result;
 use crate::invalid;
 use crate::key::{item, Key};
 
+/// Extent item flag: a data extent.
 pub const EXTENT_FLAG_DATA: u64 = 1 << 0;
+/// Extent item flag: a tree block.
 pub const EXTENT_FLAG_TREE_BLOCK: u64 = 1 << 1;
 /// Tree blocks only: this block's children are referenced by parent (SHARED refs).
 pub const EXTENT_FLAG_FULL_BACKREF: u64 = 1 << 8;
@@ -16,25 +18,45 @@ pub const EXTENT_ITEM_HEADER: usize = 24;
 /// The key + level that follow the header of a non-skinny tree block extent item.
 pub const TREE_BLOCK_INFO_SIZE: usize = 18;
 
+/// A back reference stored inside an extent item (`btrfs_extent_inline_ref`): who
+/// references the extent. The same references may also live in keyed items of the same
+/// types; an extent's `refs` is the sum over both.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum InlineRef {
+    /// TREE_BLOCK_REF: tree `root` references this tree block.
     TreeBlock {
+        /// Id of the referencing tree.
         root: u64,
     },
+    /// SHARED_BLOCK_REF: the node at `parent` references this tree block (FULL_BACKREF).
     SharedBlock {
+        /// Logical address of the parent node.
         parent: u64,
     },
+    /// EXTENT_DATA_REF: `count` file extent items of inode `objectid` in tree `root` reference
+    /// this data extent, all at file position `offset` for the extent's byte 0.
     Data {
+        /// Id of the subvolume holding the file extent items.
         root: u64,
+        /// Inode number of the file.
         objectid: u64,
+        /// `key.offset - offset` of the file extent items: where the extent would start in
+        /// the file.
         offset: u64,
+        /// How many such file extent items there are.
         count: u32,
     },
+    /// SHARED_DATA_REF: `count` file extent items in the leaf at `parent` reference this data
+    /// extent.
     SharedData {
+        /// Logical address of the leaf holding the file extent items.
         parent: u64,
+        /// How many file extent items of that leaf reference the extent.
         count: u32,
     },
+    /// EXTENT_OWNER_REF (simple quotas): the root charged for the extent. Counts no reference.
     Owner {
+        /// Id of the owning root.
         root: u64,
     },
 }
@@ -84,6 +106,7 @@ impl InlineRef {
         }
     }
 
+    /// Appends the ref as stored: type byte, then its fields.
     pub fn write_into(&self, out: &mut Vec<u8>) {
         put_u8(out, self.ref_type());
         match *self {
@@ -108,13 +131,19 @@ impl InlineRef {
     }
 }
 
+/// The body of an EXTENT_ITEM or METADATA_ITEM (`btrfs_extent_item` and what follows): an
+/// allocated extent, how often it is referenced, and its inline back references.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ExtentItem {
+    /// Total reference count: the sum of the counts of all refs, inline and keyed.
     pub refs: u64,
+    /// Transaction id in which the extent was allocated.
     pub generation: u64,
+    /// [`EXTENT_FLAG_DATA`] or [`EXTENT_FLAG_TREE_BLOCK`], and [`EXTENT_FLAG_FULL_BACKREF`].
     pub flags: u64,
     /// Non-skinny tree block extents record the block's first key and level.
     pub tree_block_info: Option<(Key, u8)>,
+    /// The back references stored in the item itself.
     pub inline_refs: Vec<InlineRef>,
 }
 
@@ -181,6 +210,7 @@ impl ExtentItem {
         });
     }
 
+    /// On-disk size of the item body.
     pub fn encoded_len(&self) -> usize {
         EXTENT_ITEM_HEADER
             + self.tree_block_info.map_or(0, |_| TREE_BLOCK_INFO_SIZE)
@@ -207,6 +237,7 @@ impl ExtentItem {
         }
     }
 
+    /// The item body (see [`ExtentItem::write_into`]).
     pub fn to_bytes(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(self.encoded_len());
         self.write_into(&mut out);

@@ -4,18 +4,26 @@ use crate::bytes::{put_u16, put_u64, put_u8, slice, u16_at, u64_at, u8_at};
 use crate::error::Result;
 use crate::invalid;
 
+/// Size of the header every file extent item starts with; inline data follows it.
 pub const FILE_EXTENT_INLINE_HEADER: usize = 21;
+/// Size of a REG or PREALLOC file extent item: the header and the disk extent fields.
 pub const FILE_EXTENT_REG_SIZE: usize = 53;
 
+/// How a file extent's data is compressed (the item's `compression` byte).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Compression {
+    /// 0: stored as is.
     None,
+    /// 1: one zlib stream.
     Zlib,
+    /// 2: LZO1X with btrfs's per-sector framing.
     Lzo,
+    /// 3: one zstd frame.
     Zstd,
 }
 
 impl Compression {
+    /// The algorithm of an on-disk compression byte; an error for unknown values.
     pub fn from_raw(v: u8) -> Result<Compression> {
         Ok(match v {
             0 => Compression::None,
@@ -26,6 +34,7 @@ impl Compression {
         })
     }
 
+    /// The on-disk compression byte.
     pub fn raw(self) -> u8 {
         match self {
             Compression::None => 0,
@@ -35,6 +44,7 @@ impl Compression {
         }
     }
 
+    /// The lowercase name: `none`, `zlib`, `lzo` or `zstd`.
     pub fn name(self) -> &'static str {
         match self {
             Compression::None => "none",
@@ -45,30 +55,48 @@ impl Compression {
     }
 }
 
+/// Where a file extent item's bytes are: in the item, or in an extent on disk.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum FileExtentBody<'a> {
     /// File bytes stored in the item (possibly compressed).
-    Inline { data: &'a [u8] },
+    Inline {
+        /// The stored bytes (the compressed stream if the item is compressed).
+        data: &'a [u8],
+    },
     /// A slice `[offset, offset + num_bytes)` of the decoded disk extent; `disk_bytenr == 0`
     /// is a hole. `prealloc` ranges read as zeros.
     Extent {
+        /// PREALLOC (type 2, space reserved by fallocate) rather than REG (type 1).
         prealloc: bool,
+        /// Logical address of the disk extent; 0 for a hole.
         disk_bytenr: u64,
+        /// On-disk length of the whole extent (its EXTENT_ITEM key offset).
         disk_num_bytes: u64,
+        /// Where this file range starts in the decoded extent.
         offset: u64,
+        /// Length of the file range this item covers.
         num_bytes: u64,
     },
 }
 
+/// An EXTENT_DATA item body (`btrfs_file_extent_item`), key `(inode, EXTENT_DATA, file
+/// offset)`: maps the file bytes from the key offset on to inline bytes, a disk extent or a
+/// hole.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FileExtent<'a> {
+    /// Transaction id in which the extent was written.
     pub generation: u64,
+    /// Size of the decoded (uncompressed) extent.
     pub ram_bytes: u64,
+    /// How the stored bytes are compressed.
     pub compression: Compression,
+    /// Inline bytes or disk extent.
     pub body: FileExtentBody<'a>,
 }
 
 impl<'a> FileExtent<'a> {
+    /// Parses an item body. Encrypted or otherwise encoded extents are refused, as the kernel's
+    /// tree checker does.
     pub fn parse(b: &'a [u8]) -> Result<FileExtent<'a>> {
         let generation = u64_at(b, 0)?;
         let ram_bytes = u64_at(b, 8)?;
@@ -144,6 +172,7 @@ impl<'a> FileExtent<'a> {
         }
     }
 
+    /// The item body (see [`FileExtent::write_into`]).
     pub fn to_bytes(&self) -> Vec<u8> {
         let mut out = Vec::new();
         self.write_into(&mut out);

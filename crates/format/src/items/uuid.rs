@@ -17,10 +17,12 @@ pub fn uuid_key(uuid: &[u8; 16], item_type: u8) -> Key {
 /// The body: the subvolume ids carrying that UUID (normally one).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct UuidItem {
+    /// Ids of the subvolumes with that UUID.
     pub subvol_ids: Vec<u64>,
 }
 
 impl UuidItem {
+    /// Parses an item body: a whole number of u64s.
     pub fn parse(b: &[u8]) -> Result<UuidItem> {
         if !b.len().is_multiple_of(8) {
             invalid!("uuid item of {} bytes is not a list of u64", b.len());
@@ -31,6 +33,7 @@ impl UuidItem {
         Ok(UuidItem { subvol_ids })
     }
 
+    /// The item body.
     pub fn to_bytes(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(self.subvol_ids.len() * 8);
         for &id in &self.subvol_ids {

@@ -12,20 +12,35 @@ use zerocopy::IntoBytes;
 
 /// An error number for the kernel (positive, as errno).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Errno(pub i32);
+pub struct Errno(
+    /// The errno value, e.g. `libc::ENOENT`.
+    pub i32,
+);
 
 impl Errno {
+    /// `EPERM`: Operation not permitted.
     pub const EPERM: Errno = Errno(libc::EPERM);
+    /// `EIO`: I/O error.
     pub const EIO: Errno = Errno(libc::EIO);
+    /// `EACCES`: Permission denied.
     pub const EACCES: Errno = Errno(libc::EACCES);
+    /// `EINVAL`: Invalid argument.
     pub const EINVAL: Errno = Errno(libc::EINVAL);
+    /// `ENOSPC`: No space left on device.
     pub const ENOSPC: Errno = Errno(libc::ENOSPC);
+    /// `EROFS`: Read-only filesystem.
     pub const EROFS: Errno = Errno(libc::EROFS);
+    /// `ERANGE`: Result too large (a buffer too small for an xattr).
     pub const ERANGE: Errno = Errno(libc::ERANGE);
+    /// `ENOSYS`: Not implemented (the kernel stops sending that request).
     pub const ENOSYS: Errno = Errno(libc::ENOSYS);
+    /// `ENOTTY`: Inappropriate ioctl.
     pub const ENOTTY: Errno = Errno(libc::ENOTTY);
+    /// `EOPNOTSUPP`: Operation not supported.
     pub const EOPNOTSUPP: Errno = Errno(libc::EOPNOTSUPP);
+    /// `ESTALE`: Stale node id.
     pub const ESTALE: Errno = Errno(libc::ESTALE);
+    /// `EOVERFLOW`: Value too large (an inode number that does not fit).
     pub const EOVERFLOW: Errno = Errno(libc::EOVERFLOW);
 }
 
@@ -119,14 +134,17 @@ impl<'a> Reply<'a> {
         self.sent = true;
     }
 
+    /// Fails the request with `e`.
     pub fn error(self, e: Errno) {
         self.send(e.0, &[])
     }
 
+    /// Success with no body.
     pub fn ok(self) {
         self.send(0, &[])
     }
 
+    /// Success with `data` as the body (READ, READLINK, GETXATTR, LISTXATTR).
     pub fn data(self, data: &[u8]) {
         self.send(0, &[data])
     }
@@ -143,14 +161,17 @@ impl<'a> Reply<'a> {
         self.send(0, &[&data])
     }
 
+    /// A LOOKUP, MKNOD, MKDIR, SYMLINK or LINK answer: the entry.
     pub fn entry(self, e: &abi::EntryOut) {
         self.send(0, &[e.as_bytes()])
     }
 
+    /// A GETATTR or SETATTR answer: the attributes.
     pub fn attr(self, a: &abi::AttrOut) {
         self.send(0, &[a.as_bytes()])
     }
 
+    /// An OPEN or OPENDIR answer: the handle and its [`abi::fopen`] flags.
     pub fn opened(self, fh: u64, open_flags: u32) {
         let o = abi::OpenOut {
             fh,
@@ -170,6 +191,7 @@ impl<'a> Reply<'a> {
         self.send(0, &[e.as_bytes(), o.as_bytes()])
     }
 
+    /// A WRITE answer: `n` bytes were written.
     pub fn written(self, n: u32) {
         let w = abi::WriteOut {
             size: n,
@@ -178,10 +200,12 @@ impl<'a> Reply<'a> {
         self.send(0, &[w.as_bytes()])
     }
 
+    /// A STATX answer.
     pub fn statx(self, s: &abi::StatxOut) {
         self.send(0, &[s.as_bytes()])
     }
 
+    /// A STATFS answer.
     pub fn statfs(self, s: &abi::StatfsOut) {
         self.send(0, &[s.as_bytes()])
     }
@@ -206,6 +230,7 @@ impl<'a> Reply<'a> {
         self.send(0, &[o.as_bytes(), out])
     }
 
+    /// An LSEEK answer: the offset found.
     pub fn offset(self, offset: u64) {
         self.send(0, &[abi::LseekOut { offset }.as_bytes()])
     }
@@ -239,6 +264,7 @@ pub struct DirBuf {
 }
 
 impl DirBuf {
+    /// An empty answer holding at most `max` bytes (the READDIR request's size).
     pub fn new(max: u32) -> DirBuf {
         DirBuf {
             buf: Vec::new(),
@@ -286,6 +312,7 @@ impl DirBuf {
         true
     }
 
+    /// Answers the request with the entries added.
     pub fn send(self, reply: Reply<'_>) {
         reply.data(&self.buf)
     }

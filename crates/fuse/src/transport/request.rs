@@ -5,119 +5,205 @@ use super::abi::{self, opcode, InHeader};
 use std::sync::atomic::{AtomicBool, Ordering};
 use zerocopy::FromBytes;
 
-/// Who asked, and about which node.
+/// Who asked, and about which node (from the request's `fuse_in_header`).
 #[derive(Clone, Copy, Debug)]
 pub struct Request {
+    /// The request's id, unique among those in flight.
     pub unique: u64,
+    /// The node the request is about (for creates and lookups: the parent directory).
     pub nodeid: u64,
+    /// The caller's effective uid.
     pub uid: u32,
+    /// The caller's effective gid.
     pub gid: u32,
+    /// The caller's thread id.
     pub pid: u32,
 }
 
-/// What the kernel asks for. Names are bytes without their NUL.
+/// What the kernel asks for, by opcode. Names are bytes without their NUL; "the node" is
+/// [`Request::nodeid`].
 #[derive(Debug)]
 pub enum Op<'a> {
+    /// INIT: the kernel's side of the handshake and its capabilities, all 64 bits
+    /// (`flags | flags2 << 32`). The session answers it, asking
+    /// [`Handler::init`](super::Handler::init); a handler never sees it.
     Init(abi::InitIn, u64),
+    /// DESTROY: the connection is going away. The session answers it, and calls
+    /// [`Handler::destroy`](super::Handler::destroy) once the workers are done.
     Destroy,
+    /// INTERRUPT: the kernel gave up on a request. The session drops it (no reply).
     Interrupt,
+    /// LOOKUP of `name` in the directory node.
     Lookup {
+        /// The name looked up.
         name: &'a [u8],
     },
+    /// FORGET: drop this many lookup references to the node (no reply).
     Forget(u64),
+    /// BATCH_FORGET: FORGET for each node listed (no reply).
     BatchForget(Vec<abi::ForgetOne>),
+    /// GETATTR of the node.
     Getattr {
+        /// The open handle asked about, if the caller used one (fstat).
         fh: Option<u64>,
     },
+    /// SETATTR of the node: chmod, chown, truncate, utimes.
     Setattr(abi::SetattrIn),
+    /// READLINK: the symlink node's target.
     Readlink,
+    /// SYMLINK: create `name` in the directory node, pointing to `target`.
     Symlink {
+        /// Name of the new link.
         name: &'a [u8],
+        /// What it points to.
         target: &'a [u8],
     },
+    /// MKNOD: create a device, fifo, socket or file `name` in the directory node.
     Mknod {
+        /// Mode, device number and umask.
         arg: abi::MknodIn,
+        /// Name of the new node.
         name: &'a [u8],
     },
+    /// MKDIR: create directory `name` in the directory node.
     Mkdir {
+        /// Mode and umask.
         arg: abi::MkdirIn,
+        /// Name of the new directory.
         name: &'a [u8],
     },
+    /// UNLINK `name` from the directory node.
     Unlink {
+        /// The name removed.
         name: &'a [u8],
     },
+    /// RMDIR: remove directory `name` from the directory node.
     Rmdir {
+        /// The name removed.
         name: &'a [u8],
     },
+    /// RENAME or RENAME2: move `name` of the directory node to `newname` in `newdir`.
     Rename {
+        /// Node id of the target directory.
         newdir: u64,
+        /// renameat2(2) flags (0 for RENAME).
         flags: u32,
+        /// The name moved.
         name: &'a [u8],
+        /// Its new name.
         newname: &'a [u8],
     },
+    /// LINK: make `oldnode` also known as `name` in the directory node.
     Link {
+        /// The node linked.
         oldnode: u64,
+        /// The new name.
         name: &'a [u8],
     },
+    /// OPEN the file node.
     Open {
+        /// open(2) flags.
         flags: u32,
+        /// `FUSE_OPEN_*` flags.
         open_flags: u32,
     },
+    /// READ from an open file.
     Read(abi::ReadIn),
+    /// WRITE `data` to an open file.
     Write {
+        /// Handle, offset and flags.
         arg: abi::WriteIn,
+        /// The bytes to write.
         data: &'a [u8],
     },
+    /// STATFS of the filesystem.
     Statfs,
+    /// RELEASE: the last reference to an open file's handle went away.
     Release(abi::ReleaseIn),
+    /// FSYNC of an open file.
     Fsync {
+        /// The handle.
         fh: u64,
+        /// fdatasync: data only.
         datasync: bool,
     },
+    /// SETXATTR `name` of the node to `value`.
     Setxattr {
+        /// setxattr(2) flags (XATTR_CREATE, XATTR_REPLACE).
         flags: u32,
         /// SETXATTR_EXT's flags (0 without it).
         setxattr_flags: u32,
+        /// The attribute's full name.
         name: &'a [u8],
+        /// Its new value.
         value: &'a [u8],
     },
+    /// GETXATTR `name` of the node.
     Getxattr {
+        /// Size of the caller's buffer; 0 asks for the size needed.
         size: u32,
+        /// The attribute's full name.
         name: &'a [u8],
     },
+    /// LISTXATTR: the node's attribute names.
     Listxattr {
+        /// Size of the caller's buffer; 0 asks for the size needed.
         size: u32,
     },
+    /// REMOVEXATTR `name` of the node.
     Removexattr {
+        /// The attribute's full name.
         name: &'a [u8],
     },
+    /// FLUSH: a close(2) of a descriptor of an open file.
     Flush,
+    /// OPENDIR: open the directory node.
     Opendir {
+        /// open(2) flags.
         flags: u32,
     },
+    /// READDIR: list the directory from an offset.
     Readdir(abi::ReadIn),
+    /// READDIRPLUS: list the directory, with each entry's attributes.
     Readdirplus(abi::ReadIn),
+    /// RELEASEDIR: the last reference to an open directory's handle went away.
     Releasedir(abi::ReleaseIn),
+    /// FSYNCDIR of an open directory.
     Fsyncdir {
+        /// The handle.
         fh: u64,
+        /// fdatasync: data only.
         datasync: bool,
     },
+    /// ACCESS: may the caller access the node as `mask` says.
     Access {
+        /// access(2) mode: R_OK, W_OK, X_OK, F_OK.
         mask: u32,
     },
+    /// CREATE and open file `name` in the directory node.
     Create {
+        /// open(2) flags, mode and umask.
         arg: abi::CreateIn,
+        /// Name of the new file.
         name: &'a [u8],
     },
+    /// STATX of the node.
     Statx(abi::StatxIn),
     /// O_TMPFILE in directory `nodeid`: a create without a name.
     Tmpfile(abi::CreateIn),
+    /// FALLOCATE: allocate or punch a range of an open file.
     Fallocate(abi::FallocateIn),
+    /// LSEEK with SEEK_DATA or SEEK_HOLE.
     Lseek(abi::LseekIn),
+    /// COPY_FILE_RANGE from the node's open file to another.
     CopyFileRange(abi::CopyFileRangeIn),
+    /// SYNCFS: sync the whole filesystem.
     Syncfs,
+    /// IOCTL on an open file, with the `in_size` bytes of its argument.
     Ioctl {
+        /// Handle, command and sizes.
         arg: abi::IoctlIn,
+        /// The argument's bytes.
         data: &'a [u8],
     },
     /// An opcode we do not serve: answered ENOSYS, so the kernel stops asking.

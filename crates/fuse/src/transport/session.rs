@@ -33,7 +33,9 @@ pub trait Handler: Send + Sync + 'static {
 pub struct InitConfig {
     /// INIT flags wanted; only those the kernel offers are taken.
     pub flags: u64,
+    /// Largest WRITE payload wanted (at least 4 KiB is used).
     pub max_write: u32,
+    /// Largest readahead wanted (capped at what the kernel offers).
     pub max_readahead: u32,
 }
 
@@ -47,6 +49,9 @@ pub enum Access {
     RootAndOwner,
 }
 
+/// A mounted FUSE connection and the handler that serves it: [`Session::run`] shakes
+/// hands with the kernel, then serves requests on worker threads until the filesystem is
+/// unmounted.
 pub struct Session<H: Handler> {
     handler: Arc<H>,
     ch: Arc<Channel>,
@@ -73,6 +78,7 @@ impl<H: Handler> Session<H> {
         }
     }
 
+    /// What lets the handler tell the kernel its caches went stale, for this connection.
     pub fn notifier(&self) -> Notifier {
         Notifier(Arc::clone(&self.ch))
     }
