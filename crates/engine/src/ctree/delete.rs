@@ -63,7 +63,8 @@ pub fn delete_range<S: BlockStore + ?Sized>(
 
 /// Removes `count` items at the slot of a path from `search_for_write`, then fixes parent
 /// keys and rebalances (the kernel's btrfs_del_items). The path is spent afterwards.
-pub fn delete_items_at<S: BlockStore + ?Sized>(
+#[cfg(test)]
+pub(crate) fn delete_items_at<S: BlockStore + ?Sized>(
     store: &mut S,
     root: &mut TreeRoot,
     path: &WritePath,

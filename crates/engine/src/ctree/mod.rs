@@ -17,6 +17,7 @@ mod path;
 mod search;
 mod split;
 mod store;
+#[cfg(test)]
 mod verify;
 
 #[cfg(test)]
@@ -24,13 +25,21 @@ mod mem_store;
 #[cfg(test)]
 mod tests;
 
-pub use cow::copy_root;
+pub(crate) use cow::copy_root;
 pub(crate) use cow::cow_root;
-pub use delete::{delete_item, delete_items_at, delete_range};
-pub use insert::{
-    insert_empty_items, insert_item, insert_items, new_tree, resize_item, set_item_key, update_item,
+pub(crate) use delete::{delete_item, delete_range};
+pub(crate) use insert::{
+    insert_item, insert_items, new_tree, resize_item, set_item_key, update_item,
 };
-pub use path::{search_for_write, update_parent_keys, PathLevel, WriteIntent, WritePath};
-pub use search::{for_each_in_range, lookup, lookup_le, BlockSource, Cursor, TreeRoot};
-pub use store::{finalize_block, BlockStore};
-pub use verify::{check_tree, TreeCheck};
+pub use search::TreeRoot;
+pub(crate) use search::{for_each_in_range, lookup, lookup_le, BlockSource, Cursor};
+pub(crate) use store::{finalize_block, BlockStore};
+
+// The write path's lower-level entry points and the whole-tree check: only the tests
+// drive them directly.
+#[cfg(test)]
+pub(crate) use delete::delete_items_at;
+#[cfg(test)]
+pub(crate) use path::{search_for_write, update_parent_keys, WriteIntent};
+#[cfg(test)]
+pub(crate) use verify::{check_tree, TreeCheck};

@@ -8,7 +8,9 @@ use super::split::{grow_root, make_room, split_node};
 use super::store::{corrupt_at, node_mut, view, BlockStore};
 use crate::error::{Error, Result};
 use oleo_format::key::Key;
-use oleo_format::leaf_builder::{leaf_data_size, max_node_ptrs};
+#[cfg(test)]
+use oleo_format::leaf_builder::leaf_data_size;
+use oleo_format::leaf_builder::max_node_ptrs;
 
 const MIN_NODE_PTRS: usize = 8;
 
@@ -40,31 +42,32 @@ impl WritePath {
     }
 
     /// Number of levels, leaf included.
-    pub fn height(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn height(&self) -> usize {
         self.levels.len()
     }
 }
 
 /// What the caller is about to do at the key, so the descent can make room for it.
+#[cfg(test)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum WriteIntent {
+pub(crate) enum WriteIntent {
     /// Edit or delete items: nothing grows, nothing is split.
     Modify,
     /// Insert new items at the key: they need this many bytes in the leaf (bodies plus 25
     /// bytes per item header). Nothing is split if the key already exists.
     Insert(usize),
-    /// Grow the existing item at the key by this many bytes.
-    Extend(usize),
 }
 
 /// The room a descent must make in the leaf it ends in.
 pub(crate) enum Need<'a> {
     Nothing,
+    /// Room for new items of this many bytes (`search_for_write`'s `WriteIntent::Insert`).
+    #[cfg(test)]
     Bytes(usize),
     /// As many of these sorted (key, body length) items as belong at the first key's
     /// position and fit in one leaf.
     Batch(&'a [(Key, usize)]),
-    GrowBy(usize),
     GrowTo(usize),
 }
 
@@ -77,7 +80,8 @@ pub(crate) struct Descent {
 /// Descends to `key`, copying every block on the way that is not yet dirty and making the
 /// room `intent` asks for. The tree root in `root` changes when the root is copied or the
 /// tree grows a level.
-pub fn search_for_write<S: BlockStore + ?Sized>(
+#[cfg(test)]
+pub(crate) fn search_for_write<S: BlockStore + ?Sized>(
     store: &mut S,
     root: &mut TreeRoot,
     key: &Key,
@@ -93,7 +97,6 @@ pub fn search_for_write<S: BlockStore + ?Sized>(
             }
             Need::Bytes(bytes)
         }
-        WriteIntent::Extend(by) => Need::GrowBy(by),
     };
     Ok(descend(store, root, key, need)?.path)
 }
@@ -165,7 +168,11 @@ pub(crate) fn next_key_after_leaf<S: BlockStore + ?Sized>(
 
 /// After the caller changed the first key of the path's leaf (inserted or removed at slot 0,
 /// or re-keyed it): brings the pointer keys above it in line.
-pub fn update_parent_keys<S: BlockStore + ?Sized>(store: &mut S, path: &WritePath) -> Result<()> {
+#[cfg(test)]
+pub(crate) fn update_parent_keys<S: BlockStore + ?Sized>(
+    store: &mut S,
+    path: &WritePath,
+) -> Result<()> {
     let leaf = path.leaf().bytenr;
     let first = {
         let tb = view(store, leaf)?;

@@ -35,9 +35,14 @@ impl BlockSource for DiskIo {
 /// Where a tree starts: the root block and what its pointer promises about it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TreeRoot {
+    /// The tree's id (objectid of its ROOT_ITEM: 1 root tree, 2 extent tree, 5 the
+    /// top-level subvolume, ...).
     pub id: u64,
+    /// Logical address of the root block.
     pub bytenr: u64,
+    /// Level of the root block: 0 when the root is itself a leaf.
     pub level: u8,
+    /// The generation (transid) the root block was written in, as its pointer records it.
     pub generation: u64,
 }
 

@@ -109,7 +109,7 @@ impl FsCore {
 
     /// lseek(2)'s SEEK_DATA (`data` true) and SEEK_HOLE from `offset`. As in the kernel,
     /// holes and prealloc (unwritten) ranges are holes, and there is a hole at end of file.
-    pub fn seek_data_hole(&self, id: InodeId, offset: u64, data: bool) -> Result<u64> {
+    pub(crate) fn seek_data_hole(&self, id: InodeId, offset: u64, data: bool) -> Result<u64> {
         let attr = self.getattr(id)?;
         if attr.kind == FileKind::Dir {
             return Err(Error::IsDir);
@@ -157,21 +157,24 @@ impl FsCore {
 /// One file extent item as `oleo extents` (and FIEMAP) describes it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ExtentInfo {
-    /// File offset and length of the range it covers.
+    /// File offset of the range it covers.
     pub file_offset: u64,
+    /// Length of that range in bytes (the file bytes it holds, uncompressed).
     pub len: u64,
     /// btrfs logical address of the range's first byte (what btrfs's FIEMAP calls physical);
     /// None for inline data and holes.
     pub logical: Option<u64>,
+    /// The data is inline: stored in the EXTENT_DATA item itself, in the tree.
     pub inline: bool,
     /// Preallocated: reads as zeros (FIEMAP's unwritten).
     pub prealloc: bool,
+    /// How the extent's data is compressed on disk (`None` for plain data).
     pub compression: Compression,
 }
 
 impl FsCore {
     /// The file extent items of `id` in file order, holes (explicit hole items) left out.
-    pub fn file_extents(&self, id: InodeId) -> Result<Vec<ExtentInfo>> {
+    pub(crate) fn file_extents(&self, id: InodeId) -> Result<Vec<ExtentInfo>> {
         let tree = self.tree_of(id)?;
         let mut out = Vec::new();
         crate::ctree::for_each_in_range(

@@ -76,7 +76,7 @@ impl FsCore {
     }
 
     /// Reads up to `size` bytes at `offset`; short only at end of file.
-    pub fn read(&self, id: InodeId, offset: u64, size: u32) -> Result<Vec<u8>> {
+    pub(crate) fn read(&self, id: InodeId, offset: u64, size: u32) -> Result<Vec<u8>> {
         self.plan_read(id, offset, size, None)?.execute()
     }
 

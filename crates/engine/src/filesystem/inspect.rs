@@ -12,7 +12,7 @@ use std::ops::ControlFlow;
 impl FsCore {
     /// The root of tree `id`: the chunk, root and log-root trees come from the superblock,
     /// every other tree from its ROOT_ITEM.
-    pub fn tree_root(&self, id: u64) -> Result<Option<TreeRoot>> {
+    pub(crate) fn tree_root(&self, id: u64) -> Result<Option<TreeRoot>> {
         let sb = &self.sb;
         Ok(match id {
             objectid::ROOT_TREE => Some(self.root_tree()),
@@ -34,7 +34,7 @@ impl FsCore {
     }
 
     /// Ids of every tree with a ROOT_ITEM, plus the chunk and root trees.
-    pub fn tree_ids(&self) -> Result<Vec<u64>> {
+    pub(crate) fn tree_ids(&self) -> Result<Vec<u64>> {
         let mut ids = vec![objectid::ROOT_TREE, objectid::CHUNK_TREE];
         crate::ctree::for_each_in_range(self, &self.root_tree(), Key::MIN, Key::MAX, |key, _| {
             if key.item_type == item::ROOT_ITEM && !ids.contains(&key.objectid) {
@@ -48,7 +48,7 @@ impl FsCore {
     /// Calls `f` with each block of the tree, parents before children. A block that fails
     /// verification is reported to `on_error` and its subtree skipped, so a damaged tree
     /// still shows everything readable.
-    pub fn walk_tree(
+    pub(crate) fn walk_tree(
         &self,
         root: &TreeRoot,
         f: &mut dyn FnMut(TreeBlock<'_>),

@@ -59,6 +59,20 @@ impl Drop for CoreMut<'_> {
     }
 }
 
+/// An open btrfs filesystem: the handle every read and write goes through.
+///
+/// [`Filesystem::open`] opens an image file or block device read-only,
+/// [`Filesystem::open_rw`] writable (one writer per image; see `Error::Busy`). The handle
+/// is `Send + Sync` and every operation takes `&self`, so any number of threads may use
+/// it at once. Inodes are named by [`InodeId`] (subvolume, inode number); [`root`]
+/// (`Filesystem::root`) is the root directory of the subvolume that was opened. Changes
+/// join the running transaction and become durable at the next commit: [`sync`], a
+/// transaction outgrowing its dirty limit, [`close`], or a drop (which can only log a
+/// failure).
+///
+/// [`root`]: Filesystem::root
+/// [`sync`]: Filesystem::sync
+/// [`close`]: Filesystem::close
 pub struct Filesystem {
     core: RwLock<FsCore>,
     /// The device, reached without the lock (tree blocks a lookup missed).
@@ -392,7 +406,12 @@ impl Filesystem {
         fn can_write(&self) -> Result<()>;
         /// A path from the top-level subvolume to `id`.
         fn inode_path(&self, id: InodeId) -> Result<Vec<u8>>;
+        /// The default subvolume's id: what the `default` entry of the root tree's
+        /// directory names (`btrfs subvolume set-default`), 5 (FS_TREE) if there is none.
+        /// Opening without `subvol`/`subvolid` opens it.
         fn default_subvolume(&self) -> Result<u64>;
+        /// Every subvolume and snapshot (ROOT_ITEMs with references), with its place in
+        /// the tree of subvolumes, as `btrfs subvolume list` shows them.
         fn list_subvolumes(&self) -> Result<Vec<SubvolumeInfo>>;
         /// The current root of tree `id` (None: no such tree).
         fn tree_root(&self, id: u64) -> Result<Option<TreeRoot>>;
@@ -404,6 +423,7 @@ impl Filesystem {
         fn drop_pin(&self, id: InodeId) -> bool;
         /// Bytes new file data can still get (statfs's available space).
         fn data_available(&self) -> Result<u64>;
+        /// statfs(2): size, free and available space from the block groups.
         fn statfs(&self) -> Result<StatFs>;
     }
 
@@ -412,12 +432,18 @@ impl Filesystem {
         fn seek_data_hole(&self, id: InodeId, offset: u64, data: bool) -> Result<u64>;
         /// A file's extents, as FIEMAP reports them.
         fn file_extents(&self, id: InodeId) -> Result<Vec<ExtentInfo>>;
+        /// The inode `name` names in directory `dir` (`.` and `..` included; a
+        /// subvolume's entry leads to its root directory). `Error::NotFound` if none.
         fn lookup(&self, dir: InodeId, name: &[u8]) -> Result<InodeId>;
         /// The offset past the last entry `dir` has now (a listing opened now ends there).
         fn readdir_end(&self, dir: InodeId) -> Result<u64>;
+        /// stat(2) of `id`, from its INODE_ITEM.
         fn getattr(&self, id: InodeId) -> Result<Attr>;
+        /// The target of symlink `id` (`Error::InvalidArgument` for anything else).
         fn readlink(&self, id: InodeId) -> Result<Vec<u8>>;
+        /// The value of xattr `name` (its XATTR_ITEM); `Error::NoXattr` if it has none.
         fn getxattr(&self, id: InodeId, name: &[u8]) -> Result<Vec<u8>>;
+        /// The names of every xattr of `id`, POSIX ACLs (`system.posix_acl_*`) included.
         fn listxattr(&self, id: InodeId) -> Result<Vec<Vec<u8>>>;
         /// Follows `path` (components separated by '/') from `start`.
         fn resolve_path(&self, start: InodeId, path: &[u8]) -> Result<InodeId>;
@@ -517,15 +543,28 @@ impl Filesystem {
         fn delete_if_unlinked(&self, id: InodeId) -> Result<()>;
         /// Creates a file of any type but directory and symlink, as `new` describes.
         fn mknod(&self, parent: InodeId, name: &[u8], new: &NewInode) -> Result<Attr>;
+        /// Creates directory `name` in `parent`, as `new` describes (of its mode only the
+        /// permission and sticky bits count); returns its attributes.
         fn mkdir(&self, parent: InodeId, name: &[u8], new: &NewInode) -> Result<Attr>;
         /// An unnamed regular file (O_TMPFILE), pinned as if open, that `link` can name.
         fn tmpfile(&self, parent: InodeId, new: &NewInode) -> Result<Attr>;
+        /// Creates symlink `name` in `parent` pointing at `target` (stored inline),
+        /// owned by `uid`:`gid`, mode 0777.
         fn symlink(&self, parent: InodeId, name: &[u8], target: &[u8], uid: u32, gid: u32) -> Result<Attr>;
+        /// Gives `id` (not a directory) another name, `name` in `parent` (same subvolume).
         fn link(&self, id: InodeId, parent: InodeId, name: &[u8]) -> Result<Attr>;
+        /// Removes non-directory `name` from `parent`; the inode goes with its last name
+        /// unless it is pinned open (`pin_open`), then with the last unpin.
         fn unlink(&self, parent: InodeId, name: &[u8]) -> Result<()>;
+        /// Removes empty directory `name` from `parent`.
         fn rmdir(&self, parent: InodeId, name: &[u8]) -> Result<()>;
+        /// rename(2)/renameat2(2): moves `name` in `parent` to `new_name` in `new_parent`
+        /// (same subvolume), replacing a target unless `flags` say otherwise.
         fn rename(&self, parent: InodeId, name: &[u8], new_parent: InodeId, new_name: &[u8], flags: RenameFlags) -> Result<()>;
+        /// Sets xattr `name` of `id` to `value`, as `how` allows. `system.posix_acl_*`
+        /// names set POSIX ACLs, `btrfs.compression` the compression property.
         fn setxattr(&self, id: InodeId, name: &[u8], value: &[u8], how: XattrSet) -> Result<()>;
+        /// Removes xattr `name` of `id`; `Error::NoXattr` if it has none.
         fn removexattr(&self, id: InodeId, name: &[u8]) -> Result<()>;
         /// Deletes every unlinked inode still pinned, then commits (an unmount).
         fn close_all_and_sync(&self) -> Result<u64>;

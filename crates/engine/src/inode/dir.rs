@@ -45,7 +45,7 @@ impl FsCore {
         }
     }
 
-    pub fn lookup(&self, dir: InodeId, name: &[u8]) -> Result<InodeId> {
+    pub(crate) fn lookup(&self, dir: InodeId, name: &[u8]) -> Result<InodeId> {
         if name == b"." {
             return Ok(dir);
         }
@@ -116,7 +116,7 @@ impl FsCore {
     /// Where a listing of `dir` that starts now ends: one past its highest DIR_INDEX. A
     /// rename or create during the listing gives an entry a higher number, so stopping here
     /// lists each entry once, as the kernel's readdir does.
-    pub fn readdir_end(&self, dir: InodeId) -> Result<u64> {
+    pub(crate) fn readdir_end(&self, dir: InodeId) -> Result<u64> {
         if let Some(&next) = self.next_index.lock().get(&dir) {
             return Ok(next);
         }
@@ -129,7 +129,7 @@ impl FsCore {
     /// caller adds). `f` returns false to stop; each entry's `next_offset` resumes after it.
     /// Entries still queued in the running transaction (`delayed_inode`) are listed in
     /// their place, deletions queued there are left out.
-    pub fn readdir(
+    pub(crate) fn readdir(
         &self,
         dir: InodeId,
         from: u64,

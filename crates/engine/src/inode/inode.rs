@@ -47,7 +47,7 @@ impl FsCore {
         Ok(inode)
     }
 
-    pub fn getattr(&self, id: InodeId) -> Result<Attr> {
+    pub(crate) fn getattr(&self, id: InodeId) -> Result<Attr> {
         if id.ino == objectid::EMPTY_SUBVOL_DIR {
             return Ok(self.placeholder_attr(id));
         }
@@ -106,7 +106,7 @@ impl FsCore {
         }
     }
 
-    pub fn readlink(&self, id: InodeId) -> Result<Vec<u8>> {
+    pub(crate) fn readlink(&self, id: InodeId) -> Result<Vec<u8>> {
         let attr = self.getattr(id)?;
         if attr.kind != FileKind::Symlink {
             return Err(Error::InvalidArgument("not a symlink".into()));
@@ -115,7 +115,7 @@ impl FsCore {
     }
 
     /// Path of an inode inside its subvolume, following first INODE_REFs up to the root.
-    pub fn inode_path(&self, id: InodeId) -> Result<Vec<u8>> {
+    pub(crate) fn inode_path(&self, id: InodeId) -> Result<Vec<u8>> {
         let tree = self.tree_of(id)?;
         let mut parts: Vec<Vec<u8>> = Vec::new();
         let mut ino = id.ino;

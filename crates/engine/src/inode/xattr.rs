@@ -10,7 +10,7 @@ use std::ops::ControlFlow;
 use std::sync::Arc;
 
 impl FsCore {
-    pub fn getxattr(&self, id: InodeId, name: &[u8]) -> Result<Vec<u8>> {
+    pub(crate) fn getxattr(&self, id: InodeId, name: &[u8]) -> Result<Vec<u8>> {
         if id.ino == objectid::EMPTY_SUBVOL_DIR {
             return Err(Error::NoXattr);
         }
@@ -52,7 +52,7 @@ impl FsCore {
         Ok(acl)
     }
 
-    pub fn listxattr(&self, id: InodeId) -> Result<Vec<Vec<u8>>> {
+    pub(crate) fn listxattr(&self, id: InodeId) -> Result<Vec<Vec<u8>>> {
         let mut names = Vec::new();
         if id.ino == objectid::EMPTY_SUBVOL_DIR {
             return Ok(names);

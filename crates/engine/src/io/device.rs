@@ -1,6 +1,10 @@
 //! Block devices: where bytes physically live. For now one image file or block device,
 //! read with positional reads so many threads can read at once without a lock. Opened
 //! read-write, it also takes positional writes and cache flushes (fdatasync).
+//!
+//! Outside the crate (`oleo::device`) two of its types are public: [`IoBuf`], the
+//! O_DIRECT-aligned buffer, and [`IoEvent`], what a recording of the device's writes and
+//! flushes holds (`Filesystem::start_io_recording`, for crash simulation).
 
 use crate::error::{Error, Result};
 use std::fs::File;
@@ -15,7 +19,7 @@ const DIRECT_MIN: usize = 64 << 10;
 /// fsynced file's part, so what is dirty there must stay small.
 const WRITEBACK_BATCH: u64 = 8 << 20;
 /// Offset, length and memory alignment O_DIRECT needs (the largest logical block size).
-pub const DIRECT_ALIGN: usize = 4096;
+pub(crate) const DIRECT_ALIGN: usize = 4096;
 
 /// A zeroed byte buffer aligned for O_DIRECT: file data is staged in these.
 pub struct IoBuf {
@@ -29,6 +33,8 @@ unsafe impl Send for IoBuf {}
 unsafe impl Sync for IoBuf {}
 
 impl IoBuf {
+    /// A buffer of `len` zero bytes, its start aligned to 4096 bytes (the largest logical
+    /// block size O_DIRECT asks for). Allocation failure aborts, as for a `Vec`.
     pub fn zeroed(len: usize) -> IoBuf {
         if len == 0 {
             return IoBuf {
@@ -75,11 +81,18 @@ impl Drop for IoBuf {
 /// One thing the device was asked to do, as a crash simulator records it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum IoEvent {
-    Write { offset: u64, data: Vec<u8> },
+    /// A write of `data` at byte `offset` of the device.
+    Write {
+        /// Byte offset on the device (a physical address).
+        offset: u64,
+        /// The bytes written.
+        data: Vec<u8>,
+    },
+    /// A cache flush: every write before it is durable.
     Flush,
 }
 
-pub struct Device {
+pub(crate) struct Device {
     file: File,
     /// One writer per filesystem, and never beside the kernel (see `claim`).
     _claim: crate::io::claim::Claim,

@@ -216,11 +216,6 @@ impl DiskIo {
         Ok(())
     }
 
-    /// Forgets the cached copy of the block at `bytenr`.
-    pub fn invalidate(&self, bytenr: u64) {
-        self.cache.remove(&bytenr);
-    }
-
     /// A cache flush of the device.
     pub fn flush(&self) -> Result<()> {
         self.device.flush()

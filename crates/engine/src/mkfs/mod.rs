@@ -28,11 +28,14 @@ use std::path::Path;
 /// Block group profile on a single device.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Profile {
+    /// One copy of each block.
     Single,
+    /// Two copies of each block on the one device (mkfs.btrfs's default for metadata).
     Dup,
 }
 
 impl Profile {
+    /// The name `btrfs filesystem df` and mkfs.btrfs print: "single" or "DUP".
     pub fn name(self) -> &'static str {
         match self {
             Profile::Single => "single",
@@ -44,10 +47,19 @@ impl Profile {
 /// Optional on-disk features, named as `mkfs.btrfs -O` names them.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MkfsFeatures {
+    /// `no-holes`: holes in files need no EXTENT_DATA items (incompat NO_HOLES).
     pub no_holes: bool,
+    /// `free-space-tree`: free space recorded in the free space tree (tree 10), as
+    /// space_cache=v2 (compat_ro FREE_SPACE_TREE).
     pub free_space_tree: bool,
+    /// `skinny-metadata`: tree blocks get METADATA_ITEMs in the extent tree instead of
+    /// full EXTENT_ITEMs (incompat SKINNY_METADATA). oleo writes only such filesystems.
     pub skinny_metadata: bool,
+    /// `extref`: INODE_EXTREF items, so one inode can have more hard links in a
+    /// directory than fit in one INODE_REF (incompat EXTENDED_IREF).
     pub extended_iref: bool,
+    /// `block-group-tree`: BLOCK_GROUP_ITEMs in their own tree (tree 11) instead of the
+    /// extent tree (compat_ro BLOCK_GROUP_TREE); needs free-space-tree and no-holes.
     pub block_group_tree: bool,
     /// Mixed data+metadata block groups: not supported, refused.
     pub mixed_groups: bool,
@@ -94,7 +106,7 @@ impl MkfsFeatures {
     }
 
     /// Names of the features that are on, as mkfs.btrfs lists them.
-    pub fn names(&self) -> Vec<&'static str> {
+    pub(crate) fn names(&self) -> Vec<&'static str> {
         let mut v = Vec::new();
         for (on, name) in [
             (self.mixed_groups, "mixed-bg"),
@@ -112,18 +124,31 @@ impl MkfsFeatures {
     }
 }
 
+/// What [`mkfs()`] makes, as `mkfs.btrfs`'s options say it. `Default` is mkfs.btrfs's
+/// defaults: crc32c, 16 KiB nodes, 4 KiB sectors, DUP metadata, single data, the
+/// default features, the size of the target.
 #[derive(Clone, Debug)]
 pub struct MkfsOptions {
-    /// FsCore size in bytes. Files are created or extended to it; without it, the
-    /// existing file's or block device's size is used.
+    /// Filesystem size in bytes. Files are created or extended to it; without it, the
+    /// existing file's or block device's size is used. The initial chunks need a few
+    /// dozen MiB (mkfs fails with `InvalidArgument` below that); 256 MiB is comfortable.
     pub size: Option<u64>,
+    /// Checksum algorithm for tree blocks and data (`--csum`): crc32c, xxhash64, sha256
+    /// or blake2b.
     pub csum: CsumType,
+    /// Tree block size (`--nodesize`): a power of two from the sectorsize to 64 KiB.
     pub nodesize: u32,
+    /// Sector size (`--sectorsize`): the unit of data extents and checksums. Only 4096.
     pub sectorsize: u32,
+    /// Optional features (`-O`).
     pub features: MkfsFeatures,
+    /// Profile of the metadata and system block groups (`-m`).
     pub metadata_profile: Profile,
+    /// Profile of the data block groups (`-d`).
     pub data_profile: Profile,
+    /// Filesystem label (`-L`): at most 255 bytes, no NUL.
     pub label: Option<String>,
+    /// Filesystem uuid (`-U`); a random one when None.
     pub fsid: Option<[u8; 16]>,
     /// Owner (uid, gid) of the new filesystem's root directory; mkfs.btrfs gives it to the
     /// user running mkfs, and so does `oleo mkfs`.
@@ -156,34 +181,51 @@ impl Default for MkfsOptions {
 pub struct ChunkReport {
     /// Block group type and profile bits.
     pub flags: u64,
+    /// Logical address where the chunk starts.
     pub logical: u64,
+    /// Its length in bytes (logical).
     pub length: u64,
     /// Physical start of each stripe on the device.
     pub stripes: Vec<u64>,
 }
 
 impl ChunkReport {
+    /// Type and profile, e.g. "METADATA|DUP".
     pub fn describe(&self) -> String {
         block_group::describe(self.flags)
     }
 }
 
-/// What was written.
+/// What was written: what mkfs.btrfs prints when it is done.
 #[derive(Clone, Debug)]
 pub struct MkfsReport {
+    /// The filesystem's uuid.
     pub fsid: [u8; 16],
+    /// The device's uuid (its DEV_ITEM).
     pub dev_uuid: [u8; 16],
+    /// The chunk tree's uuid (in every tree block header).
     pub chunk_tree_uuid: [u8; 16],
+    /// The label ("" for none).
     pub label: String,
+    /// Filesystem size (the superblock's total_bytes).
     pub total_bytes: u64,
+    /// Bytes used by the initial trees (the superblock's bytes_used).
     pub bytes_used: u64,
+    /// Bytes of the device the initial chunks take, every copy counted.
     pub device_bytes_used: u64,
+    /// Tree block size.
     pub nodesize: u32,
+    /// Sector size.
     pub sectorsize: u32,
+    /// Checksum algorithm.
     pub csum: CsumType,
+    /// The features that are on, named as mkfs.btrfs lists them.
     pub features: Vec<&'static str>,
+    /// The superblock's incompat_flags.
     pub incompat_flags: u64,
+    /// The superblock's compat_ro_flags.
     pub compat_ro_flags: u64,
+    /// The initial chunks: system, metadata, data.
     pub chunks: Vec<ChunkReport>,
     /// Superblock copies written (physical offsets).
     pub superblocks: Vec<u64>,
@@ -376,7 +418,12 @@ fn now() -> oleo_format::items::Timespec {
     }
 }
 
-/// Formats `path` (an image file or a block device) with a new btrfs.
+/// Formats `path` (an image file or a block device) with a new btrfs, as `mkfs.btrfs`
+/// does: generation 1, an empty top-level subvolume (tree 5) with its root directory.
+/// A file that does not exist is created at `opts.size` (and removed again if mkfs
+/// fails); an existing target that holds a filesystem or another signature is refused
+/// with `Error::WouldOverwrite` unless `opts.force`, and one that is mounted or open for
+/// writing elsewhere with `Error::Busy`.
 pub fn mkfs(path: impl AsRef<Path>, opts: &MkfsOptions) -> Result<MkfsReport> {
     check_options(opts)?;
     let path = path.as_ref();

@@ -22,7 +22,10 @@ const CHUNK: usize = 8 << 20;
 /// How far the copy has got (for a progress display).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Progress {
+    /// Inodes (files, directories, symlinks, ...) below the source; `measure` counts
+    /// every entry, so a file with several names counts once per name there.
     pub inodes: u64,
+    /// Data bytes copied (holes not counted).
     pub bytes: u64,
 }
 

@@ -37,7 +37,7 @@ impl FsCore {
     /// Creates the empty subvolume `name` in directory `parent`, its root directory owned
     /// by `uid`:`gid`; returns its id. As with the kernel, it reaches the disk with the
     /// next commit.
-    pub fn create_subvolume(
+    pub(crate) fn create_subvolume(
         &mut self,
         parent: InodeId,
         name: &[u8],

@@ -67,7 +67,7 @@ impl FsCore {
     }
 
     /// Follows a '/'-separated path from `start`.
-    pub fn resolve_path(&self, start: InodeId, path: &[u8]) -> Result<InodeId> {
+    pub(crate) fn resolve_path(&self, start: InodeId, path: &[u8]) -> Result<InodeId> {
         let mut cur = start;
         for comp in path
             .split(|&c| c == b'/')
@@ -79,7 +79,7 @@ impl FsCore {
     }
 
     /// The subvolume named by the `default` entry of the root tree directory.
-    pub fn default_subvolume(&self) -> Result<u64> {
+    pub(crate) fn default_subvolume(&self) -> Result<u64> {
         let key = Key::new(
             objectid::ROOT_TREE_DIR,
             item::DIR_ITEM,
@@ -97,7 +97,7 @@ impl FsCore {
     }
 
     /// Every live subvolume and snapshot, with its place in the tree of subvolumes.
-    pub fn list_subvolumes(&self) -> Result<Vec<SubvolumeInfo>> {
+    pub(crate) fn list_subvolumes(&self) -> Result<Vec<SubvolumeInfo>> {
         let mut out = Vec::new();
         let min = Key::new(objectid::FS_TREE, item::ROOT_ITEM, 0);
         let max = Key::new(objectid::LAST_FREE, item::ROOT_ITEM, u64::MAX);

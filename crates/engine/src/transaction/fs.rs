@@ -1,7 +1,8 @@
-//! The public API: a `FsCore`, its options, and the plain types it hands out.
-//! Front ends (FUSE, CLI, library users) see only this module. The work is done in the
-//! modules named after each btrfs concept (`dir`, `inode`, `file`, `xattr`, `subvolume`),
-//! which extend `FsCore` with `impl` blocks of their own.
+//! The open filesystem's state, `FsCore` (the kernel's fs_info), and the plain types the
+//! public API hands out (re-exported at the crate root: front ends see those and the
+//! `Filesystem` handle, never `FsCore`). The work is done in the modules named after each
+//! btrfs concept (`dir`, `inode`, `file`, `xattr`, `subvolume`), which extend `FsCore`
+//! with `impl` blocks of their own.
 
 use crate::ctree::TreeRoot;
 use crate::error::{Error, Result};
@@ -23,23 +24,33 @@ use std::sync::Arc;
 /// One inode: which subvolume tree it lives in and its inode number there.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct InodeId {
+    /// The subvolume's tree id (5 for the top-level subvolume, FS_TREE).
     pub subvol: u64,
+    /// The inode number inside that tree (256 for a subvolume's root directory).
     pub ino: u64,
 }
 
+/// The type of an inode, from the S_IFMT bits of its mode.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FileKind {
+    /// A regular file (S_IFREG).
     File,
+    /// A directory (S_IFDIR).
     Dir,
+    /// A symbolic link (S_IFLNK); its target is the inline data of its one extent.
     Symlink,
+    /// A character device (S_IFCHR).
     CharDev,
+    /// A block device (S_IFBLK).
     BlockDev,
+    /// A named pipe (S_IFIFO).
     Fifo,
+    /// A unix socket (S_IFSOCK).
     Socket,
 }
 
 impl FileKind {
-    pub fn from_mode(mode: u32) -> Option<FileKind> {
+    pub(crate) fn from_mode(mode: u32) -> Option<FileKind> {
         Some(match mode & 0o170000 {
             0o100000 => FileKind::File,
             0o040000 => FileKind::Dir,
@@ -53,9 +64,12 @@ impl FileKind {
     }
 }
 
+/// A point in time as btrfs stores it in inode and root items (btrfs_timespec).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct Timespec {
+    /// Seconds since the Unix epoch.
     pub sec: i64,
+    /// Nanoseconds within the second (below 1 000 000 000).
     pub nsec: u32,
 }
 
@@ -63,65 +77,111 @@ pub struct Timespec {
 /// blksize = sectorsize, rdev as a userspace dev_t).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Attr {
+    /// The inode these are the attributes of.
     pub id: InodeId,
+    /// Its type (the S_IFMT bits of `mode`).
     pub kind: FileKind,
     /// Full st_mode, type bits included.
     pub mode: u32,
+    /// Hard links: the names the inode has (a directory has 1).
     pub nlink: u32,
+    /// Owner user id.
     pub uid: u32,
+    /// Owner group id.
     pub gid: u32,
+    /// Size in bytes (for a directory, btrfs's: twice the length of its names).
     pub size: u64,
+    /// Space the file's extents take (the inode item's nbytes), in 512-byte units.
     pub blocks: u64,
+    /// The preferred IO size: the filesystem's sectorsize.
     pub blksize: u32,
+    /// For a device node, its device number as a userspace dev_t; 0 otherwise.
     pub rdev: u64,
+    /// Last access.
     pub atime: Timespec,
+    /// Last change of the contents.
     pub mtime: Timespec,
+    /// Last change of the inode (contents, names, attributes).
     pub ctime: Timespec,
+    /// Creation (the inode item's otime; statx's btime).
     pub crtime: Timespec,
+    /// The transaction (generation) that created the inode (INODE_ITEM generation).
     pub generation: u64,
+    /// The btrfs inode flags (BTRFS_INODE_NODATACOW, _IMMUTABLE, _APPEND, ...), as in
+    /// the inode item; `oleo::fileattr` names the ones a caller checks, and
+    /// `Filesystem::get_fs_flags` gives them as chattr's.
     pub flags: u64,
 }
 
 /// A directory entry. `next_offset` is the cookie that resumes the listing after it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DirEntry {
+    /// The name, as bytes (btrfs names are not required to be UTF-8).
     pub name: Vec<u8>,
+    /// The inode it names. For a subvolume's entry (one pointing at a ROOT_ITEM), that
+    /// subvolume's root directory.
     pub id: InodeId,
+    /// The inode's type, as the entry records it.
     pub kind: FileKind,
+    /// Pass this as `from` to `Filesystem::readdir` to continue after this entry.
     pub next_offset: u64,
 }
 
+/// One subvolume or snapshot, from its ROOT_ITEM and ROOT_BACKREF in the root tree, as
+/// `btrfs subvolume list` and `show` print it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SubvolumeInfo {
+    /// Its tree id: 5 for the top-level subvolume (FS_TREE), 256 and up for the others.
     pub id: u64,
     /// Parent subvolume and the directory inode in it that holds this one's entry.
     pub parent: Option<(u64, u64)>,
+    /// The name of its entry in the parent's directory.
     pub name: Vec<u8>,
     /// Path from the top-level subvolume (5), when reachable.
     pub path: Option<Vec<u8>>,
+    /// Its own uuid.
     pub uuid: [u8; 16],
+    /// For a snapshot, the uuid of the subvolume it was taken of; zeros otherwise.
     pub parent_uuid: [u8; 16],
+    /// The transaction that last changed its tree (ROOT_ITEM generation).
     pub generation: u64,
+    /// A read-only subvolume (BTRFS_ROOT_SUBVOL_RDONLY): every change is refused.
     pub readonly: bool,
     /// What `btrfs subvolume show` prints besides: the uuid it was received as, the
     /// transactions that created it, sent and received it, and when (seconds, nanoseconds).
     pub received_uuid: [u8; 16],
+    /// Transaction that created it.
     pub otransid: u64,
+    /// Transaction it was sent in (send/receive), 0 if never.
     pub stransid: u64,
+    /// Transaction it was received in, 0 if never.
     pub rtransid: u64,
+    /// When it was created.
     pub otime: (i64, u32),
+    /// When it was sent.
     pub stime: (i64, u32),
+    /// When it was received.
     pub rtime: (i64, u32),
 }
 
+/// What statfs(2) shows, in `block_size` units, computed from the block groups as the
+/// kernel's btrfs does in spirit.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct StatFs {
+    /// The unit of the counts below: the sectorsize.
     pub block_size: u32,
+    /// The device's size (the superblock's total_bytes).
     pub blocks: u64,
+    /// What no block group uses, counting every copy (DUP uses two).
     pub blocks_free: u64,
+    /// What new file data can still get: free space in data block groups plus
+    /// unallocated space (divided by the data profile's copies).
     pub blocks_avail: u64,
+    /// Total inodes: 0, as btrfs reports (inodes are not preallocated).
     pub files: u64,
+    /// Free inodes: 0, as btrfs reports.
     pub files_free: u64,
+    /// Longest name: 255 bytes.
     pub name_max: u32,
 }
 
@@ -138,8 +198,9 @@ impl quick_cache::Weighter<u64, Arc<Vec<u8>>> for ExtentWeight {
     }
 }
 
-/// An open btrfs filesystem. `Send + Sync`: share it behind an `Arc` between threads.
-pub struct FsCore {
+/// An open btrfs filesystem's state (the kernel's fs_info). `Filesystem` holds it behind
+/// its lock; a `Transaction` derefs to it.
+pub(crate) struct FsCore {
     /// Shared with commits writing in the background.
     pub(crate) io: Arc<DiskIo>,
     pub(crate) sb: Superblock,
@@ -227,7 +288,7 @@ impl FsCore {
     /// Opens an image file or block device (read-only unless `options.read_only` is false):
     /// the device claimed, the superblock, chunk tree and root tree read. The rest of a
     /// mount (subvolume, log replay, orphans) is the layers' above (`filesystem::mount`).
-    pub fn open(path: impl AsRef<Path>, options: OpenOptions) -> Result<FsCore> {
+    pub(crate) fn open(path: impl AsRef<Path>, options: OpenOptions) -> Result<FsCore> {
         let path = path.as_ref();
         let device = if options.read_only {
             Device::open(path)?
@@ -331,16 +392,16 @@ impl FsCore {
     }
 
     /// The root directory of the opened subvolume.
-    pub fn root(&self) -> InodeId {
+    pub(crate) fn root(&self) -> InodeId {
         self.top
     }
 
-    pub fn superblock(&self) -> &Superblock {
+    pub(crate) fn superblock(&self) -> &Superblock {
         &self.sb
     }
 
     /// True when the image has a log tree that was not replayed.
-    pub fn has_pending_log(&self) -> bool {
+    pub(crate) fn has_pending_log(&self) -> bool {
         self.pending_log
     }
 
@@ -421,14 +482,14 @@ impl FsCore {
     }
 
     /// Memory held by the running transaction's dirty tree blocks.
-    pub fn dirty_bytes(&self) -> u64 {
+    pub(crate) fn dirty_bytes(&self) -> u64 {
         self.running
             .as_ref()
             .map_or(0, |t| t.dirty.len() as u64 * u64::from(self.sb.nodesize))
     }
 
     /// True while changes are waiting for a commit.
-    pub fn has_uncommitted_changes(&self) -> bool {
+    pub(crate) fn has_uncommitted_changes(&self) -> bool {
         self.running.as_deref().is_some_and(|t| !t.is_idle())
     }
 
@@ -459,22 +520,22 @@ impl FsCore {
     }
 
     /// (writes, flushes) issued to the device since it was opened.
-    pub fn io_counts(&self) -> (u64, u64) {
+    pub(crate) fn io_counts(&self) -> (u64, u64) {
         self.io.device().io_counts()
     }
 
     /// Records every device write and flush from now on (crash simulation).
-    pub fn start_io_recording(&self) {
+    pub(crate) fn start_io_recording(&self) {
         self.io.device().start_recording();
     }
 
     /// The writes and flushes recorded so far.
-    pub fn take_io_recording(&self) -> Vec<crate::io::device::IoEvent> {
+    pub(crate) fn take_io_recording(&self) -> Vec<crate::io::device::IoEvent> {
         self.io.device().take_recording()
     }
 
     /// Makes every later write to the device fail after `writes` more (crash tests).
-    pub fn fail_writes_after(&self, writes: u64) {
+    pub(crate) fn fail_writes_after(&self, writes: u64) {
         self.io.device().fail_writes_after(writes);
     }
 }

@@ -198,7 +198,7 @@ fn write_primary_superblock(io: &DiskIo, sb: &Superblock) -> Result<()> {
 }
 
 /// The group commit protocol under shuttle: `cargo test -p oleo --features model-check
-/// --lib tree_log::sync`. fsyncs log into the running transaction and sync while a
+/// --lib log_sync`. fsyncs log into the running transaction and sync while a
 /// committer closes it and writes its superblocks; the disk records every superblock.
 #[cfg(all(test, feature = "model-check"))]
 mod model {

@@ -4,6 +4,8 @@
 use oleo_format::compression::effective_level;
 use oleo_format::items::Compression;
 
+/// How to open a filesystem: the mount options oleo supports. `Default` is a read-only
+/// open of the default subvolume with a 256 MiB cache, as a plain `mount -o ro` would.
 #[derive(Clone, Debug)]
 pub struct OpenOptions {
     /// False opens the device read-write, for transactions (see `Filesystem::open_rw`).
@@ -51,6 +53,7 @@ impl Default for OpenOptions {
 /// The mount options `compress=` and `compress-force=`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Compress {
+    /// The algorithm: zlib, lzo or zstd.
     pub kind: Compression,
     /// As given; 0 is the algorithm's default (see `effective_level`).
     pub level: i32,

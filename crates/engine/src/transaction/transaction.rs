@@ -41,7 +41,7 @@
 //!    `CommitOrder::failed`. A thread holding `core` may wait
 //!    on `durable` (an inline commit, `sync` with nothing new); the writing half of a
 //!    commit never takes `core`, so it always finishes.
-//! 3. `LogSyncs::io` (`tree_log::sync`): held by a log sync across its IO, and by a
+//! 3. `LogSyncs::io` (`log_sync`): held by a log sync across its IO, and by a
 //!    commit writing its superblocks (inside `durable`). A log sync waits for the commit
 //!    before its own first and takes nothing else but leaf locks while holding it.
 //! 4. Leaf locks, never held while taking another: the caches, `open_inodes`, `next_ino`,
@@ -133,9 +133,10 @@ impl TxnState {
     }
 }
 
-/// A handle on the running transaction (generation T = last committed + 1). Dropping it
-/// leaves the changes in the running transaction for the next operation to join; `commit`
-/// writes them out.
+/// A handle on the running transaction (generation T = last committed + 1), for editing
+/// items in any tree by key, copy-on-write. Dropping it leaves the changes in the running
+/// transaction for the next operation to join; `commit` writes them out (from outside
+/// the crate: `Filesystem::with_transaction`, or a later `Filesystem::sync`).
 pub struct Transaction<'a> {
     fs: CoreRef<'a>,
 }
@@ -187,26 +188,14 @@ impl std::ops::DerefMut for Transaction<'_> {
 
 impl FsCore {
     /// Starts transaction `generation + 1`. The filesystem must have been opened writable.
-    pub fn start_transaction(&mut self) -> Result<Transaction<'_>> {
+    pub(crate) fn start_transaction(&mut self) -> Result<Transaction<'_>> {
         Transaction::start(self)
-    }
-
-    /// Runs `f` in a new transaction and commits it if `f` succeeds; returns the committed
-    /// generation and what `f` returned.
-    pub fn with_transaction<R>(
-        &mut self,
-        f: impl FnOnce(&mut Transaction<'_>) -> Result<R>,
-    ) -> Result<(u64, R)> {
-        let mut txn = self.start_transaction()?;
-        let r = f(&mut txn)?;
-        let generation = txn.commit()?;
-        Ok((generation, r))
     }
 }
 
 impl FsCore {
     /// Why this filesystem cannot be written by oleo, if it cannot.
-    pub fn can_write(&self) -> Result<()> {
+    pub(crate) fn can_write(&self) -> Result<()> {
         if let Some(why) = &self.aborted {
             return Err(Error::Aborted(why.clone()));
         }
@@ -392,17 +381,19 @@ impl<'a> Transaction<'a> {
         Ok(Transaction { fs })
     }
 
+    /// The transaction id (generation) this transaction will commit as: what the blocks
+    /// and items it writes record as their generation.
     pub fn generation(&self) -> u64 {
         self.transid
     }
 
     /// The filesystem; its reads see this transaction's changes.
-    pub fn filesystem(&self) -> &FsCore {
+    pub(crate) fn filesystem(&self) -> &FsCore {
         &self.fs
     }
 
     /// The current root of tree `tree` (as changed in this transaction).
-    pub fn root(&mut self, tree: u64) -> Result<TreeRoot> {
+    pub(crate) fn root(&mut self, tree: u64) -> Result<TreeRoot> {
         if let Some(r) = self.roots.get(&tree) {
             return Ok(*r);
         }
@@ -478,13 +469,15 @@ impl<'a> Transaction<'a> {
         }
     }
 
+    /// Inserts an item with body `data` into tree `tree` (a tree id: FS_TREE, a
+    /// subvolume, the extent tree, ...). `Error::AlreadyExists` if the key is taken.
     pub fn insert_item(&mut self, tree: u64, key: Key, data: &[u8]) -> Result<()> {
         self.note_insert(tree, &key, data);
         self.with_root(tree, |s, r| ctree::insert_item(s, r, key, data))
     }
 
     /// Inserts items with strictly increasing keys.
-    pub fn insert_items(&mut self, tree: u64, items: &[(Key, &[u8])]) -> Result<()> {
+    pub(crate) fn insert_items(&mut self, tree: u64, items: &[(Key, &[u8])]) -> Result<()> {
         for (k, d) in items {
             self.note_insert(tree, k, d);
         }
@@ -492,13 +485,14 @@ impl<'a> Transaction<'a> {
     }
 
     /// Deletes every item with `min <= key <= max`; returns how many.
-    pub fn delete_items_in_range(&mut self, tree: u64, min: Key, max: Key) -> Result<usize> {
+    pub(crate) fn delete_items_in_range(&mut self, tree: u64, min: Key, max: Key) -> Result<usize> {
         if crate::transaction::changes::is_subvolume(tree) {
             self.log.note_range(tree, &min, &max);
         }
         self.with_root(tree, |s, r| ctree::delete_range(s, r, min, max))
     }
 
+    /// Deletes the item with this key from tree `tree`. `Error::NotFound` if there is none.
     pub fn delete_item(&mut self, tree: u64, key: &Key) -> Result<()> {
         self.note_removal(tree, key, None)?;
         self.with_root(tree, |s, r| ctree::delete_item(s, r, key))
@@ -586,7 +580,8 @@ impl<'a> Transaction<'a> {
         Ok(())
     }
 
-    /// Changes the body of an existing item in place.
+    /// Changes the body of an existing item in place: `f` gets the body (its length
+    /// fixed) and its result is returned. `Error::NotFound` if there is no such item.
     pub fn update_item<R>(
         &mut self,
         tree: u64,
@@ -604,7 +599,7 @@ impl<'a> Transaction<'a> {
     }
 
     /// Replaces the body of an existing item (growing or shrinking it as needed).
-    pub fn replace_item(&mut self, tree: u64, key: &Key, body: &[u8]) -> Result<()> {
+    pub(crate) fn replace_item(&mut self, tree: u64, key: &Key, body: &[u8]) -> Result<()> {
         let len = body.len();
         self.note_removal(tree, key, None)?;
         self.note_insert(tree, key, body);
@@ -615,7 +610,7 @@ impl<'a> Transaction<'a> {
     }
 
     /// Inserts the item, or replaces the body of the one with this key.
-    pub fn put_item(&mut self, tree: u64, key: Key, body: &[u8]) -> Result<()> {
+    pub(crate) fn put_item(&mut self, tree: u64, key: Key, body: &[u8]) -> Result<()> {
         match self.insert_item(tree, key, body) {
             Err(Error::AlreadyExists) => self.replace_item(tree, &key, body),
             r => r,
@@ -623,14 +618,14 @@ impl<'a> Transaction<'a> {
     }
 
     /// Changes an item's key in place; `new_key` must sort between its neighbours.
-    pub fn set_item_key(&mut self, tree: u64, key: &Key, new_key: Key) -> Result<()> {
+    pub(crate) fn set_item_key(&mut self, tree: u64, key: &Key, new_key: Key) -> Result<()> {
         self.note_removal(tree, key, Some(&new_key))?;
         self.log.note(tree, &new_key, &[]);
         self.with_root(tree, |s, r| ctree::set_item_key(s, r, key, new_key))
     }
 
     /// The last item with `key`'s objectid and type and a key <= `key`.
-    pub fn lookup_le(&mut self, tree: u64, key: &Key) -> Result<Option<(Key, Vec<u8>)>> {
+    pub(crate) fn lookup_le(&mut self, tree: u64, key: &Key) -> Result<Option<(Key, Vec<u8>)>> {
         let root = self.root(tree)?;
         ctree::lookup_le(&*self, &root, key)
     }
@@ -713,7 +708,7 @@ impl<'a> Transaction<'a> {
     /// Commits: bookkeeping to a fixpoint, blocks to disk, flush, superblocks, flush.
     /// Returns the new generation. On error before the superblock write the disk still
     /// shows the previous generation.
-    pub fn commit(self) -> Result<u64> {
+    pub(crate) fn commit(self) -> Result<u64> {
         self.close()?.write()
     }
 
@@ -826,7 +821,7 @@ impl<'a> Transaction<'a> {
     /// Throws the running transaction away after a failure left its trees inconsistent.
     /// The disk still holds the last commit; changes since are lost, so the filesystem
     /// refuses further writes (as the kernel turns read-only after an abort).
-    pub fn abort(mut self, why: &str) {
+    pub(crate) fn abort(mut self, why: &str) {
         log::error!(
             "transaction {} aborted: {why}; changes since generation {} are lost and the filesystem is now read-only",
             self.transid,
@@ -857,11 +852,14 @@ impl<'a> Transaction<'a> {
     }
 
     /// Memory held by dirty tree blocks.
-    pub fn dirty_bytes(&self) -> u64 {
+    pub(crate) fn dirty_bytes(&self) -> u64 {
         self.dirty.len() as u64 * u64::from(self.nodesize)
     }
 
-    /// The failure that poisoned this transaction, if any.
+    /// The failure that poisoned this transaction, if any: a tree edit that failed
+    /// half-way (other than on a missing or taken key) leaves its trees inconsistent, so
+    /// every later edit is refused (`Error::Unsupported`) and its commit fails and aborts
+    /// it.
     pub fn poisoned(&self) -> Option<&str> {
         self.poisoned.as_deref()
     }
@@ -1167,7 +1165,7 @@ impl TxnState {
 impl FsCore {
     /// Commits the running transaction, if any: everything before is durable after.
     /// Returns the generation on disk.
-    pub fn sync(&mut self) -> Result<u64> {
+    pub(crate) fn sync(&mut self) -> Result<u64> {
         match self.close_running()? {
             Some(io) => io.write(),
             None => self.pipe.wait_durable(self.sb.generation),

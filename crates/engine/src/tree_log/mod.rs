@@ -8,13 +8,14 @@
 //! free in the committed state: a replay must keep them out of its own allocations until
 //! its commit (which writes `log_root` 0) is durable.
 //!
-//! Writing, one module per step of an fsync: `changes` (every edit of a subvolume tree
-//! records what it touched), `log_inode` (copy a file's changes into its subvolume's log
-//! tree, or decide that only a commit can make them durable), `log_dir` (the same for a
-//! directory's entries), `log_store` (where log
-//! blocks live) and `sync` (write them, flush, superblock copy 0, flush; group commit).
-//! Reading a pending log (`read`) and replaying it (`replay`, with the names half in
-//! `replay_names`) at mount.
+//! Writing, one module per step of an fsync: `log_inode` (copy a file's changes into its
+//! subvolume's log tree, or decide that only a commit can make them durable) and
+//! `log_dir` (the same for a directory's entries). What they build on is the transaction
+//! layer's: `transaction::changes` (every edit of a subvolume tree records what it
+//! touched), `transaction::log_store` (where log blocks live) and `transaction::log_sync`
+//! (write them, flush, superblock copy 0, flush; group commit), since every block and
+//! superblock write is ordered there. Reading a pending log (`read`) and replaying it
+//! (`replay`, with the names half in `replay_names`) at mount.
 
 mod log_dir;
 mod log_inode;

@@ -14,21 +14,34 @@ pub use oleo_format::items::{INODE_FLAG_APPEND, INODE_FLAG_IMMUTABLE, INODE_FLAG
 
 /// FS_IOC_GETFLAGS bits (include/uapi/linux/fs.h).
 pub mod fs_flags {
+    /// FS_SYNC_FL, chattr +S: writes are synchronous (INODE_FLAG_SYNC).
     pub const SYNC: u32 = 0x8;
+    /// FS_IMMUTABLE_FL, chattr +i: no change at all, not even a new name
+    /// (INODE_FLAG_IMMUTABLE).
     pub const IMMUTABLE: u32 = 0x10;
+    /// FS_APPEND_FL, chattr +a: data may only be appended (INODE_FLAG_APPEND).
     pub const APPEND: u32 = 0x20;
+    /// FS_NODUMP_FL, chattr +d: skipped by dump(8) (INODE_FLAG_NODUMP).
     pub const NODUMP: u32 = 0x40;
+    /// FS_NOATIME_FL, chattr +A: reads do not update atime (INODE_FLAG_NOATIME).
     pub const NOATIME: u32 = 0x80;
+    /// FS_COMPR_FL, chattr +c: compress new data (INODE_FLAG_COMPRESS, and the
+    /// `btrfs.compression` property).
     pub const COMPR: u32 = 0x4;
+    /// FS_NOCOMP_FL, chattr +m: never compress (INODE_FLAG_NOCOMPRESS).
     pub const NOCOMP: u32 = 0x400;
+    /// FS_DIRSYNC_FL, chattr +D: directory changes are synchronous (INODE_FLAG_DIRSYNC).
     pub const DIRSYNC: u32 = 0x10000;
+    /// FS_NOCOW_FL, chattr +C: data is overwritten in place, without checksums
+    /// (INODE_FLAG_NODATACOW and NODATASUM). It changes only on an empty file (elsewhere
+    /// it is ignored, as by the kernel) or a directory, whose new files inherit it.
     pub const NOCOW: u32 = 0x80_0000;
     /// The bits FS_IOC_FSSETXATTR's xflags can say (the rest stay as they were).
     pub const COMMON: u32 = SYNC | IMMUTABLE | APPEND | NODUMP | NOATIME;
 }
 
 /// FS_IOC_FSGETXATTR's xflags for the bits above.
-pub mod xflags {
+pub(crate) mod xflags {
     pub const IMMUTABLE: u32 = 0x8;
     pub const APPEND: u32 = 0x10;
     pub const SYNC: u32 = 0x20;
@@ -56,7 +69,7 @@ const XPLAIN: [(u32, u32); 5] = [
 ];
 
 /// What FS_IOC_GETFLAGS reports for INODE_ITEM flags `flags`.
-pub fn to_fs_flags(flags: u64) -> u32 {
+pub(crate) fn to_fs_flags(flags: u64) -> u32 {
     let mut out = 0;
     for (b, f) in PLAIN {
         if flags & b != 0 {
@@ -72,7 +85,7 @@ pub fn to_fs_flags(flags: u64) -> u32 {
 }
 
 /// FS_IOC_FSGETXATTR's xflags for FS_IOC_GETFLAGS bits `f`.
-pub fn to_xflags(f: u32) -> u32 {
+pub(crate) fn to_xflags(f: u32) -> u32 {
     XPLAIN
         .iter()
         .filter(|(b, _)| f & b != 0)
@@ -80,7 +93,7 @@ pub fn to_xflags(f: u32) -> u32 {
 }
 
 /// FS_IOC_GETFLAGS bits for xflags `x` (the bits xflags can say).
-pub fn from_xflags(x: u32) -> u32 {
+pub(crate) fn from_xflags(x: u32) -> u32 {
     XPLAIN
         .iter()
         .filter(|(_, xb)| x & xb != 0)

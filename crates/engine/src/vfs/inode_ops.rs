@@ -30,15 +30,27 @@ const LINK_MAX: u32 = 65535;
 /// What to change in `setattr`; `None` leaves a field alone.
 #[derive(Clone, Debug, Default)]
 pub struct SetAttr {
+    /// chmod: new permission bits (the type bits are kept); a POSIX access ACL is
+    /// brought in line with them.
     pub mode: Option<u32>,
+    /// chown's owner. A chown drops set-user-ID (and set-group-ID of a group-executable
+    /// file), as chown(2) does, unless `mode` is set in the same call.
     pub uid: Option<u32>,
+    /// chown's group (see `uid`).
     pub gid: Option<u32>,
+    /// truncate: the new size of a regular file; data past it is freed, growth is a hole.
+    /// mtime changes with it when the size does.
     pub size: Option<u64>,
+    /// New access time.
     pub atime: Option<Timespec>,
+    /// New modification time.
     pub mtime: Option<Timespec>,
+    /// New change time; None stamps the time of the call, as every setattr changes ctime.
     pub ctime: Option<Timespec>,
 }
 
+/// rename(2)'s RENAME_* flags (renameat2); the default is a plain rename that replaces
+/// an existing target.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RenameFlags {
     /// Fail with EEXIST if the target exists (RENAME_NOREPLACE).
@@ -54,19 +66,29 @@ pub struct RenameFlags {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FallocMode {
     /// Allocate (prealloc extents over holes); grows the size unless `keep_size`.
-    Allocate { keep_size: bool },
-    /// Deallocate: the range reads as zeros, the size stays.
+    Allocate {
+        /// FALLOC_FL_KEEP_SIZE: the file size stays even if the range ends past it.
+        keep_size: bool,
+    },
+    /// Deallocate (FALLOC_FL_PUNCH_HOLE): the range reads as zeros, the size stays.
     PunchHole,
-    /// Zeros over the range, allocated; grows the size unless `keep_size`.
-    ZeroRange { keep_size: bool },
+    /// Zeros over the range, allocated (FALLOC_FL_ZERO_RANGE); grows the size unless
+    /// `keep_size`.
+    ZeroRange {
+        /// FALLOC_FL_KEEP_SIZE: the file size stays even if the range ends past it.
+        keep_size: bool,
+    },
 }
 
 /// xattr set semantics (XATTR_CREATE / XATTR_REPLACE).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum XattrSet {
+    /// Create the xattr or replace its value (flags 0).
     #[default]
     Either,
+    /// XATTR_CREATE: fail with `Error::AlreadyExists` if it exists.
     Create,
+    /// XATTR_REPLACE: fail with `Error::NoXattr` if it does not exist.
     Replace,
 }
 
@@ -737,7 +759,9 @@ pub struct NewInode {
     pub umask: u32,
     /// Device number (userspace dev_t) of a character or block device.
     pub rdev: u64,
+    /// Owner user id.
     pub uid: u32,
+    /// Owner group id (a set-group-ID parent directory's group takes its place).
     pub gid: u32,
 }
 
@@ -760,14 +784,17 @@ impl NewInode {
         }
     }
 
+    /// The same, owned by `uid` and `gid` (the caller's, as the kernel gives them).
     pub fn owner(self, uid: u32, gid: u32) -> NewInode {
         NewInode { uid, gid, ..self }
     }
 
+    /// The same, with the caller's umask applied at creation (see `umask`).
     pub fn umask(self, umask: u32) -> NewInode {
         NewInode { umask, ..self }
     }
 
+    /// The same, as device number `rdev` (for a character or block device).
     pub fn rdev(self, rdev: u64) -> NewInode {
         NewInode { rdev, ..self }
     }
@@ -777,7 +804,7 @@ impl FsCore {
     /// Creates a file of any type but directory and symlink (regular, fifo, socket, device)
     /// named `name` in `parent`, as `new` describes (a mode without type bits is a regular
     /// file).
-    pub fn mknod(&mut self, parent: InodeId, name: &[u8], new: &NewInode) -> Result<Attr> {
+    pub(crate) fn mknod(&mut self, parent: InodeId, name: &[u8], new: &NewInode) -> Result<Attr> {
         let NewInode {
             mode,
             umask,
@@ -804,7 +831,7 @@ impl FsCore {
     }
 
     /// Creates directory `name` in `parent` (`new.mode`'s permission and sticky bits count).
-    pub fn mkdir(&mut self, parent: InodeId, name: &[u8], new: &NewInode) -> Result<Attr> {
+    pub(crate) fn mkdir(&mut self, parent: InodeId, name: &[u8], new: &NewInode) -> Result<Attr> {
         let NewInode {
             mode,
             umask,
@@ -825,7 +852,7 @@ impl FsCore {
     /// Creates an unnamed regular file in `parent`'s subvolume (open(2) with O_TMPFILE),
     /// pinned as if open: `unpin_open` deletes it unless `link` gave it a name first.
     /// `parent` supplies what a new file inherits (set-group-ID, default ACL, NOCOW).
-    pub fn tmpfile(&mut self, parent: InodeId, new: &NewInode) -> Result<Attr> {
+    pub(crate) fn tmpfile(&mut self, parent: InodeId, new: &NewInode) -> Result<Attr> {
         self.check_subvol_writable(parent.subvol)?;
         self.check_may_add_entry(parent)?;
         let id = self.write_op(Reserve::items(6), |t| t.create_tmpfile(parent, new))?;
@@ -833,7 +860,7 @@ impl FsCore {
         self.getattr(id)
     }
 
-    pub fn symlink(
+    pub(crate) fn symlink(
         &mut self,
         parent: InodeId,
         name: &[u8],
@@ -854,7 +881,7 @@ impl FsCore {
         self.getattr(id)
     }
 
-    pub fn link(&mut self, id: InodeId, parent: InodeId, name: &[u8]) -> Result<Attr> {
+    pub(crate) fn link(&mut self, id: InodeId, parent: InodeId, name: &[u8]) -> Result<Attr> {
         self.check_subvol_writable(parent.subvol)?;
         self.check_may_add_entry(parent)?;
         // The VFS's may_linkat: an immutable or append-only inode gets no new names.
@@ -863,19 +890,19 @@ impl FsCore {
         self.getattr(id)
     }
 
-    pub fn unlink(&mut self, parent: InodeId, name: &[u8]) -> Result<()> {
+    pub(crate) fn unlink(&mut self, parent: InodeId, name: &[u8]) -> Result<()> {
         self.check_subvol_writable(parent.subvol)?;
         self.check_entry_may_go(parent, name)?;
         self.write_op(Reserve::items(8), |t| t.remove(parent, name, false))
     }
 
-    pub fn rmdir(&mut self, parent: InodeId, name: &[u8]) -> Result<()> {
+    pub(crate) fn rmdir(&mut self, parent: InodeId, name: &[u8]) -> Result<()> {
         self.check_subvol_writable(parent.subvol)?;
         self.check_entry_may_go(parent, name)?;
         self.write_op(Reserve::items(8), |t| t.remove(parent, name, true))
     }
 
-    pub fn rename(
+    pub(crate) fn rename(
         &mut self,
         parent: InodeId,
         name: &[u8],
@@ -911,7 +938,7 @@ impl FsCore {
         })
     }
 
-    pub fn setattr(&mut self, id: InodeId, set: &SetAttr) -> Result<Attr> {
+    pub(crate) fn setattr(&mut self, id: InodeId, set: &SetAttr) -> Result<Attr> {
         self.check_subvol_writable(id.subvol)?;
         // Times alone may change on an append-only file (its writes move them).
         if set.size.is_some() || set.mode.is_some() || set.uid.is_some() || set.gid.is_some() {
@@ -940,7 +967,7 @@ impl FsCore {
     }
 
     /// Writes `data` at `offset`; returns the bytes written (all of them).
-    pub fn write(
+    pub(crate) fn write(
         &mut self,
         id: InodeId,
         offset: u64,
@@ -976,7 +1003,7 @@ impl FsCore {
         Ok(Reserve::items(10).bulk(csums + extents * 200).data(data))
     }
 
-    pub fn fallocate(
+    pub(crate) fn fallocate(
         &mut self,
         id: InodeId,
         offset: u64,
@@ -1005,7 +1032,7 @@ impl FsCore {
         })
     }
 
-    pub fn setxattr(
+    pub(crate) fn setxattr(
         &mut self,
         id: InodeId,
         name: &[u8],
@@ -1017,7 +1044,7 @@ impl FsCore {
         self.write_op(Reserve::items(4), |t| t.set_xattr(id, name, value, how))
     }
 
-    pub fn removexattr(&mut self, id: InodeId, name: &[u8]) -> Result<()> {
+    pub(crate) fn removexattr(&mut self, id: InodeId, name: &[u8]) -> Result<()> {
         self.check_subvol_writable(id.subvol)?;
         self.check_may_modify(id)?;
         self.write_op(Reserve::items(4), |t| t.remove_xattr(id, name))
@@ -1027,7 +1054,7 @@ impl FsCore {
 impl FsCore {
     /// Copies up to `len` bytes (stopping at the source's end) and returns how many. Whole
     /// sectors share the source's extents (a reflink); the rest is copied.
-    pub fn copy_file_range(
+    pub(crate) fn copy_file_range(
         &mut self,
         src: InodeId,
         src_off: u64,
@@ -1106,7 +1133,7 @@ impl FsCore {
     /// Closes a filesystem: open files are closed (unlinked ones deleted) and the running
     /// transaction committed. Returns the commit's result; dropping a `FsCore` does the
     /// same but can only log a failure.
-    pub fn close(mut self) -> Result<()> {
+    pub(crate) fn close(mut self) -> Result<()> {
         let r = self.finish();
         if let Err(e) = &r {
             // Nothing more to try in drop.
@@ -1130,7 +1157,7 @@ impl FsCore {
         self.close_all_and_sync().map(|_| ())
     }
 
-    pub fn close_all_and_sync(&mut self) -> Result<u64> {
+    pub(crate) fn close_all_and_sync(&mut self) -> Result<u64> {
         let open: Vec<InodeId> = self.open_inodes.lock().keys().copied().collect();
         for id in open {
             self.open_inodes.lock().insert(id, 1);

@@ -10,12 +10,12 @@ use oleo_format::key::{item, objectid, Key};
 
 impl FsCore {
     /// Marks `id` as open: if its last name goes, it lives on (as an orphan) until closed.
-    pub fn pin_open(&self, id: InodeId) {
+    pub(crate) fn pin_open(&self, id: InodeId) {
         *self.open_inodes.lock().entry(id).or_insert(0) += 1;
     }
 
     /// Undoes one `pin_open`; the last one deletes the inode if it has no names left.
-    pub fn unpin_open(&mut self, id: InodeId) -> Result<()> {
+    pub(crate) fn unpin_open(&mut self, id: InodeId) -> Result<()> {
         if self.drop_pin(id) {
             self.delete_if_unlinked(id)
         } else {
@@ -25,7 +25,7 @@ impl FsCore {
 
     /// Undoes one `pin_open` without deleting anything; true if that was the last pin (then
     /// `delete_if_unlinked` finishes the job). Lets callers decide under a shared lock.
-    pub fn drop_pin(&self, id: InodeId) -> bool {
+    pub(crate) fn drop_pin(&self, id: InodeId) -> bool {
         let mut open = self.open_inodes.lock();
         match open.get_mut(&id) {
             Some(n) if *n > 1 => {
@@ -42,7 +42,7 @@ impl FsCore {
 
     /// Deletes `id` if it has no names left and nothing pins it (an orphan whose last user
     /// went away).
-    pub fn delete_if_unlinked(&mut self, id: InodeId) -> Result<()> {
+    pub(crate) fn delete_if_unlinked(&mut self, id: InodeId) -> Result<()> {
         if self.is_open(id) || self.aborted.is_some() || !self.io.device().is_writable() {
             return Ok(());
         }

@@ -45,7 +45,7 @@ impl FsCore {
     }
 
     /// Bytes new file data can still get (statfs's available space).
-    pub fn data_available(&self) -> Result<u64> {
+    pub(crate) fn data_available(&self) -> Result<u64> {
         let s = self.statfs()?;
         Ok(s.blocks_avail * u64::from(s.block_size))
     }
@@ -53,7 +53,7 @@ impl FsCore {
     /// statfs as the kernel's btrfs computes it in spirit: blocks is the device, free is
     /// what is not used by any block group (counting every copy), available is what new
     /// file data can still get (free data block group space plus unallocated space).
-    pub fn statfs(&self) -> Result<StatFs> {
+    pub(crate) fn statfs(&self) -> Result<StatFs> {
         let bs = u64::from(self.sb.sectorsize);
         let groups = self.block_group_usage()?;
         let total = self.sb.total_bytes;
