@@ -18,7 +18,7 @@ ROOT_NAMES = {"Filesystem": "filesystem", "OpenOptions": "transaction",
               "FileKind": "transaction", "StatFs": "transaction", "Timespec": "transaction",
               "SubvolumeInfo": "transaction", "TreeRoot": "ctree", "ExtentInfo": "data",
               "NewInode": "vfs", "SetAttr": "vfs", "RenameFlags": "vfs", "FallocMode": "vfs",
-              "XattrSet": "vfs", "now": "inode", "fileattr": "vfs", "compression": "inode"}
+              "XattrSet": "inode", "now": "inode", "fileattr": "vfs", "compression": "inode"}
 # Types every layer extends with methods from its own files (the kernel's fs_info,
 # transaction handle and the public handle): a call of such a method defined only in a
 # higher layer is an upward call even without an import.

@@ -10,7 +10,7 @@ cargo fmt --all --check
 cargo clippy --workspace --all-targets -- -D warnings
 cargo clippy -p oleo --features model-check --all-targets -- -D warnings
 # The public API documented (docs.rs shows it), and the engine's layers importing only downward.
-RUSTDOCFLAGS="-D warnings -D missing_docs" cargo doc --no-deps --workspace --exclude oleo-testkit
+RUSTDOCFLAGS="-D warnings -D missing_docs" cargo doc --no-deps --workspace --exclude oleo-testkit --exclude oleo-cli
 python3 scripts/layers.py
 cargo build --workspace --all-targets
 cargo build --release -p oleo-cli

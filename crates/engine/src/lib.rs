@@ -112,12 +112,15 @@ pub use data::file::ExtentInfo;
 pub use error::{Error, Result};
 pub use filesystem::Filesystem;
 pub use inode::inode_item::now;
+pub use inode::xattr::XattrSet;
 pub use io::device;
 pub use oleo_format as format;
 pub use transaction::fs::{Attr, DirEntry, FileKind, InodeId, StatFs, SubvolumeInfo, Timespec};
 pub use transaction::options::{Compress, OpenOptions};
 pub use transaction::Transaction;
-pub use vfs::inode_ops::{FallocMode, NewInode, RenameFlags, SetAttr, XattrSet};
+pub use vfs::file_ops::FallocMode;
+pub use vfs::inode_ops::{NewInode, RenameFlags};
+pub use vfs::setattr::SetAttr;
 
 /// Compression settings: the mount option and the property (kept at this path for
 /// programs written against it).

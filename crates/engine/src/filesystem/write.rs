@@ -14,7 +14,7 @@ use crate::filesystem::Filesystem;
 use crate::transaction::file_item::data_csums;
 use crate::transaction::fs::InodeId;
 use crate::transaction::space::reservation::Reserve;
-use crate::vfs::inode_ops::SetAttr;
+use crate::vfs::setattr::SetAttr;
 use oleo_format::items::Compression;
 use oleo_format::items::INODE_FLAG_NODATACOW;
 use oleo_format::items::INODE_FLAG_PREALLOC;

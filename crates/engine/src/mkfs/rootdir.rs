@@ -6,8 +6,10 @@
 //! empty directories), as with mkfs.btrfs.
 
 use crate::error::{Error, Result};
+use crate::inode::xattr::XattrSet;
 use crate::transaction::fs::{FsCore, InodeId, Timespec};
-use crate::vfs::inode_ops::{NewInode, SetAttr, XattrSet};
+use crate::vfs::inode_ops::NewInode;
+use crate::vfs::setattr::SetAttr;
 use std::collections::HashMap;
 use std::ffi::CString;
 use std::fs::{File, Metadata};

@@ -6,9 +6,9 @@
 
 use crate::error::{Error, Result};
 use crate::inode::inode_item::now;
+use crate::inode::xattr::XattrSet;
 use crate::transaction::fs::{FsCore, InodeId};
 use crate::transaction::Transaction;
-use crate::vfs::inode_ops::XattrSet;
 use oleo_format::items::*;
 pub use oleo_format::items::{INODE_FLAG_APPEND, INODE_FLAG_IMMUTABLE, INODE_FLAG_SYNC};
 

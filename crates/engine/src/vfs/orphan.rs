@@ -90,3 +90,42 @@ impl Transaction<'_> {
         Ok(())
     }
 }
+
+impl FsCore {
+    /// Drops every open pin (deleting orphans) and commits: the end of a mount.
+    /// Closes a filesystem: open files are closed (unlinked ones deleted) and the running
+    /// transaction committed. Returns the commit's result; dropping a `FsCore` does the
+    /// same but can only log a failure.
+    pub(crate) fn close(mut self) -> Result<()> {
+        let r = self.finish();
+        if let Err(e) = &r {
+            // Nothing more to try in drop.
+            self.aborted
+                .get_or_insert_with(|| format!("close failed: {e}"));
+        }
+        r
+    }
+
+    /// What `close` and drop do; nothing for a read-only or aborted filesystem.
+    pub(crate) fn finish(&mut self) -> Result<()> {
+        self.pipe.write_deferred()?;
+        let (syncs, fsyncs) = self.pipe.log.counts();
+        if syncs > 0 {
+            log::info!("{fsyncs} fsyncs went through the log tree, in {syncs} log syncs");
+        }
+        let idle = self.running.is_none() && self.open_inodes.lock().is_empty();
+        if idle || self.aborted.is_some() || !self.io.device().is_writable() {
+            return Ok(());
+        }
+        self.close_all_and_sync().map(|_| ())
+    }
+
+    pub(crate) fn close_all_and_sync(&mut self) -> Result<u64> {
+        let open: Vec<InodeId> = self.open_inodes.lock().keys().copied().collect();
+        for id in open {
+            self.open_inodes.lock().insert(id, 1);
+            self.unpin_open(id)?;
+        }
+        self.sync()
+    }
+}
