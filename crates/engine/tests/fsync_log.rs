@@ -1381,6 +1381,32 @@ fn case_fsync_after_truncate_then_growth() {
     );
 }
 
+/// An inline extent dropped in the logged transaction leaves a changed range that ends at
+/// its byte length: the hole logged over it must still cover whole sectors (the kernel's
+/// tree checker refuses the log otherwise, and the mount fails).
+#[test]
+fn case_fsync_after_an_inline_extent_became_a_hole() {
+    crash_case(
+        "inline-to-hole",
+        true,
+        |fs| {
+            mk(fs, "f", &[5u8; 1218]);
+        },
+        |fs| {
+            let f = resolve(fs, "f").unwrap();
+            let size = |s| SetAttr {
+                size: Some(s),
+                ..Default::default()
+            };
+            fs.setattr(f, &size(0)).unwrap();
+            fs.setattr(f, &size(5000)).unwrap();
+            fs.fsync(f, false).unwrap();
+        },
+        &["f"],
+        &[],
+    );
+}
+
 #[test]
 fn case_fsync_after_punching_a_hole() {
     crash_case(

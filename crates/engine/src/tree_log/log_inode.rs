@@ -201,7 +201,11 @@ impl Transaction<'_> {
         let file_root = self.root(id.subvol)?;
         let log_root = self.log.trees.get(&id.subvol).copied();
         let mut plans: Vec<(u64, u64, Vec<Extent>)> = Vec::new();
-        for (mut a, mut b) in ranges {
+        for (a, b) in ranges {
+            // Whole sectors: a changed inline extent records its byte length, and a hole
+            // item logged from such a range would fail the kernel's tree checker.
+            let mut a = a - a % sector;
+            let mut b = b.checked_next_multiple_of(sector).unwrap_or(u64::MAX);
             let mut rounds = 0;
             let current = loop {
                 let current = extents_overlapping(&*self, &file_root, id.ino, a, b, sector)?;
