@@ -21,18 +21,9 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+/// One seed: replayed with OLEO_TEST_SEED, fixed under CI, fresh otherwise (testkit).
 fn seed(test: &str) -> u64 {
-    let s = std::env::var("OLEO_TEST_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_nanos() as u64 % 1_000_000_007)
-                .unwrap_or(1)
-        });
-    eprintln!("{test}: seed {s} (OLEO_TEST_SEED={s} replays)");
-    s
+    oleo_testkit::ops::seeds(test, 1)[0]
 }
 
 struct Scratch(PathBuf);

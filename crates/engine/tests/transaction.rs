@@ -20,18 +20,9 @@ const IMAGE_BYTES: u64 = 512 << 20;
 struct Rng(u64);
 
 impl Rng {
+    /// Seeded as every randomized test (testkit's `seeds`: replayable, fixed under CI).
     fn from_env(test: &str) -> Rng {
-        let seed = std::env::var("OLEO_TEST_SEED")
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .unwrap_or_else(|| {
-                std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map(|d| d.as_nanos() as u64)
-                    .unwrap_or(1)
-            });
-        eprintln!("{test}: seed {seed} (OLEO_TEST_SEED={seed} replays)");
-        Rng(seed | 1)
+        Rng(oleo_testkit::ops::seeds(test, 1)[0] | 1)
     }
 
     fn next(&mut self) -> u64 {
