@@ -134,6 +134,7 @@ impl FsCore {
             t.fallocate(id, offset, len, mode, keep_times)
         })
     }
+
     /// Copies up to `len` bytes (stopping at the source's end) and returns how many. Whole
     /// sectors share the source's extents (a reflink); the rest is copied.
     pub(crate) fn copy_file_range(
