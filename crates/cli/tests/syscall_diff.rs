@@ -23,7 +23,8 @@
 //!
 //! `OLEO_TEST_SEEDS=N` runs N seeds per configuration, `OLEO_TEST_SEED=S` replays one,
 //! `OLEO_SYSCALL_STEPS=N` sets the steps per seed (1500), `OLEO_SYSCALL_TRACE=1` prints every
-//! step and its result.
+//! step and its result, `OLEO_KEEP_CRASH=FILE` keeps a copy of each crash state (the last
+//! one checked is the one that failed) for `btrfs inspect-internal dump-tree`.
 
 use oleo_testkit::ops::{copy_xattr, seeds};
 use oleo_testkit::syscalls::{
@@ -150,6 +151,9 @@ fn fsynced_state(
     };
     if let Err(text) = btrfs_check(&copy, true) {
         panic!("{what}: btrfs check of the crash state, before log replay:\n{text}");
+    }
+    if let Some(keep) = std::env::var_os("OLEO_KEEP_CRASH") {
+        std::fs::copy(&copy, keep).unwrap();
     }
     let kmnt = dir.join("crash-mnt");
     // oleo's own replay (read-only, in memory), then the kernel's.

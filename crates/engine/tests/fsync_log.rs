@@ -1728,3 +1728,26 @@ fn case_fsync_of_a_file_renamed_over_a_linked_one_then_linked() {
         &["x"],
     );
 }
+
+#[test]
+fn case_fsync_after_a_logged_new_directory_moved_away() {
+    // A new directory logged with its parent's entries, then renamed into another
+    // directory, then a file in it fsynced: the log must stop listing the old name, or a
+    // replay gives the directory two names (the kernel refuses nlink 2 on a directory).
+    crash_case(
+        "logged-dir-moved",
+        true,
+        |_| {},
+        |fs| {
+            let a = dir_of(fs, "a");
+            fs.mkdir(a, b"x", &oleo::NewInode::dir(0o755)).unwrap();
+            mk(fs, "a/x/f", b"in x");
+            fsync_path(fs, "a");
+            rename_path(fs, "a/x", "b/y");
+            let g = mk(fs, "b/y/g", &vec![4u8; 10_000]);
+            fs.fsync(g, false).unwrap();
+        },
+        &["b/y/g"],
+        &["a/x"],
+    );
+}

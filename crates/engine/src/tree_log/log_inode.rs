@@ -400,7 +400,33 @@ impl Transaction<'_> {
             if let Some(c) = self.log.inodes.get_mut(&id) {
                 c.dirty = true;
             }
-            return self.copy_inode(id, seq);
+            if let Some(why) = self.copy_inode(id, seq)? {
+                return Ok(Some(why));
+            }
+            // A logged directory it left still lists the old name: a replay would add that
+            // name beside the new one (a directory with two names), so it is logged again.
+            let left: Vec<u64> = {
+                let parents = self.log.inodes.get(&id).map(|c| c.parents.clone());
+                parents
+                    .unwrap_or_default()
+                    .into_iter()
+                    .filter(|&p| {
+                        let pid = InodeId {
+                            subvol: id.subvol,
+                            ino: p,
+                        };
+                        self.log.inodes.get(&pid).is_some_and(|pc| {
+                            pc.logged.is_some()
+                                && !pc.exists_only
+                                && (pc.unlinked.contains(&id.ino) || pc.unknown_unlinks)
+                        })
+                    })
+                    .collect()
+            };
+            if left.is_empty() {
+                return Ok(None);
+            }
+            return self.log_dirs(id.subvol, &left, seq);
         }
         // Gone: it leaves the log, and the directories it left say so.
         let parents = self
