@@ -29,9 +29,10 @@ pub struct MountArgs {
     /// Say where a background mount logs.
     #[arg(short = 'v', long)]
     verbose: bool,
-    /// Image file or block device.
-    image: PathBuf,
-    mountpoint: PathBuf,
+    /// Image files or block devices of the filesystem (several for a multi-device one, as
+    /// `-o device=` gives them), then the mount point.
+    #[arg(required = true, num_args = 2.., value_name = "DEVICE... MOUNTPOINT")]
+    paths: Vec<PathBuf>,
 }
 
 struct Plan {
@@ -159,6 +160,8 @@ fn plan(options: &[String], rw_is_explicit: bool) -> Result<Plan, String> {
             .map_or((opt, None), |(n, v)| (n, Some(v)));
         match (name, value) {
             ("ro", None) => p.writable = Some(false),
+            ("device", Some(v)) => p.open.devices.push(PathBuf::from(v)),
+            ("degraded", None) => p.open.degraded = true,
             ("nologreplay", None) | ("rescue", Some("nologreplay")) => p.open.log_replay = false,
             // As in the kernel: nodatacow implies nodatasum and ends compression, datasum
             // implies datacow, compression implies both.
@@ -243,9 +246,13 @@ fn plan(options: &[String], rw_is_explicit: bool) -> Result<Plan, String> {
 }
 
 pub fn run(args: MountArgs) -> ExitCode {
+    let mut paths = args.paths;
+    let mountpoint = paths.pop().expect("clap asks for two paths at least");
+    let image = paths.remove(0);
     finish(mount(
-        &args.image,
-        &args.mountpoint,
+        &image,
+        &paths,
+        &mountpoint,
         &args.options,
         Mode {
             foreground: args.foreground,
@@ -288,6 +295,7 @@ pub fn run_helper(args: &[String]) -> ExitCode {
     }
     finish(mount(
         Path::new(&positional[0]),
+        &[],
         Path::new(&positional[1]),
         &options,
         mode,
@@ -307,12 +315,15 @@ fn finish(r: Result<(), String>) -> ExitCode {
 
 fn mount(
     image: &Path,
+    devices: &[PathBuf],
     mountpoint: &Path,
     options: &[String],
     mode: Mode,
     refuse_rw: bool,
 ) -> Result<(), String> {
-    let plan = plan(options, refuse_rw)?;
+    let mut plan = plan(options, refuse_rw)?;
+    // The other devices given as arguments, as if by device=.
+    plan.open.devices.extend(devices.iter().cloned());
     if plan.remount {
         // The mount exists: only its read-only flag changes (the server refuses writes by
         // itself if it was mounted read-only).

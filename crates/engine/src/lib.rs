@@ -110,7 +110,7 @@ pub(crate) mod filesystem;
 pub use ctree::TreeRoot;
 pub use data::file::ExtentInfo;
 pub use error::{Error, Result};
-pub use filesystem::Filesystem;
+pub use filesystem::{ChunkInfo, DeviceInfo, Filesystem};
 pub use inode::inode_item::now;
 pub use inode::xattr::XattrSet;
 pub use io::device;

@@ -24,6 +24,7 @@
 //! - [`csum`]: block and data checksums, name and back reference hashes.
 //! - [`compression`]: zlib, LZO and zstd as btrfs frames them.
 //! - [`validate`]: the tree checker.
+//! - [`raid56`]: RAID5/RAID6 parity (P and Q) and rebuilding lost stripes of a row.
 //! - [`bytes`]: bounds-checked little-endian field reads.
 //!
 //! # Example: read a superblock
@@ -113,6 +114,7 @@ pub mod error;
 pub mod items;
 pub mod key;
 pub mod leaf_builder;
+pub mod raid56;
 pub mod superblock;
 pub mod tree_block;
 pub mod tree_mut;

@@ -17,6 +17,7 @@ pub mod env;
 pub mod image;
 pub mod manifest;
 pub mod mount;
+pub mod multi_device;
 pub mod ops;
 pub mod populate;
 pub mod syscalls;

@@ -326,21 +326,40 @@ impl ReadPlan {
         let sector = self.sector as usize;
         // Aligned, so an uncached read lands in it directly.
         let mut buf = crate::io::device::IoBuf::zeroed((r.end - r.start) as usize);
-        let mirrors = self.io.num_mirrors(r.start).max(1);
         let mut bad_at = None;
-        for mirror in 0..mirrors {
-            self.io
-                .read_logical_mode(r.start, &mut buf, mirror, self.uncached)?;
+        // Copies that read but failed their checksums: rewritten from a good one.
+        let mut bad_copies = Vec::new();
+        let mut io_err = None;
+        for mirror in self.io.mirror_order(r.start, r.end - r.start) {
+            if let Err(e) = self
+                .io
+                .read_logical_mode(r.start, &mut buf, mirror, self.uncached)
+            {
+                log::error!("data at logical {} copy {mirror}: {e}", r.start);
+                io_err = Some(e);
+                continue;
+            }
             bad_at = r.csums.iter().enumerate().find_map(|(i, c)| {
                 let c = c.as_ref()?;
                 let s = &buf[i * sector..(i + 1) * sector];
                 (!self.csum_type.verify(s, c)).then_some(r.start + (i * sector) as u64)
             });
-            if bad_at.is_none() {
+            let Some(bad) = bad_at else {
+                self.repair(r, &buf, &bad_copies);
                 return Ok(buf);
-            }
+            };
+            log::error!(
+                "data checksum mismatch at logical {bad} (inode {}, subvolume {}) in copy {mirror}",
+                r.id.ino,
+                r.id.subvol
+            );
+            bad_copies.push(mirror);
         }
-        let bad = bad_at.unwrap_or(r.start);
+        let bad = match (bad_at, io_err) {
+            (Some(b), _) => b,
+            (None, Some(e)) => return Err(e),
+            (None, None) => r.start,
+        };
         let err = Error::DataChecksum {
             subvol: r.id.subvol,
             ino: r.id.ino,
@@ -349,6 +368,27 @@ impl ReadPlan {
         };
         log::error!("{err}");
         Err(err)
+    }
+}
+
+impl ReadPlan {
+    /// Rewrites the copies of `r` that failed their checksums with `good` (verified), as
+    /// the kernel's read repair does; the plan's read pin keeps the extent from being
+    /// handed out meanwhile. Nothing on a read-only open.
+    fn repair(&self, r: &DataRead, good: &[u8], bad: &[usize]) {
+        if bad.is_empty() || !self.io.devices().is_writable() {
+            return;
+        }
+        for &m in bad {
+            match self.io.repair_copy(r.start, good, m) {
+                Ok(()) => log::warn!(
+                    "repaired data at logical {} ({} bytes) copy {m} from a good copy",
+                    r.start,
+                    good.len()
+                ),
+                Err(e) => log::error!("could not repair data at logical {} copy {m}: {e}", r.start),
+            }
+        }
     }
 }
 

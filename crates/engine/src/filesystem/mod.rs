@@ -15,6 +15,9 @@
 mod fileattr;
 mod inspect;
 mod subvolume;
+mod usage;
+
+pub use usage::{ChunkInfo, DeviceInfo};
 mod write;
 
 use crate::ctree::TreeRoot;

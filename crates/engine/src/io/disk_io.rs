@@ -5,7 +5,9 @@
 
 use crate::error::{Error, Result, TreeMiss};
 use crate::io::device::Device;
-use crate::io::volumes::ChunkMap;
+use crate::io::devices::DeviceSet;
+use crate::io::volumes::{ChunkMap, RowPiece};
+use oleo_format::items::block_group as bg;
 use oleo_format::key::Key;
 use oleo_format::validate::{check_tree_block, Expect, FsContext};
 use parking_lot::{RwLock, RwLockReadGuard};
@@ -64,9 +66,7 @@ impl Weighter<u64, Block> for BlockWeight {
 }
 
 pub struct DiskIo {
-    device: Device,
-    /// The one device we have open; chunks on others are unreadable (multi-device is refused).
-    devid: u64,
+    devices: DeviceSet,
     chunks: RwLock<ChunkMap>,
     ctx: RwLock<FsContext>,
     cache: Cache<u64, Block, BlockWeight>,
@@ -75,17 +75,15 @@ pub struct DiskIo {
 }
 
 impl DiskIo {
-    pub fn new(
-        device: Device,
-        devid: u64,
+    pub(crate) fn new(
+        devices: DeviceSet,
         chunks: ChunkMap,
         ctx: FsContext,
         cache_bytes: u64,
     ) -> DiskIo {
         let items = (cache_bytes / ctx.nodesize as u64).max(16) as usize;
         DiskIo {
-            device,
-            devid,
+            devices,
             chunks: RwLock::new(chunks),
             ctx: RwLock::new(ctx),
             cache: Cache::with_weighter(items, cache_bytes.max(16 * 65536), BlockWeight),
@@ -129,8 +127,54 @@ impl DiskIo {
         }
     }
 
-    pub fn device(&self) -> &Device {
-        &self.device
+    /// The device the superblock came from (counters and crash recording follow it).
+    pub(crate) fn device(&self) -> &Device {
+        self.devices.primary()
+    }
+
+    pub(crate) fn devices(&self) -> &DeviceSet {
+        &self.devices
+    }
+
+    /// The set, to match against the chunk tree while nothing else uses it.
+    pub(crate) fn devices_mut(&mut self) -> &mut DeviceSet {
+        &mut self.devices
+    }
+
+    /// Whether copy `mirror` of `logical` can be read at all (its devices are present); a
+    /// RAID5/6 rebuild needs all but the lost strips.
+    pub fn mirror_present(&self, logical: u64, len: u64, mirror: usize) -> bool {
+        let chunks = self.chunks.read();
+        if chunks
+            .profile(logical)
+            .is_some_and(|p| p & (bg::RAID5 | bg::RAID6) != 0)
+        {
+            return true;
+        }
+        chunks
+            .map(logical, len, mirror)
+            .is_ok_and(|v| v.iter().all(|p| !self.devices.is_missing(p.devid)))
+    }
+
+    /// The order to try the copies of `logical` in: present ones first, starting from one
+    /// picked by address so that large reads spread over the mirrors.
+    pub fn mirror_order(&self, logical: u64, len: u64) -> Vec<usize> {
+        let n = self.num_mirrors(logical).max(1);
+        let spread = self
+            .chunks
+            .read()
+            .profile(logical)
+            .is_some_and(|p| p & (bg::RAID1 | bg::RAID1C3 | bg::RAID1C4 | bg::RAID10) != 0);
+        let first = if spread {
+            ((logical >> 20) as usize) % n
+        } else {
+            0
+        };
+        let (mut ok, mut gone): (Vec<usize>, Vec<usize>) = (0..n)
+            .map(|i| (first + i) % n)
+            .partition(|&m| self.mirror_present(logical, len, m));
+        ok.append(&mut gone);
+        ok
     }
 
     pub fn set_chunks(&self, chunks: ChunkMap) {
@@ -151,7 +195,9 @@ impl DiskIo {
         self.read_logical_mode(logical, buf, mirror, false)
     }
 
-    /// `read_logical`, around the device's page cache with `uncached` (see `Device`).
+    /// `read_logical`, around the device's page cache with `uncached` (see `Device`). For
+    /// RAID5/6, copy 0 is the strip itself (rebuilt when its device is missing) and the
+    /// others are rebuilds from parity (see `ChunkMap::num_mirrors`).
     pub fn read_logical_mode(
         &self,
         logical: u64,
@@ -159,20 +205,101 @@ impl DiskIo {
         mirror: usize,
         uncached: bool,
     ) -> Result<()> {
+        let raid56 = self
+            .chunks
+            .read()
+            .profile(logical)
+            .is_some_and(|p| p & (bg::RAID5 | bg::RAID6) != 0);
+        if raid56 {
+            return self.read_raid56(logical, buf, mirror, uncached);
+        }
         let mut done = 0usize;
         let pieces = self.chunks.read().map(logical, buf.len() as u64, mirror)?;
         for piece in pieces {
-            if piece.devid != self.devid {
-                return Err(Error::Unsupported(format!(
-                    "logical {logical} lives on device {} which is not open",
-                    piece.devid
-                )));
-            }
             let len = piece.len as usize;
-            self.device
-                .read_exact_at_mode(&mut buf[done..done + len], piece.physical, uncached)?;
+            self.devices.read(
+                piece.devid,
+                &mut buf[done..done + len],
+                piece.physical,
+                uncached,
+            )?;
             done += len;
         }
+        Ok(())
+    }
+
+    fn read_raid56(
+        &self,
+        logical: u64,
+        buf: &mut [u8],
+        mirror: usize,
+        uncached: bool,
+    ) -> Result<()> {
+        let rows = self.chunks.read().map_rows(logical, buf.len() as u64)?;
+        let mut done = 0usize;
+        for row in rows {
+            let len = row.len as usize;
+            let dst = &mut buf[done..done + len];
+            let (devid, physical) = row.stripes[row.target];
+            if mirror == 0 && !self.devices.is_missing(devid) {
+                self.devices.read(devid, dst, physical, uncached)?;
+            } else {
+                self.rebuild_piece(logical, &row, mirror, dst)?;
+            }
+            done += len;
+        }
+        Ok(())
+    }
+
+    /// Rebuilds one strip piece from the rest of its row. Lost: the target, the strips on
+    /// missing devices, and for RAID6 copy k >= 2 one more strip assumed bad (the (k-2)th
+    /// of the others, data then P), so that a checksum failure elsewhere in the row can be
+    /// got around too.
+    fn rebuild_piece(
+        &self,
+        logical: u64,
+        row: &RowPiece,
+        mirror: usize,
+        dst: &mut [u8],
+    ) -> Result<()> {
+        let n = row.stripes.len();
+        let mut lost: Vec<usize> = vec![row.target];
+        for (i, &(devid, _)) in row.stripes.iter().enumerate() {
+            if self.devices.is_missing(devid) && !lost.contains(&i) {
+                lost.push(i);
+            }
+        }
+        if mirror >= 2 {
+            let others: Vec<usize> = (0..n - 1).filter(|&i| i != row.target).collect();
+            match others.get(mirror - 2) {
+                Some(&o) if !lost.contains(&o) => lost.push(o),
+                Some(_) => {}
+                None => {
+                    return Err(Error::corrupt(
+                        logical,
+                        format!("no rebuild number {mirror}"),
+                    ))
+                }
+            }
+        }
+        if lost.len() > row.nparity {
+            return Err(Error::Io(std::io::Error::other(format!(
+                "logical {logical}: {} strips of its RAID5/6 row are lost, parity covers {}",
+                lost.len(),
+                row.nparity
+            ))));
+        }
+        let len = row.len as usize;
+        let mut strips: Vec<Vec<u8>> = vec![vec![0u8; len]; n];
+        for (i, &(devid, physical)) in row.stripes.iter().enumerate() {
+            if !lost.contains(&i) {
+                self.devices.read(devid, &mut strips[i], physical, false)?;
+            }
+        }
+        let mut refs: Vec<&mut [u8]> = strips.iter_mut().map(|v| v.as_mut_slice()).collect();
+        oleo_format::raid56::rebuild(&mut refs, row.nparity, &lost)
+            .map_err(|e| Error::corrupt(logical, format!("RAID5/6 rebuild: {e}")))?;
+        dst.copy_from_slice(&strips[row.target]);
         Ok(())
     }
 
@@ -183,47 +310,71 @@ impl DiskIo {
     }
 
     /// `write_logical`, around the device's page cache with `uncached` (see `Device`).
+    /// Copies on a missing device (a degraded mount) are skipped; the others must succeed.
     pub fn write_logical_mode(&self, logical: u64, buf: &[u8], uncached: bool) -> Result<()> {
         let profile = self
             .chunks
             .read()
-            .lookup(logical)
-            .map(|(_, c)| c.chunk_type & oleo_format::items::block_group::PROFILE_MASK)
+            .profile(logical)
             .ok_or_else(|| Error::corrupt(logical, "logical address is not in any chunk"))?;
-        use oleo_format::items::block_group as bg;
         if profile & (bg::RAID5 | bg::RAID6) != 0 {
             return Err(Error::Unsupported(
                 "writing to RAID5/6 chunks is not supported".into(),
             ));
         }
         self.cache.remove(&logical);
+        let mut written = 0;
         for mirror in 0..self.num_mirrors(logical).max(1) {
             let mut done = 0usize;
             let pieces = self.chunks.read().map(logical, buf.len() as u64, mirror)?;
             for piece in pieces {
-                if piece.devid != self.devid {
-                    return Err(Error::Unsupported(format!(
-                        "logical {logical} lives on device {} which is not open",
-                        piece.devid
-                    )));
-                }
                 let len = piece.len as usize;
-                self.device
-                    .write_all_at_mode(&buf[done..done + len], piece.physical, uncached)?;
+                if !self.devices.is_missing(piece.devid) {
+                    self.devices.write(
+                        piece.devid,
+                        &buf[done..done + len],
+                        piece.physical,
+                        uncached,
+                    )?;
+                    written += 1;
+                }
                 done += len;
             }
+        }
+        if written == 0 {
+            return Err(Error::Io(std::io::Error::other(format!(
+                "logical {logical}: every copy is on a missing device"
+            ))));
         }
         Ok(())
     }
 
-    /// A cache flush of the device.
+    /// Writes `buf` over copy `mirror` of `logical` only: the repair of a copy that read
+    /// bad, from a good one (the kernel's btrfs_repair_io_failure).
+    pub(crate) fn repair_copy(&self, logical: u64, buf: &[u8], mirror: usize) -> Result<()> {
+        let profile = self.chunks.read().profile(logical);
+        if profile.is_none_or(|p| p & (bg::RAID5 | bg::RAID6) != 0) {
+            return Err(Error::Unsupported("repairing RAID5/6 strips".into()));
+        }
+        let pieces = self.chunks.read().map(logical, buf.len() as u64, mirror)?;
+        let mut done = 0usize;
+        for piece in pieces {
+            let len = piece.len as usize;
+            self.devices
+                .write(piece.devid, &buf[done..done + len], piece.physical, false)?;
+            done += len;
+        }
+        Ok(())
+    }
+
+    /// A cache flush of every device.
     pub fn flush(&self) -> Result<()> {
-        self.device.flush()
+        self.devices.flush()
     }
 
     /// See `Device::check_claim`.
     pub fn check_claim(&self) -> Result<()> {
-        self.device.check_claim()
+        self.devices.check_claim()
     }
 
     pub fn num_mirrors(&self, logical: u64) -> usize {
@@ -262,18 +413,19 @@ impl DiskIo {
                 first_key,
             })));
         }
-        let mirrors = self.num_mirrors(bytenr).max(1);
+        let nodesize = self.nodesize() as usize;
         let mut last_err = String::new();
-        for mirror in 0..mirrors {
-            let mut buf = vec![0u8; self.nodesize() as usize];
+        let mut bad: Vec<usize> = Vec::new();
+        for mirror in self.mirror_order(bytenr, nodesize as u64) {
+            let mut buf = vec![0u8; nodesize];
             let verdict = self.read_logical(bytenr, &mut buf, mirror).and_then(|_| {
                 check_tree_block(&buf, &self.ctx.read(), &expect)
                     .map_err(|e| Error::corrupt(bytenr, e.to_string()))
             });
             match verdict {
                 Ok(()) => {
-                    if mirror > 0 {
-                        log::warn!("tree block {bytenr}: copy {} was bad ({last_err}); read copy {} instead", mirror - 1, mirror);
+                    if !bad.is_empty() {
+                        log::warn!("tree block {bytenr}: copy {bad:?} was bad ({last_err}); read copy {mirror} instead");
                     }
                     let block: Block = buf.into();
                     self.cache.insert(bytenr, block.clone());
@@ -281,6 +433,7 @@ impl DiskIo {
                 }
                 Err(e) => {
                     log::error!("tree block {bytenr} copy {mirror}: {e}");
+                    bad.push(mirror);
                     // Only the reason: the error returned below names the block again.
                     last_err = match e {
                         Error::Corrupt { reason, .. } => reason,

@@ -5,6 +5,7 @@
 //!   (`device_uring`) for batches; records writes and flushes for crash tests.
 //! - `claim`: the exclusive claim on the device (no second writer, no kernel mount, no
 //!   loop device over it) and its re-checks while mounted.
+//! - `devices`: the filesystem's devices, matched by fsid and devid; missing ones.
 //! - `volumes`: the chunk map from logical to physical addresses (the kernel's volumes.c).
 //! - `disk_io`: verified tree block reads (checksum, bytenr, generation, owner), the block
 //!   cache, and the in-flight blocks of commits still being written.
@@ -12,5 +13,6 @@
 pub mod claim;
 pub mod device;
 pub(crate) mod device_uring;
+pub(crate) mod devices;
 pub mod disk_io;
 pub mod volumes;

@@ -14,6 +14,16 @@ pub struct PhysRange {
     pub len: u64,
 }
 
+/// A piece of a RAID5/6 read: its row's strips (data in order, then P, then Q) as
+/// (devid, physical) at the piece's offset inside them, and which one holds the piece.
+#[derive(Clone, Debug)]
+pub struct RowPiece {
+    pub len: u64,
+    pub target: usize,
+    pub nparity: usize,
+    pub stripes: Vec<(u64, u64)>,
+}
+
 #[derive(Default)]
 pub struct ChunkMap {
     chunks: BTreeMap<u64, ChunkItem>,
@@ -63,17 +73,77 @@ impl ChunkMap {
         (logical < start + chunk.length).then_some((start, chunk))
     }
 
-    /// Number of copies a read of `logical` can choose from.
+    /// Number of ways a read of `logical` can be answered (the kernel's
+    /// btrfs_num_copies): the copies of a mirrored profile; for RAID5 the stripe itself and
+    /// its rebuild from parity; for RAID6 also a rebuild for each other stripe that could be
+    /// bad too (`num_stripes` in all).
     pub fn num_mirrors(&self, logical: u64) -> usize {
         match self.lookup(logical) {
             Some((_, c)) => match c.chunk_type & bg::PROFILE_MASK {
-                bg::DUP | bg::RAID1 | bg::RAID10 => 2,
+                bg::DUP | bg::RAID1 | bg::RAID10 | bg::RAID5 => 2,
                 bg::RAID1C3 => 3,
                 bg::RAID1C4 => 4,
+                bg::RAID6 => c.stripes.len(),
                 _ => 1,
             },
             None => 0,
         }
+    }
+
+    /// The profile bits of the chunk holding `logical`.
+    pub fn profile(&self, logical: u64) -> Option<u64> {
+        self.lookup(logical)
+            .map(|(_, c)| c.chunk_type & bg::PROFILE_MASK)
+    }
+
+    /// For a RAID5/6 chunk: `[logical, logical+len)` cut at strip boundaries, each piece
+    /// with its whole row (every data strip in order, then P, then Q) at the same offset
+    /// inside the strips, and the index of the piece's own strip in that row.
+    pub fn map_rows(&self, logical: u64, len: u64) -> Result<Vec<RowPiece>> {
+        let (start, c) = self
+            .lookup(logical)
+            .ok_or_else(|| Error::corrupt(logical, "logical address is not in any chunk"))?;
+        let profile = c.chunk_type & bg::PROFILE_MASK;
+        let nparity = match profile {
+            bg::RAID5 => 1,
+            bg::RAID6 => 2,
+            _ => return Err(Error::corrupt(logical, "not a RAID5/6 chunk")),
+        };
+        if logical
+            .checked_add(len)
+            .is_none_or(|end| end > start + c.length)
+        {
+            return Err(Error::corrupt(
+                logical,
+                format!("range of {len} bytes crosses the end of its chunk"),
+            ));
+        }
+        let n = c.stripes.len() as u64;
+        let d = n - nparity;
+        let mut out = Vec::new();
+        let (mut cur, end) = (logical - start, logical - start + len);
+        while cur < end {
+            let stripe_nr = cur / STRIPE_LEN;
+            let stripe_off = cur % STRIPE_LEN;
+            let piece = (STRIPE_LEN - stripe_off).min(end - cur);
+            let row = stripe_nr / d;
+            let mut stripes = Vec::with_capacity(n as usize);
+            for i in 0..n {
+                let s = &c.stripes[((row + i) % n) as usize];
+                stripes.push((
+                    s.devid,
+                    phys(logical, s.offset, row * STRIPE_LEN + stripe_off)?,
+                ));
+            }
+            out.push(RowPiece {
+                len: piece,
+                target: (stripe_nr % d) as usize,
+                nparity: nparity as usize,
+                stripes,
+            });
+            cur += piece;
+        }
+        Ok(out)
     }
 
     /// Maps `[logical, logical+len)` in copy `mirror` to physical pieces. The range must lie

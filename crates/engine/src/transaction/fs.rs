@@ -6,13 +6,13 @@
 
 use crate::ctree::TreeRoot;
 use crate::error::{Error, Result};
-use crate::io::device::Device;
+use crate::io::devices::DeviceSet;
 use crate::io::disk_io::DiskIo;
 use crate::io::volumes::ChunkMap;
 use crate::transaction::options::OpenOptions;
-use oleo_format::items::{ChunkItem, InodeItem, RootItem};
+use oleo_format::items::{block_group as bg, ChunkItem, DevItem, InodeItem, RootItem};
 use oleo_format::key::{item, objectid, Key};
-use oleo_format::superblock::{self, incompat, Superblock, SUPER_INFO_SIZE};
+use oleo_format::superblock::{self, incompat, Superblock};
 use oleo_format::validate::FsContext;
 use parking_lot::{Mutex, RwLock};
 use quick_cache::sync::Cache;
@@ -275,7 +275,10 @@ impl Drop for FsCore {
 
 /// Why a device of `size` bytes cannot hold the filesystem its superblock describes.
 pub(crate) fn too_small(size: u64, sb: &Superblock) -> Option<String> {
-    let want = sb.dev_item.total_bytes;
+    too_small_for(size, sb.dev_item.total_bytes)
+}
+
+fn too_small_for(size: u64, want: u64) -> Option<String> {
     (size < want).then(|| {
         format!(
             "the device is {size} bytes, smaller than the {want} bytes the filesystem spans \
@@ -290,20 +293,21 @@ impl FsCore {
     /// mount (subvolume, log replay, orphans) is the layers' above (`filesystem::mount`).
     pub(crate) fn open(path: impl AsRef<Path>, options: OpenOptions) -> Result<FsCore> {
         let path = path.as_ref();
-        let device = if options.read_only {
-            Device::open(path)?
-        } else {
-            Device::open_rw(path)?
-        };
-        let sb = read_superblock(&device)?;
+        let mut paths = vec![path.to_path_buf()];
+        paths.extend(options.devices.iter().cloned());
+        let (devices, sb) = DeviceSet::open(&paths, !options.read_only)?;
         check_features(&sb)?;
-        if let Some(why) = too_small(device.size(), &sb) {
-            if !options.read_only {
-                return Err(Error::Unsupported(format!(
-                    "{why}: refusing to write to it (the kernel refuses such a device too)"
-                )));
+        for (devid, m) in devices.members() {
+            let want = devices.dev_item(devid).map_or(0, |d| d.total_bytes);
+            if let Some(why) = too_small_for(m.device.size(), want) {
+                if !options.read_only {
+                    return Err(Error::Unsupported(format!(
+                        "{}: {why}: refusing to write to it (the kernel refuses such a device too)",
+                        m.path.display()
+                    )));
+                }
+                log::warn!("{}: {why}: reading what it holds", m.path.display());
             }
-            log::warn!("{}: {why}: reading what it holds", path.display());
         }
         let ctx = FsContext {
             nodesize: sb.nodesize,
@@ -320,7 +324,7 @@ impl FsCore {
             sys.insert(logical, chunk)?;
         }
         let cache_bytes = options.cache_bytes.max(1 << 20);
-        let io = DiskIo::new(device, sb.dev_item.devid, sys, ctx, cache_bytes);
+        let mut io = DiskIo::new(devices, sys, ctx, cache_bytes);
         let chunk_root = TreeRoot {
             id: objectid::CHUNK_TREE,
             bytenr: sb.chunk_root,
@@ -330,6 +334,7 @@ impl FsCore {
         let chunks = read_chunk_tree(&io, &chunk_root)
             .map_err(|e| Error::Unusable(format!("cannot read the chunk tree: {e}")))?;
         io.set_chunks(chunks);
+        check_devices(&mut io, &chunk_root, &options)?;
         let root_tree = TreeRoot {
             id: objectid::ROOT_TREE,
             bytenr: sb.root,
@@ -540,42 +545,6 @@ impl FsCore {
     }
 }
 
-/// The primary superblock, or a mirror when the primary is damaged (the kernel would refuse;
-/// for recovery work a good mirror is worth using, loudly).
-fn read_superblock(device: &Device) -> Result<Superblock> {
-    let mut first_err = None;
-    for mirror in 0..3 {
-        let off = superblock::mirror_offset(mirror);
-        if off + SUPER_INFO_SIZE as u64 > device.size() {
-            break;
-        }
-        let mut buf = vec![0u8; SUPER_INFO_SIZE];
-        let parsed = device
-            .read_exact_at(&mut buf, off)
-            .map_err(|e| e.to_string())
-            .and_then(|_| Superblock::parse(&buf).map_err(|e| e.to_string()));
-        match parsed {
-            Ok(sb) if sb.bytenr == off => {
-                if mirror > 0 {
-                    log::warn!(
-                        "primary superblock unusable ({}); using the copy at {off}",
-                        first_err.as_deref().unwrap_or("?")
-                    );
-                }
-                return Ok(sb);
-            }
-            Ok(sb) => {
-                first_err.get_or_insert(format!("copy at {off} claims to be at {}", sb.bytenr))
-            }
-            Err(e) => first_err.get_or_insert(e),
-        };
-    }
-    Err(Error::Unusable(format!(
-        "no valid btrfs superblock: {}",
-        first_err.unwrap_or_else(|| "device too small".into())
-    )))
-}
-
 fn check_features(sb: &Superblock) -> Result<()> {
     let unknown = sb.incompat_flags & !incompat::READ_SUPPORTED;
     if unknown != 0 {
@@ -584,11 +553,76 @@ fn check_features(sb: &Superblock) -> Result<()> {
             "the filesystem uses features oleo cannot read: {names}"
         )));
     }
-    if sb.num_devices != 1 {
-        return Err(Error::Unusable(format!(
-            "the filesystem spans {} devices; oleo opens single-device filesystems only for now",
-            sb.num_devices
-        )));
+    Ok(())
+}
+
+/// Matches the devices given against the chunk tree's DEV_ITEMs. A missing device is
+/// refused unless `degraded`; then every chunk must keep enough copies to read, and to
+/// write when the mount is writable (the kernel's btrfs_check_rw_degradable). RAID5/6
+/// chunks are read only.
+fn check_devices(io: &mut DiskIo, chunk_root: &TreeRoot, options: &OpenOptions) -> Result<()> {
+    let mut items = Vec::new();
+    let min = Key::new(objectid::DEV_ITEMS, item::DEV_ITEM, 0);
+    let max = Key::new(objectid::DEV_ITEMS, item::DEV_ITEM, u64::MAX);
+    crate::ctree::for_each_in_range(&*io, chunk_root, min, max, |key, data| {
+        let d = DevItem::parse(data)
+            .map_err(|e| Error::corrupt(0, format!("dev item {key:?}: {e}")))?;
+        items.push(d);
+        Ok(ControlFlow::Continue(()))
+    })?;
+    let missing = io.devices_mut().match_dev_items(&items)?;
+    if let Some((devid, uuid)) = missing.first() {
+        if !options.degraded {
+            return Err(Error::Unusable(format!(
+                "device {devid} (uuid {}) of the filesystem is missing: give it (-o device=PATH), or mount with -o degraded",
+                crate::io::devices::format_uuid(uuid)
+            )));
+        }
+        let ids: Vec<u64> = missing.iter().map(|(d, _)| *d).collect();
+        log::warn!("mounting degraded: devices {ids:?} missing");
+    }
+    let chunks = io.chunks();
+    let mut raid56 = false;
+    for (logical, c) in chunks.chunks() {
+        let profile = c.chunk_type & bg::PROFILE_MASK;
+        raid56 |= profile & (bg::RAID5 | bg::RAID6) != 0;
+        let lost = c
+            .stripes
+            .iter()
+            .filter(|s| io.devices().is_missing(s.devid))
+            .count();
+        if lost == 0 {
+            continue;
+        }
+        let tolerated = match profile {
+            bg::RAID1 | bg::RAID10 | bg::RAID5 => 1,
+            bg::RAID1C3 | bg::RAID6 => 2,
+            bg::RAID1C4 => 3,
+            _ => 0,
+        };
+        // RAID10 loses data only when both halves of one mirror pair are gone.
+        let pair_lost = profile == bg::RAID10
+            && c.stripes
+                .chunks(2)
+                .any(|p| p.iter().all(|s| io.devices().is_missing(s.devid)));
+        if (lost > tolerated && profile != bg::RAID10) || pair_lost {
+            let msg = format!(
+                "chunk at {logical} ({}) lost {lost} of its {} stripes with the missing devices: too many to read it",
+                bg::describe(c.chunk_type),
+                c.stripes.len()
+            );
+            if !options.read_only {
+                return Err(Error::Unusable(format!(
+                    "{msg}; a read-only degraded mount may still read the rest"
+                )));
+            }
+            log::warn!("{msg}");
+        }
+    }
+    if raid56 && !options.read_only {
+        return Err(Error::Unsupported(
+            "the filesystem has RAID5/6 chunks, which oleo reads but does not write yet: mount it read-only (-o ro)".into(),
+        ));
     }
     Ok(())
 }

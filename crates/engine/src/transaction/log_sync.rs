@@ -14,10 +14,10 @@
 //! holding it and records the generation in `committed` before letting go, and a log sync
 //! that finds its transaction committed writes nothing.
 
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::io::disk_io::{Block, DiskIo};
 use crate::sync::{Condvar, Mutex};
-use oleo_format::superblock::{self, Superblock};
+use oleo_format::superblock::Superblock;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// What one log sync writes.
@@ -187,14 +187,10 @@ pub(crate) fn write_batch(io: &DiskIo, batch: &LogBatch) -> Result<()> {
     io.flush()
 }
 
-/// Writes superblock copy 0 only, as a log sync does (mirrors keep the last commit).
+/// Writes superblock copy 0 only, on every device, as a log sync does (mirrors keep the
+/// last commit).
 fn write_primary_superblock(io: &DiskIo, sb: &Superblock) -> Result<()> {
-    let mut copy = sb.clone();
-    copy.bytenr = superblock::SUPER_PRIMARY_OFFSET;
-    let bytes = copy
-        .to_bytes()
-        .map_err(|e| Error::corrupt(copy.bytenr, format!("superblock: {e}")))?;
-    io.device().write_all_at(&bytes, copy.bytenr)
+    io.devices().write_superblocks(sb, true)
 }
 
 /// The group commit protocol under shuttle: `cargo test -p oleo --features model-check

@@ -32,6 +32,11 @@ pub struct OpenOptions {
     /// New data is compressed (mount options `compress=`, `compress-force=`; see
     /// [`Compress::parse`]).
     pub compress: Option<Compress>,
+    /// The filesystem's other devices (the kernel's `device=`), beside the path given to
+    /// open: matched by fsid and devid, in any order.
+    pub devices: Vec<std::path::PathBuf>,
+    /// Open even with devices missing, when every chunk keeps a copy (`degraded`).
+    pub degraded: bool,
 }
 
 impl Default for OpenOptions {
@@ -46,6 +51,8 @@ impl Default for OpenOptions {
             nodatacow: false,
             nodatasum: false,
             compress: None,
+            devices: Vec::new(),
+            degraded: false,
         }
     }
 }

@@ -63,7 +63,7 @@ use crate::transaction::space::extent_tree;
 use crate::transaction::space::free_space;
 use oleo_format::items::{block_group as bg, RootItem, Timespec, ROOT_ITEM_SIZE};
 use oleo_format::key::{item, objectid, Key};
-use oleo_format::superblock::{self, compat_ro, incompat, BackupRoot, SUPER_INFO_SIZE};
+use oleo_format::superblock::{self, compat_ro, incompat, BackupRoot};
 use oleo_format::TreeBlock;
 use std::collections::BTreeMap;
 use std::ops::ControlFlow;
@@ -217,7 +217,7 @@ fn check_writable(fs: &FsCore) -> Result<()> {
     let sb = &fs.sb;
     // An in-memory log replay runs a transaction on a read-only device; nothing else may.
     let replaying_in_memory = fs.log_in_memory && fs.running.is_none();
-    if !fs.io.device().is_writable() && !replaying_in_memory {
+    if !fs.io.devices().is_writable() && !replaying_in_memory {
         return Err(Error::ReadOnly);
     }
     if let Some(why) = crate::transaction::fs::too_small(fs.io.device().size(), sb) {
@@ -881,7 +881,11 @@ impl<'a> Transaction<'a> {
         let used = old.bytes_used as i128 + self.block_groups.used_delta;
         sb.bytes_used = u64::try_from(used)
             .map_err(|_| Error::corrupt(0, "superblock bytes_used would go negative"))?;
-        crate::transaction::space::chunk_alloc::apply_to_superblock(&self.new_chunks, &mut sb)?;
+        crate::transaction::space::chunk_alloc::apply_to_superblock(
+            &self.new_chunks,
+            &mut sb,
+            self.filesystem().io.devices(),
+        )?;
         // The kernel keeps uuid_tree_generation at the committed generation once the uuid
         // tree is known good (it rescans the tree at mount otherwise).
         if old.uuid_tree_generation == old.generation {
@@ -946,25 +950,13 @@ impl<'a> Transaction<'a> {
     }
 }
 
-/// Writes the superblock to every copy that fits on the device, each with its own bytenr.
+/// Writes the superblock to every copy that fits on each device, each with its own bytenr
+/// and its device's DEV_ITEM.
 pub(crate) fn write_superblocks(
     io: &crate::io::disk_io::DiskIo,
     sb: &superblock::Superblock,
 ) -> Result<()> {
-    let size = io.device().size();
-    for mirror in 0..3 {
-        let off = superblock::mirror_offset(mirror);
-        if off + SUPER_INFO_SIZE as u64 > size {
-            break;
-        }
-        let mut copy = sb.clone();
-        copy.bytenr = off;
-        let bytes = copy
-            .to_bytes()
-            .map_err(|e| Error::corrupt(off, format!("superblock: {e}")))?;
-        io.device().write_all_at(&bytes, off)?;
-    }
-    Ok(())
+    io.devices().write_superblocks(sb, false)
 }
 
 /// The committed root of tree `tree` and the key of the item recording it (the superblock

@@ -472,8 +472,36 @@ fn super_ranges(start: u64, chunk: &oleo_format::items::ChunkItem) -> (Vec<(u64,
         out.push((start, RESERVED_START - start));
     }
     let profile = chunk.chunk_type & bg::PROFILE_MASK;
-    if profile & (bg::RAID0 | bg::RAID10 | bg::RAID5 | bg::RAID6) != 0 {
+    if profile & (bg::RAID5 | bg::RAID6) != 0 {
         return (out, false);
+    }
+    if profile & (bg::RAID0 | bg::RAID10) != 0 {
+        // Striped: the 64 KiB strip holding a superblock copy maps back to one logical
+        // strip (the kernel's btrfs_rmap_block); the RAID10 pair shares it.
+        const STRIP: u64 = 64 * 1024;
+        let n = chunk.stripes.len() as u64;
+        let (factor, sub) = if profile == bg::RAID10 {
+            (n / 2, 2)
+        } else {
+            (n, 1)
+        };
+        let per_dev = chunk.length / factor.max(1);
+        let end = start + chunk.length;
+        for (i, stripe) in chunk.stripes.iter().enumerate() {
+            for mirror in 0..SUPER_MIRRORS {
+                let off = superblock::mirror_offset(mirror);
+                if off < stripe.offset || off >= stripe.offset.saturating_add(per_dev) {
+                    continue;
+                }
+                let rel = off - stripe.offset;
+                let l = (rel / STRIP) * factor + i as u64 / sub;
+                let logical = start + l * STRIP;
+                if logical < end && !out.iter().any(|&(s, _)| s == logical) {
+                    out.push((logical, STRIP.min(end - logical)));
+                }
+            }
+        }
+        return (out, true);
     }
     // Single, DUP and RAID1*: each stripe is a plain copy of the whole chunk.
     for stripe in &chunk.stripes {

@@ -37,15 +37,15 @@ const MAX_LEVEL: u64 = 8;
 /// What the new superblock must reflect of the chunks made in this transaction.
 #[derive(Default)]
 pub(crate) struct PendingChunks {
-    /// The device's bytes_used after them (the superblock embeds its DEV_ITEM).
-    dev_bytes_used: Option<u64>,
+    /// Each device's DEV_ITEM after them (its superblock embeds it).
+    dev_items: std::collections::BTreeMap<u64, DevItem>,
     /// New SYSTEM chunks: the superblock's sys_chunk_array must map the chunk tree.
     sys_chunks: Vec<(u64, ChunkItem)>,
 }
 
 impl PendingChunks {
     pub(crate) fn is_empty(&self) -> bool {
-        self.dev_bytes_used.is_none() && self.sys_chunks.is_empty()
+        self.dev_items.is_empty() && self.sys_chunks.is_empty()
     }
 
     fn sys_array_bytes(&self) -> usize {
@@ -56,10 +56,18 @@ impl PendingChunks {
     }
 }
 
-/// Brings the superblock of this commit in line with the chunks created in it.
-pub(crate) fn apply_to_superblock(p: &PendingChunks, sb: &mut Superblock) -> Result<()> {
-    if let Some(used) = p.dev_bytes_used {
-        sb.dev_item.bytes_used = used;
+/// Brings the superblocks of this commit in line with the chunks created in it: `sb` (the
+/// set's) and each device's embedded DEV_ITEM.
+pub(crate) fn apply_to_superblock(
+    p: &PendingChunks,
+    sb: &mut Superblock,
+    devices: &crate::io::devices::DeviceSet,
+) -> Result<()> {
+    for item in p.dev_items.values() {
+        if item.devid == sb.dev_item.devid {
+            sb.dev_item = item.clone();
+        }
+        devices.set_dev_item(item.clone());
     }
     if !p.sys_chunks.is_empty() {
         let bad = |e: oleo_format::FormatError| Error::corrupt(0, format!("sys_chunk_array: {e}"));
@@ -87,10 +95,63 @@ struct Plan {
     /// Type and profile bits.
     flags: u64,
     logical: u64,
-    /// Bytes per stripe (= the chunk's length for SINGLE and DUP).
+    /// Bytes per stripe (the chunk's length is this times its data stripes).
     stripe_size: u64,
-    /// Physical start of each stripe.
-    stripes: Vec<u64>,
+    /// Logical length: `stripe_size` times the data stripes.
+    length: u64,
+    /// Device and physical start of each stripe, in chunk order.
+    stripes: Vec<(u64, u64)>,
+}
+
+/// What a profile asks of a new chunk (the kernel's btrfs_raid_array): stripes per device,
+/// devices at least / at most (0: any) / in steps of, copies.
+struct RaidAttr {
+    dev_stripes: u64,
+    devs_min: usize,
+    devs_max: usize,
+    devs_increment: usize,
+    ncopies: u64,
+    sub_stripes: u16,
+}
+
+fn raid_attr(profile: u64) -> RaidAttr {
+    let a = |dev_stripes, devs_min, devs_max, devs_increment, ncopies, sub_stripes| RaidAttr {
+        dev_stripes,
+        devs_min,
+        devs_max,
+        devs_increment,
+        ncopies,
+        sub_stripes,
+    };
+    match profile {
+        bg::DUP => a(2, 1, 1, 1, 2, 1),
+        bg::RAID0 => a(1, 1, 0, 1, 1, 1),
+        bg::RAID1 => a(1, 2, 2, 2, 2, 1),
+        bg::RAID1C3 => a(1, 3, 3, 3, 3, 1),
+        bg::RAID1C4 => a(1, 4, 4, 4, 4, 1),
+        bg::RAID10 => a(1, 2, 0, 2, 2, 2),
+        _ => a(1, 1, 1, 1, 1, 1),
+    }
+}
+
+/// The most redundant of the profiles in `flags` that `devices` writable devices allow;
+/// SINGLE when none (the kernel's btrfs_reduce_alloc_profile: a degraded RAID1 mount
+/// makes SINGLE chunks).
+fn reduce_profile(flags: u64, devices: usize) -> u64 {
+    let order = [
+        bg::RAID1C4,
+        bg::RAID6,
+        bg::RAID1C3,
+        bg::RAID5,
+        bg::RAID10,
+        bg::RAID1,
+        bg::DUP,
+        bg::RAID0,
+    ];
+    order
+        .into_iter()
+        .find(|&p| flags & p != 0 && devices >= raid_attr(p).devs_min)
+        .unwrap_or(0)
 }
 
 /// The block group type and profile for a new chunk of `kind`: the profile the filesystem
@@ -109,25 +170,29 @@ fn chunk_flags(fs: &FsCore, kind: u64) -> Result<u64> {
             )))
         }
     };
-    let profile_of = |t: u64| {
+    // Every profile the type has chunks in (system follows metadata and back when it has
+    // none, as mkfs sets them up), reduced to what the writable devices allow.
+    let profiles_of = |t: u64| {
         fs.io
             .chunks()
             .chunks()
             .filter(|(_, c)| c.chunk_type & bg::TYPE_MASK == t)
-            .last()
-            .map(|(_, c)| c.chunk_type & bg::PROFILE_MASK)
+            .fold(None, |acc: Option<u64>, (_, c)| {
+                Some(acc.unwrap_or(0) | (c.chunk_type & bg::PROFILE_MASK))
+            })
     };
-    // No chunk of that type yet: system follows metadata and back (as mkfs sets them up).
-    let profile = profile_of(ty)
+    let profiles = profiles_of(ty)
         .or_else(|| match ty {
-            bg::SYSTEM => profile_of(bg::METADATA),
-            bg::METADATA => profile_of(bg::SYSTEM),
+            bg::SYSTEM => profiles_of(bg::METADATA),
+            bg::METADATA => profiles_of(bg::SYSTEM),
             _ => None,
         })
         .unwrap_or(0);
-    if profile & !bg::DUP != 0 {
+    let writable = fs.io.devices().members().count();
+    let profile = reduce_profile(profiles, writable);
+    if profile & (bg::RAID5 | bg::RAID6) != 0 {
         return Err(Error::Unsupported(format!(
-            "allocating a {} chunk needs more than one device",
+            "allocating a {} chunk: RAID5/6 is read only",
             bg::describe(ty | profile)
         )));
     }
@@ -174,14 +239,15 @@ fn find_hole(extents: &[(u64, u64)], start: u64, end: u64, want: u64) -> (u64, u
     best
 }
 
-/// The per-stripe size from the usable hole (volumes.c decide_stripe_size_regular, one
-/// device: SINGLE and DUP both have one data stripe). Over `max_chunk` (10% of the
-/// filesystem, or the type's limit) the size drops to that rounded *up* to 16 MiB; never
-/// over 1 GiB; rounded down to the stripe length.
-fn stripe_size(avail: u64, dev_stripes: u64, max_chunk: u64) -> u64 {
+/// The per-stripe size from the smallest usable hole of the devices chosen (volumes.c
+/// decide_stripe_size_regular). When the chunk (stripe times data stripes) would pass
+/// `max_chunk` (10% of the filesystem, or the type's limit) the stripe drops to
+/// max_chunk / data stripes rounded *up* to 16 MiB; never over 1 GiB; rounded down to
+/// the stripe length.
+fn stripe_size(avail: u64, dev_stripes: u64, data_stripes: u64, max_chunk: u64) -> u64 {
     let mut stripe = avail / dev_stripes;
-    if stripe > max_chunk {
-        stripe = stripe.min(max_chunk.next_multiple_of(SZ_16M));
+    if stripe * data_stripes > max_chunk {
+        stripe = stripe.min((max_chunk / data_stripes).next_multiple_of(SZ_16M));
     }
     stripe.min(SZ_1G) / STRIPE_LEN * STRIPE_LEN
 }
@@ -251,55 +317,88 @@ impl Transaction<'_> {
         DevItem::parse(&body).map_err(|e| Error::corrupt(0, format!("DEV_ITEM {devid}: {e}")))
     }
 
-    /// Sizes and places a chunk of `flags`, changing nothing. NoSpace when it cannot.
+    /// Sizes and places a chunk of `flags`, changing nothing. NoSpace when it cannot. As
+    /// the kernel's btrfs_create_chunk: each writable device's largest fitting hole, the
+    /// devices with the most room first, as many as the profile takes, the stripe sized by
+    /// the smallest of those holes.
     fn plan(&mut self, flags: u64) -> Result<Plan> {
-        let devid = self.filesystem().sb.dev_item.devid;
-        let dev = self.dev_item(devid)?;
-        let dev_stripes = if flags & bg::DUP != 0 { 2 } else { 1 };
-        if flags & bg::SYSTEM != 0 {
-            // Every SYSTEM chunk must also fit the superblock's sys_chunk_array.
-            let have =
-                self.filesystem().sb.sys_chunk_array.len() + self.new_chunks.sys_array_bytes();
-            if have + KEY_SIZE + ChunkItem::size_for(dev_stripes as usize) > SYS_CHUNK_ARRAY_MAX {
-                log::warn!("no new SYSTEM chunk: the superblock's sys_chunk_array is full");
-                return Err(Error::NoSpace);
-            }
+        let attr = raid_attr(flags & bg::PROFILE_MASK);
+        let dev_stripes = attr.dev_stripes;
+        let devids: Vec<u64> = self
+            .filesystem()
+            .io
+            .devices()
+            .members()
+            .map(|(d, _)| d)
+            .collect();
+        let mut devs = Vec::new();
+        for &devid in &devids {
+            devs.push(self.dev_item(devid)?);
         }
-        // The kernel sizes chunks from the writable devices' total size (one device here).
-        let total_rw = dev.total_bytes;
+        // The kernel sizes chunks from the writable devices' total size.
+        let total_rw: u64 = devs.iter().map(|d| d.total_bytes).sum();
         let chunk_limit = max_chunk_size(flags, total_rw);
         let max_stripe = chunk_limit.min(SZ_1G);
         // No chunk over 10% of the filesystem.
         let max_chunk = chunk_limit.min(total_rw / 10);
         let dev_extent_min = STRIPE_LEN * dev_stripes;
-        if dev.total_bytes.saturating_sub(dev.bytes_used) < dev_extent_min {
+        // (devid, hole start, usable, unallocated)
+        let mut holes: Vec<(u64, u64, u64, u64)> = Vec::new();
+        for dev in &devs {
+            let unallocated = dev.total_bytes.saturating_sub(dev.bytes_used);
+            if unallocated < dev_extent_min {
+                continue;
+            }
+            let mut extents = Vec::new();
+            self.for_each_in_range(
+                objectid::DEV_TREE,
+                Key::new(dev.devid, item::DEV_EXTENT, 0),
+                Key::new(dev.devid, item::DEV_EXTENT, u64::MAX),
+                |key, body| {
+                    let de = DevExtent::parse(body)
+                        .map_err(|e| Error::corrupt(0, format!("dev extent {key:?}: {e}")))?;
+                    extents.push((key.offset, de.length));
+                    Ok(ControlFlow::Continue(()))
+                },
+            )?;
+            // DUP takes both stripes from one hole, back to back.
+            let (hole, avail) = find_hole(
+                &extents,
+                DEVICE_RANGE_RESERVED,
+                dev.total_bytes,
+                max_stripe * dev_stripes,
+            );
+            if avail >= dev_extent_min {
+                holes.push((dev.devid, hole, avail, unallocated));
+            }
+        }
+        holes.sort_by(|a, b| b.2.cmp(&a.2).then(b.3.cmp(&a.3)));
+        let mut ndevs = holes.len() / attr.devs_increment * attr.devs_increment;
+        if attr.devs_max > 0 {
+            ndevs = ndevs.min(attr.devs_max);
+        }
+        if ndevs < attr.devs_min || ndevs == 0 {
+            log::debug!(
+                "no {} chunk: {ndevs} devices have room, it needs {} (holes {holes:?})",
+                bg::describe(flags),
+                attr.devs_min
+            );
             return Err(Error::NoSpace);
         }
-        let mut extents = Vec::new();
-        self.for_each_in_range(
-            objectid::DEV_TREE,
-            Key::new(devid, item::DEV_EXTENT, 0),
-            Key::new(devid, item::DEV_EXTENT, u64::MAX),
-            |key, body| {
-                let de = DevExtent::parse(body)
-                    .map_err(|e| Error::corrupt(0, format!("dev extent {key:?}: {e}")))?;
-                extents.push((key.offset, de.length));
-                Ok(ControlFlow::Continue(()))
-            },
-        )?;
-        // DUP takes both stripes from one hole, back to back.
-        let (hole, avail) = find_hole(
-            &extents,
-            DEVICE_RANGE_RESERVED,
-            dev.total_bytes,
-            max_stripe * dev_stripes,
-        );
-        if avail < dev_extent_min {
-            return Err(Error::NoSpace);
-        }
-        let stripe = stripe_size(avail, dev_stripes, max_chunk);
+        let num_stripes = ndevs as u64 * dev_stripes;
+        let data_stripes = num_stripes / attr.ncopies;
+        let stripe = stripe_size(holes[ndevs - 1].2, dev_stripes, data_stripes, max_chunk);
         if stripe == 0 {
             return Err(Error::NoSpace);
+        }
+        if flags & bg::SYSTEM != 0 {
+            // Every SYSTEM chunk must also fit the superblock's sys_chunk_array.
+            let have =
+                self.filesystem().sb.sys_chunk_array.len() + self.new_chunks.sys_array_bytes();
+            if have + KEY_SIZE + ChunkItem::size_for(num_stripes as usize) > SYS_CHUNK_ARRAY_MAX {
+                log::warn!("no new SYSTEM chunk: the superblock's sys_chunk_array is full");
+                return Err(Error::NoSpace);
+            }
         }
         // Logical addresses only grow: after the highest chunk (find_next_chunk).
         let logical = self
@@ -310,22 +409,32 @@ impl Transaction<'_> {
             .last()
             .map(|(&s, c)| s + c.length)
             .unwrap_or(DEVICE_RANGE_RESERVED);
+        let stripes = holes[..ndevs]
+            .iter()
+            .flat_map(|&(devid, hole, _, _)| {
+                (0..dev_stripes).map(move |i| (devid, hole + i * stripe))
+            })
+            .collect();
         Ok(Plan {
             flags,
             logical,
             stripe_size: stripe,
-            stripes: (0..dev_stripes).map(|i| hole + i * stripe).collect(),
+            length: stripe * data_stripes,
+            stripes,
         })
     }
 
     /// Makes the planned chunk: usable at once, then its items in every tree.
     fn create(&mut self, plan: &Plan) -> Result<()> {
-        let fs = self.filesystem();
-        let devid = fs.sb.dev_item.devid;
-        let sectorsize = fs.sb.sectorsize;
-        let dev = self.dev_item(devid)?;
+        let sectorsize = self.filesystem().sb.sectorsize;
+        let mut devs: std::collections::BTreeMap<u64, DevItem> = Default::default();
+        for &(devid, _) in &plan.stripes {
+            if let std::collections::btree_map::Entry::Vacant(e) = devs.entry(devid) {
+                e.insert(self.dev_item(devid)?);
+            }
+        }
         let chunk = ChunkItem {
-            length: plan.stripe_size,
+            length: plan.length,
             owner: objectid::EXTENT_TREE,
             stripe_len: STRIPE_LEN,
             chunk_type: plan.flags,
@@ -333,25 +442,33 @@ impl Transaction<'_> {
             io_width: STRIPE_LEN as u32,
             sector_size: sectorsize,
             num_stripes: plan.stripes.len() as u16,
-            sub_stripes: 1,
+            sub_stripes: raid_attr(plan.flags & bg::PROFILE_MASK).sub_stripes,
             stripes: plan
                 .stripes
                 .iter()
-                .map(|&offset| Stripe {
+                .map(|&(devid, offset)| Stripe {
                     devid,
                     offset,
-                    dev_uuid: dev.uuid,
+                    dev_uuid: devs[&devid].uuid,
                 })
                 .collect(),
         };
         let chunk_bytes = chunk
             .to_bytes()
             .map_err(|e| Error::corrupt(plan.logical, format!("chunk item: {e}")))?;
-        let dev_bytes_used = dev
-            .bytes_used
-            .checked_add(plan.stripe_size * plan.stripes.len() as u64)
-            .filter(|&u| u <= dev.total_bytes)
-            .ok_or_else(|| Error::corrupt(0, "device bytes_used would exceed its size"))?;
+        for (&devid, dev) in devs.iter_mut() {
+            let n = plan.stripes.iter().filter(|(d, _)| *d == devid).count() as u64;
+            dev.bytes_used = dev
+                .bytes_used
+                .checked_add(plan.stripe_size * n)
+                .filter(|&u| u <= dev.total_bytes)
+                .ok_or_else(|| {
+                    Error::corrupt(
+                        0,
+                        format!("device {devid}: bytes_used would exceed its size"),
+                    )
+                })?;
+        }
         // Registered before its items go in, so that the tree blocks those need can come
         // from the new group itself (a full metadata space can still grow).
         self.filesystem()
@@ -365,14 +482,17 @@ impl Transaction<'_> {
             Key::new(objectid::FIRST_CHUNK_TREE, item::CHUNK_ITEM, plan.logical),
             &chunk_bytes,
         )?;
-        let dev_key = Key::new(objectid::DEV_ITEMS, item::DEV_ITEM, devid);
-        self.update_item(objectid::CHUNK_TREE, &dev_key, |b| {
-            if b.len() >= 24 {
-                b[16..24].copy_from_slice(&dev_bytes_used.to_le_bytes());
-            }
-        })?;
+        for (&devid, dev) in &devs {
+            let used = dev.bytes_used;
+            let dev_key = Key::new(objectid::DEV_ITEMS, item::DEV_ITEM, devid);
+            self.update_item(objectid::CHUNK_TREE, &dev_key, |b| {
+                if b.len() >= 24 {
+                    b[16..24].copy_from_slice(&used.to_le_bytes());
+                }
+            })?;
+        }
         let chunk_tree_uuid = self.chunk_tree_uuid;
-        for &phys in &plan.stripes {
+        for &(devid, phys) in &plan.stripes {
             let de = DevExtent {
                 chunk_tree: objectid::CHUNK_TREE,
                 chunk_objectid: objectid::FIRST_CHUNK_TREE,
@@ -394,7 +514,7 @@ impl Transaction<'_> {
         let bg_tree = self.bg_items_tree;
         self.insert_item(
             bg_tree,
-            Key::new(plan.logical, item::BLOCK_GROUP_ITEM, plan.stripe_size),
+            Key::new(plan.logical, item::BLOCK_GROUP_ITEM, plan.length),
             &bgi.to_bytes(),
         )?;
         // Its free extents follow at commit (free_space::sync), with the count.
@@ -404,10 +524,10 @@ impl Transaction<'_> {
         };
         self.insert_item(
             objectid::FREE_SPACE_TREE,
-            Key::new(plan.logical, item::FREE_SPACE_INFO, plan.stripe_size),
+            Key::new(plan.logical, item::FREE_SPACE_INFO, plan.length),
             &info.to_bytes(),
         )?;
-        self.new_chunks.dev_bytes_used = Some(dev_bytes_used);
+        self.new_chunks.dev_items.extend(devs);
         if plan.flags & bg::SYSTEM != 0 {
             self.new_chunks.sys_chunks.push((plan.logical, chunk));
         }
@@ -415,7 +535,7 @@ impl Transaction<'_> {
             "new chunk {} at logical {} ({} bytes), stripes {:?}",
             bg::describe(plan.flags),
             plan.logical,
-            plan.stripe_size,
+            plan.length,
             plan.stripes
         );
         Ok(())
@@ -434,21 +554,21 @@ mod tests {
         // data, and 112 MiB per DUP metadata stripe, seen in images it wrote).
         let total = SZ_1G;
         let max = |f| max_chunk_size(f, total).min(total / 10);
-        assert_eq!(stripe_size(SZ_1G, 1, max(bg::DATA)), 112 * MIB);
-        assert_eq!(stripe_size(2 * SZ_256M, 2, max(bg::METADATA)), 112 * MIB);
-        assert_eq!(stripe_size(2 * SZ_32M, 2, max(bg::SYSTEM)), 32 * MIB);
+        assert_eq!(stripe_size(SZ_1G, 1, 1, max(bg::DATA)), 112 * MIB);
+        assert_eq!(stripe_size(2 * SZ_256M, 2, 1, max(bg::METADATA)), 112 * MIB);
+        assert_eq!(stripe_size(2 * SZ_32M, 2, 1, max(bg::SYSTEM)), 32 * MIB);
         // Large filesystem: the type limits.
         let total = 100 * SZ_1G;
         let max = |f| max_chunk_size(f, total).min(total / 10);
-        assert_eq!(stripe_size(SZ_1G, 1, max(bg::DATA)), SZ_1G);
+        assert_eq!(stripe_size(SZ_1G, 1, 1, max(bg::DATA)), SZ_1G);
         assert_eq!(
-            stripe_size(2 * SZ_1G, 2, max(bg::METADATA | bg::DUP)),
+            stripe_size(2 * SZ_1G, 2, 1, max(bg::METADATA | bg::DUP)),
             SZ_1G
         );
         assert_eq!(max_chunk_size(bg::METADATA, 50 * SZ_1G), SZ_256M);
         // Little room left: what there is, to the stripe length.
-        assert_eq!(stripe_size(3 * MIB + 4096, 1, 100 * MIB), 3 * MIB);
-        assert_eq!(stripe_size(3 * MIB, 2, 100 * MIB), 1536 * 1024);
+        assert_eq!(stripe_size(3 * MIB + 4096, 1, 1, 100 * MIB), 3 * MIB);
+        assert_eq!(stripe_size(3 * MIB, 2, 1, 100 * MIB), 1536 * 1024);
     }
 
     #[test]

@@ -24,6 +24,15 @@ impl FsCore {
         if let Some(t) = &self.running {
             return Ok(t.block_groups.summary().collect());
         }
+        Ok(self
+            .committed_block_groups()?
+            .into_iter()
+            .map(|(_, f, l, u)| (f, l, u))
+            .collect())
+    }
+
+    /// (start, flags, length, used) of every block group as last committed.
+    pub(crate) fn committed_block_groups(&self) -> Result<Vec<(u64, u64, u64, u64)>> {
         let tree = if self.sb.has_compat_ro(compat_ro::BLOCK_GROUP_TREE) {
             objectid::BLOCK_GROUP_TREE
         } else {
@@ -39,7 +48,7 @@ impl FsCore {
                 Some(body) => BlockGroupItem::parse(&body).map_or(0, |b| b.used),
                 None => 0,
             };
-            out.push((chunk.chunk_type, chunk.length, used));
+            out.push((start, chunk.chunk_type, chunk.length, used));
         }
         Ok(out)
     }

@@ -1,0 +1,102 @@
+//! What `filesystem show`, `df` and `usage` report: the devices and the chunks with their
+//! block groups' use, as last committed (the kernel's FS_INFO, DEV_INFO and SPACE_INFO
+//! ioctls answer from the same state).
+
+use super::Filesystem;
+use crate::error::{Error, Result};
+use oleo_format::items::DevItem;
+use oleo_format::key::{item, objectid, Key};
+use std::ops::ControlFlow;
+use std::path::PathBuf;
+
+/// One device of the filesystem, as its DEV_ITEM in the chunk tree says.
+#[derive(Clone, Debug)]
+pub struct DeviceInfo {
+    /// Device id, from 1.
+    pub devid: u64,
+    /// The device's uuid (DEV_ITEM).
+    pub uuid: [u8; 16],
+    /// Where it was opened from; None when it is missing (a degraded open).
+    pub path: Option<PathBuf>,
+    /// Size the filesystem may use on it.
+    pub total_bytes: u64,
+    /// Bytes its dev extents cover (allocated to chunks).
+    pub bytes_used: u64,
+}
+
+/// One chunk and the use of its block group.
+#[derive(Clone, Debug)]
+pub struct ChunkInfo {
+    /// Logical start.
+    pub logical: u64,
+    /// Logical length.
+    pub length: u64,
+    /// Type and profile bits (`oleo::format::items::block_group`).
+    pub flags: u64,
+    /// Bytes its block group uses.
+    pub used: u64,
+    /// Length of each stripe on its device (a dev extent).
+    pub stripe_size: u64,
+    /// Each stripe's (devid, physical start).
+    pub stripes: Vec<(u64, u64)>,
+}
+
+impl Filesystem {
+    /// The filesystem's devices in devid order, missing ones included.
+    pub fn devices(&self) -> Result<Vec<DeviceInfo>> {
+        let core = self.core.read();
+        let chunk_root = core.tree_root(objectid::CHUNK_TREE)?.expect("always there");
+        let mut out = Vec::new();
+        let min = Key::new(objectid::DEV_ITEMS, item::DEV_ITEM, 0);
+        let max = Key::new(objectid::DEV_ITEMS, item::DEV_ITEM, u64::MAX);
+        crate::ctree::for_each_in_range(&*core, &chunk_root, min, max, |key, data| {
+            let d = DevItem::parse(data)
+                .map_err(|e| Error::corrupt(0, format!("dev item {key:?}: {e}")))?;
+            out.push(DeviceInfo {
+                devid: d.devid,
+                uuid: d.uuid,
+                path: None,
+                total_bytes: d.total_bytes,
+                bytes_used: d.bytes_used,
+            });
+            Ok(ControlFlow::Continue(()))
+        })?;
+        for (devid, m) in core.io.devices().members() {
+            if let Some(d) = out.iter_mut().find(|d| d.devid == devid) {
+                d.path = Some(m.path.clone());
+            }
+        }
+        Ok(out)
+    }
+
+    /// Every chunk with its block group's use, in logical order.
+    pub fn chunk_usage(&self) -> Result<Vec<ChunkInfo>> {
+        let core = self.core.read();
+        let used = core.committed_block_groups()?;
+        let chunks = core.io.chunks();
+        Ok(chunks
+            .chunks()
+            .map(|(&logical, c)| {
+                let profile = c.chunk_type & oleo_format::items::block_group::PROFILE_MASK;
+                let n = c.stripes.len() as u64;
+                use oleo_format::items::block_group as bg;
+                let data_stripes = match profile {
+                    bg::RAID0 => n,
+                    bg::RAID10 => n / 2,
+                    bg::RAID5 => n - 1,
+                    bg::RAID6 => n - 2,
+                    _ => 1,
+                }
+                .max(1);
+                ChunkInfo {
+                    logical,
+                    length: c.length,
+                    flags: c.chunk_type,
+                    used: used.iter().find(|g| g.0 == logical).map_or(0, |g| g.3),
+                    stripe_size: c.length / data_stripes,
+                    stripes: c.stripes.iter().map(|s| (s.devid, s.offset)).collect(),
+                }
+            })
+            .collect())
+    }
+}

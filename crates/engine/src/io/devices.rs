@@ -1,0 +1,339 @@
+//! The devices of one filesystem (the kernel's btrfs_fs_devices, volumes.c): each opened
+//! and claimed, matched by fsid and devid, the newest superblock chosen; the ones the chunk
+//! tree lists but nobody gave are missing, and reads of them fail cleanly so that another
+//! copy or parity answers.
+
+use crate::error::{Error, Result};
+use crate::io::device::Device;
+use oleo_format::items::DevItem;
+use oleo_format::superblock::{self, Superblock, SUPER_INFO_SIZE};
+use parking_lot::Mutex;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+/// One present device.
+pub(crate) struct Member {
+    pub path: PathBuf,
+    pub device: Device,
+}
+
+pub(crate) struct DeviceSet {
+    /// The devid whose superblock the filesystem was opened from.
+    primary: u64,
+    members: BTreeMap<u64, Member>,
+    /// Devids the chunk tree lists that no path gave.
+    missing: BTreeMap<u64, [u8; 16]>,
+    /// Each device's DEV_ITEM as the next superblock of that device must embed it.
+    dev_items: Mutex<BTreeMap<u64, DevItem>>,
+}
+
+fn uuid_str(u: &[u8; 16]) -> String {
+    let h: String = u.iter().map(|b| format!("{b:02x}")).collect();
+    format!(
+        "{}-{}-{}-{}-{}",
+        &h[..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..]
+    )
+}
+
+impl DeviceSet {
+    /// Opens and claims every path (read-write when `writable`), reads their superblocks and
+    /// keeps those of one filesystem: the first path's. Returns the set and the newest
+    /// superblock among them.
+    pub(crate) fn open(paths: &[PathBuf], writable: bool) -> Result<(DeviceSet, Superblock)> {
+        let first = paths
+            .first()
+            .ok_or_else(|| Error::InvalidArgument("no device given".into()))?;
+        let mut seen: Vec<(u64, u64, &Path)> = Vec::new();
+        let mut members: BTreeMap<u64, (Member, Superblock)> = BTreeMap::new();
+        let mut fsid = None;
+        for path in paths {
+            let meta = std::fs::metadata(path).map_err(|e| {
+                Error::Io(std::io::Error::new(
+                    e.kind(),
+                    format!("{}: {e}", path.display()),
+                ))
+            })?;
+            use std::os::unix::fs::MetadataExt;
+            let id = if meta.rdev() != 0 {
+                (meta.rdev(), 0)
+            } else {
+                (meta.dev(), meta.ino())
+            };
+            if let Some((_, _, p)) = seen.iter().find(|(a, b, _)| (*a, *b) == id) {
+                return Err(Error::InvalidArgument(format!(
+                    "{} is given twice (as {})",
+                    path.display(),
+                    p.display()
+                )));
+            }
+            seen.push((id.0, id.1, path));
+            let device = if writable {
+                Device::open_rw(path)?
+            } else {
+                Device::open(path)?
+            };
+            let sb = read_superblock(&device).map_err(|e| named(path, e))?;
+            let want = *fsid.get_or_insert(sb.fsid);
+            if sb.fsid != want {
+                return Err(Error::Unusable(format!(
+                    "{}: belongs to filesystem {}, not to {} (the filesystem of {})",
+                    path.display(),
+                    uuid_str(&sb.fsid),
+                    uuid_str(&want),
+                    first.display()
+                )));
+            }
+            let devid = sb.dev_item.devid;
+            if let Some((other, osb)) = members.get(&devid) {
+                if osb.dev_item.uuid == sb.dev_item.uuid {
+                    return Err(Error::InvalidArgument(format!(
+                        "{} and {} are the same device of the filesystem (devid {devid}): give one",
+                        other.path.display(),
+                        path.display()
+                    )));
+                }
+                return Err(Error::Unusable(format!(
+                    "{} and {} both claim devid {devid} with different device uuids",
+                    other.path.display(),
+                    path.display()
+                )));
+            }
+            let m = Member {
+                path: path.clone(),
+                device,
+            };
+            members.insert(devid, (m, sb));
+        }
+        // The newest superblock speaks for the set (a member that missed commits is stale).
+        let (&primary, _) = members
+            .iter()
+            .max_by_key(|(devid, (_, sb))| (sb.generation, std::cmp::Reverse(**devid)))
+            .expect("at least one path");
+        let sb = members[&primary].1.clone();
+        for (devid, (m, msb)) in &members {
+            if msb.generation != sb.generation {
+                log::warn!(
+                    "{} (devid {devid}) is at generation {}, the filesystem at {}: its copies may be stale",
+                    m.path.display(),
+                    msb.generation,
+                    sb.generation
+                );
+            }
+        }
+        let dev_items = members
+            .iter()
+            .map(|(&d, (_, s))| (d, s.dev_item.clone()))
+            .collect();
+        let set = DeviceSet {
+            primary,
+            members: members.into_iter().map(|(d, (m, _))| (d, m)).collect(),
+            missing: BTreeMap::new(),
+            dev_items: Mutex::new(dev_items),
+        };
+        Ok((set, sb))
+    }
+
+    /// Checks the set against the chunk tree's DEV_ITEMs: each member must be listed with
+    /// its uuid; the listed ones nobody gave are recorded as missing and returned.
+    pub(crate) fn match_dev_items(&mut self, items: &[DevItem]) -> Result<Vec<(u64, [u8; 16])>> {
+        for (devid, m) in &self.members {
+            match items.iter().find(|d| d.devid == *devid) {
+                None => {
+                    return Err(Error::Unusable(format!(
+                        "{}: devid {devid} is not a device of this filesystem any more",
+                        m.path.display()
+                    )))
+                }
+                Some(d) => {
+                    let mine = self.dev_items.lock().get(devid).map(|i| i.uuid);
+                    if mine != Some(d.uuid) {
+                        return Err(Error::Unusable(format!(
+                            "{}: its device uuid does not match devid {devid} of the filesystem",
+                            m.path.display()
+                        )));
+                    }
+                }
+            }
+        }
+        let mut dev_items = self.dev_items.lock();
+        for d in items {
+            dev_items.insert(d.devid, d.clone());
+            if !self.members.contains_key(&d.devid) {
+                self.missing.insert(d.devid, d.uuid);
+            }
+        }
+        Ok(self.missing.iter().map(|(&d, &u)| (d, u)).collect())
+    }
+
+    /// The device the superblock came from (crash tests record and fail its IO).
+    pub(crate) fn primary(&self) -> &Device {
+        &self.members[&self.primary].device
+    }
+
+    pub(crate) fn get(&self, devid: u64) -> Option<&Device> {
+        self.members.get(&devid).map(|m| &m.device)
+    }
+
+    pub(crate) fn is_missing(&self, devid: u64) -> bool {
+        !self.members.contains_key(&devid)
+    }
+
+    pub(crate) fn members(&self) -> impl Iterator<Item = (u64, &Member)> {
+        self.members.iter().map(|(&d, m)| (d, m))
+    }
+
+    /// Whether every member is open for writing.
+    pub(crate) fn is_writable(&self) -> bool {
+        self.members.values().all(|m| m.device.is_writable())
+    }
+
+    /// Reads `buf` at `physical` of device `devid`.
+    pub(crate) fn read(
+        &self,
+        devid: u64,
+        buf: &mut [u8],
+        physical: u64,
+        uncached: bool,
+    ) -> Result<()> {
+        let dev = self.get(devid).ok_or_else(|| missing_err(devid))?;
+        dev.read_exact_at_mode(buf, physical, uncached)
+    }
+
+    /// Writes `buf` at `physical` of device `devid`.
+    pub(crate) fn write(
+        &self,
+        devid: u64,
+        buf: &[u8],
+        physical: u64,
+        uncached: bool,
+    ) -> Result<()> {
+        let dev = self.get(devid).ok_or_else(|| missing_err(devid))?;
+        dev.write_all_at_mode(buf, physical, uncached)
+    }
+
+    /// A cache flush of every present device, in parallel: a commit waits for the slowest.
+    pub(crate) fn flush(&self) -> Result<()> {
+        if self.members.len() == 1 {
+            return self.primary().flush();
+        }
+        std::thread::scope(|s| {
+            let handles: Vec<_> = self
+                .members
+                .values()
+                .map(|m| s.spawn(move || m.device.flush()))
+                .collect();
+            let mut out = Ok(());
+            for h in handles {
+                let r = h.join().unwrap_or_else(|_| {
+                    Err(Error::Io(std::io::Error::other("a device flush panicked")))
+                });
+                if out.is_ok() {
+                    out = r;
+                }
+            }
+            out
+        })
+    }
+
+    /// Re-checks every member's claim (see `Device::check_claim`).
+    pub(crate) fn check_claim(&self) -> Result<()> {
+        for m in self.members.values() {
+            m.device.check_claim()?;
+        }
+        Ok(())
+    }
+
+    /// Device `devid`'s DEV_ITEM as its next superblock embeds it.
+    pub(crate) fn dev_item(&self, devid: u64) -> Option<DevItem> {
+        self.dev_items.lock().get(&devid).cloned()
+    }
+
+    /// The DEV_ITEM device `devid`'s superblock embeds from now on (bytes_used grew).
+    pub(crate) fn set_dev_item(&self, item: DevItem) {
+        self.dev_items.lock().insert(item.devid, item);
+    }
+
+    /// Writes superblock `sb` to every present device, each with its own DEV_ITEM, at copy
+    /// 0 only (`primary_only`, a log sync) or at every copy that fits the device.
+    pub(crate) fn write_superblocks(&self, sb: &Superblock, primary_only: bool) -> Result<()> {
+        let items = self.dev_items.lock().clone();
+        for (devid, m) in &self.members {
+            let mut copy = sb.clone();
+            if let Some(item) = items.get(devid) {
+                copy.dev_item = item.clone();
+            }
+            let size = m.device.size();
+            for mirror in 0..if primary_only { 1 } else { 3 } {
+                let off = superblock::mirror_offset(mirror);
+                if off + SUPER_INFO_SIZE as u64 > size {
+                    break;
+                }
+                copy.bytenr = off;
+                let bytes = copy
+                    .to_bytes()
+                    .map_err(|e| Error::corrupt(off, format!("superblock: {e}")))?;
+                m.device.write_all_at(&bytes, off)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+fn missing_err(devid: u64) -> Error {
+    Error::Io(std::io::Error::new(
+        std::io::ErrorKind::NotFound,
+        format!("device {devid} is missing"),
+    ))
+}
+
+fn named(path: &Path, e: Error) -> Error {
+    match e {
+        Error::Unusable(m) => Error::Unusable(format!("{}: {m}", path.display())),
+        other => other,
+    }
+}
+
+/// The primary superblock, or a mirror when the primary is damaged (the kernel would refuse;
+/// for recovery work a good mirror is worth using, loudly).
+pub(crate) fn read_superblock(device: &Device) -> Result<Superblock> {
+    let mut first_err = None;
+    for mirror in 0..3 {
+        let off = superblock::mirror_offset(mirror);
+        if off + SUPER_INFO_SIZE as u64 > device.size() {
+            break;
+        }
+        let mut buf = vec![0u8; SUPER_INFO_SIZE];
+        let parsed = device
+            .read_exact_at(&mut buf, off)
+            .map_err(|e| e.to_string())
+            .and_then(|_| Superblock::parse(&buf).map_err(|e| e.to_string()));
+        match parsed {
+            Ok(sb) if sb.bytenr == off => {
+                if mirror > 0 {
+                    log::warn!(
+                        "primary superblock unusable ({}); using the copy at {off}",
+                        first_err.as_deref().unwrap_or("?")
+                    );
+                }
+                return Ok(sb);
+            }
+            Ok(sb) => {
+                first_err.get_or_insert(format!("copy at {off} claims to be at {}", sb.bytenr))
+            }
+            Err(e) => first_err.get_or_insert(e),
+        };
+    }
+    Err(Error::Unusable(format!(
+        "no valid btrfs superblock: {}",
+        first_err.unwrap_or_else(|| "device too small".into())
+    )))
+}
+
+/// A uuid as btrfs prints it.
+pub(crate) fn format_uuid(u: &[u8; 16]) -> String {
+    uuid_str(u)
+}
