@@ -1,5 +1,6 @@
 //! The `oleo` command. One file per verb, as a user's command maps to one place.
 
+mod device;
 mod dump_super;
 mod dump_tree;
 mod extents;
@@ -11,6 +12,7 @@ mod mount;
 mod on_mount;
 mod property;
 mod rootdir;
+mod scrub;
 mod stop;
 mod subvolume;
 
@@ -51,6 +53,11 @@ enum Command {
     /// Get or set a subvolume's read-only flag or a file's compression, on a mount or an
     /// image (`btrfs property`).
     Property(property::PropertyArgs),
+    /// Verify every copy of every block and repair bad copies from good ones, on an
+    /// unmounted image or device set (`btrfs scrub`).
+    Scrub(scrub::ScrubArgs),
+    /// Device error counters (`btrfs device stats`), on an unmounted image or device set.
+    Device(device::DeviceArgs),
 }
 
 fn main() -> ExitCode {
@@ -78,6 +85,12 @@ fn main() -> ExitCode {
         Command::Extents(a) => extents::run(&a),
         Command::Subvolume(a) => subvolume::run(&a),
         Command::Property(a) => property::run(&a),
+        Command::Scrub(a) => scrub::run(&a),
+        Command::Device(a) => match device::run(&a) {
+            Ok(true) => return ExitCode::from(64),
+            Ok(false) => Ok(()),
+            Err(e) => Err(e),
+        },
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

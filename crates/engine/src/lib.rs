@@ -102,6 +102,7 @@ pub(crate) mod data;
 pub(crate) mod vfs;
 
 pub mod mkfs;
+pub(crate) mod scrub;
 pub(crate) mod subvolume;
 pub(crate) mod tree_log;
 
@@ -115,6 +116,7 @@ pub use inode::inode_item::now;
 pub use inode::xattr::XattrSet;
 pub use io::device;
 pub use oleo_format as format;
+pub use scrub::{ScrubOptions, ScrubProgress};
 pub use transaction::fs::{Attr, DirEntry, FileKind, InodeId, StatFs, SubvolumeInfo, Timespec};
 pub use transaction::options::{Compress, OpenOptions};
 pub use transaction::Transaction;

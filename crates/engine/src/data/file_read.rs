@@ -353,6 +353,12 @@ impl ReadPlan {
                 r.id.ino,
                 r.id.subvol
             );
+            self.io.note_bad_copy(
+                bad,
+                self.sector,
+                mirror,
+                crate::io::devices::DevStat::Corruption,
+            );
             bad_copies.push(mirror);
         }
         let bad = match (bad_at, io_err) {

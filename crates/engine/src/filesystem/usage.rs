@@ -100,3 +100,58 @@ impl Filesystem {
             .collect())
     }
 }
+
+impl Filesystem {
+    /// Scrubs the filesystem (see [`crate::ScrubOptions`]): every copy of every tree block
+    /// and data extent read and verified, bad copies rewritten from good ones unless
+    /// read-only. `progress` sees the per-device counters after each extent. Only on a
+    /// filesystem opened for it: nothing else may write meanwhile, so its commits are
+    /// flushed first.
+    pub fn scrub(
+        &self,
+        opts: &crate::scrub::ScrubOptions,
+        progress: &mut dyn FnMut(&std::collections::BTreeMap<u64, crate::scrub::ScrubProgress>),
+    ) -> Result<std::collections::BTreeMap<u64, crate::scrub::ScrubProgress>> {
+        self.sync()?;
+        let stats = self.core.read().scrub(opts, progress)?;
+        self.persist_device_stats()?;
+        Ok(stats)
+    }
+
+    /// Commits the devices' error counters if they changed (a commit writes them; reads
+    /// alone start no transaction).
+    pub fn persist_device_stats(&self) -> Result<()> {
+        let mut core = self.core_mut();
+        if !core.io.devices().stats_dirty() || !core.io.devices().is_writable() {
+            return Ok(());
+        }
+        core.write_op(
+            crate::transaction::space::reservation::Reserve::items(4),
+            |t| t.write_dev_stats(),
+        )?;
+        drop(core);
+        self.sync().map(drop)
+    }
+}
+
+impl Filesystem {
+    /// Each device's error counters (write, read, flush, corruption, generation), as
+    /// `btrfs device stats` shows them; missing devices included.
+    pub fn device_stats(&self) -> Result<Vec<(DeviceInfo, [u64; 5])>> {
+        let stats = self.core.read().io.devices().stats();
+        Ok(self
+            .devices()?
+            .into_iter()
+            .map(|d| {
+                let v = stats.get(&d.devid).copied().unwrap_or_default();
+                (d, v)
+            })
+            .collect())
+    }
+
+    /// Zeroes every device's error counters and commits (`btrfs device stats -z`).
+    pub fn reset_device_stats(&self) -> Result<()> {
+        self.core.read().io.devices().reset_stats();
+        self.persist_device_stats()
+    }
+}

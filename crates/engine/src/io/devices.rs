@@ -25,6 +25,23 @@ pub(crate) struct DeviceSet {
     missing: BTreeMap<u64, [u8; 16]>,
     /// Each device's DEV_ITEM as the next superblock of that device must embed it.
     dev_items: Mutex<BTreeMap<u64, DevItem>>,
+    /// Error counters per device (DEV_STATS items), and whether they changed since the
+    /// last commit wrote them.
+    stats: Mutex<(BTreeMap<u64, DevStats>, bool)>,
+}
+
+/// A device's error counters, in the order of the DEV_STATS item (the kernel's
+/// btrfs_dev_stat_values): write, read, flush, corruption, generation.
+pub type DevStats = [u64; 5];
+
+/// Which counter an error bumps.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum DevStat {
+    Write = 0,
+    Read = 1,
+    Flush = 2,
+    Corruption = 3,
+    Generation = 4,
 }
 
 fn uuid_str(u: &[u8; 16]) -> String {
@@ -133,6 +150,7 @@ impl DeviceSet {
             members: members.into_iter().map(|(d, (m, _))| (d, m)).collect(),
             missing: BTreeMap::new(),
             dev_items: Mutex::new(dev_items),
+            stats: Mutex::new((BTreeMap::new(), false)),
         };
         Ok((set, sb))
     }
@@ -200,7 +218,12 @@ impl DeviceSet {
         uncached: bool,
     ) -> Result<()> {
         let dev = self.get(devid).ok_or_else(|| missing_err(devid))?;
-        dev.read_exact_at_mode(buf, physical, uncached)
+        let r = dev.read_exact_at_mode(buf, physical, uncached);
+        if let Err(Error::Io(e)) = &r {
+            log::error!("device {devid}: read error at physical {physical}: {e}");
+            self.bump(devid, DevStat::Read);
+        }
+        r
     }
 
     /// Writes `buf` at `physical` of device `devid`.
@@ -212,13 +235,59 @@ impl DeviceSet {
         uncached: bool,
     ) -> Result<()> {
         let dev = self.get(devid).ok_or_else(|| missing_err(devid))?;
-        dev.write_all_at_mode(buf, physical, uncached)
+        let r = dev.write_all_at_mode(buf, physical, uncached);
+        if let Err(Error::Io(e)) = &r {
+            log::error!("device {devid}: write error at physical {physical}: {e}");
+            self.bump(devid, DevStat::Write);
+        }
+        r
+    }
+
+    /// Counts an error of device `devid` (persisted by the next commit).
+    pub(crate) fn bump(&self, devid: u64, stat: DevStat) {
+        let mut st = self.stats.lock();
+        st.0.entry(devid).or_default()[stat as usize] += 1;
+        st.1 = true;
+    }
+
+    /// The counters as the DEV_STATS items say at open.
+    pub(crate) fn load_stats(&self, devid: u64, values: DevStats) {
+        self.stats.lock().0.insert(devid, values);
+    }
+
+    /// Every device's counters.
+    pub(crate) fn stats(&self) -> BTreeMap<u64, DevStats> {
+        self.stats.lock().0.clone()
+    }
+
+    /// Zeroes the counters (`device stats -z`); the next commit writes them.
+    pub(crate) fn reset_stats(&self) {
+        let mut st = self.stats.lock();
+        for v in st.0.values_mut() {
+            *v = [0; 5];
+        }
+        st.1 = true;
+    }
+
+    /// Whether the counters changed since a commit last wrote them.
+    pub(crate) fn stats_dirty(&self) -> bool {
+        self.stats.lock().1
+    }
+
+    /// The counters to write, if they changed since the last call.
+    pub(crate) fn take_dirty_stats(&self) -> Option<BTreeMap<u64, DevStats>> {
+        let mut st = self.stats.lock();
+        std::mem::take(&mut st.1).then(|| st.0.clone())
     }
 
     /// A cache flush of every present device, in parallel: a commit waits for the slowest.
     pub(crate) fn flush(&self) -> Result<()> {
         if self.members.len() == 1 {
-            return self.primary().flush();
+            let r = self.primary().flush();
+            if r.is_err() {
+                self.bump(self.primary, DevStat::Flush);
+            }
+            return r;
         }
         std::thread::scope(|s| {
             let handles: Vec<_> = self
@@ -227,10 +296,13 @@ impl DeviceSet {
                 .map(|m| s.spawn(move || m.device.flush()))
                 .collect();
             let mut out = Ok(());
-            for h in handles {
+            for (h, devid) in handles.into_iter().zip(self.members.keys()) {
                 let r = h.join().unwrap_or_else(|_| {
                     Err(Error::Io(std::io::Error::other("a device flush panicked")))
                 });
+                if r.is_err() {
+                    self.bump(*devid, DevStat::Flush);
+                }
                 if out.is_ok() {
                     out = r;
                 }

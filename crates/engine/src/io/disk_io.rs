@@ -5,7 +5,7 @@
 
 use crate::error::{Error, Result, TreeMiss};
 use crate::io::device::Device;
-use crate::io::devices::DeviceSet;
+use crate::io::devices::{DevStat, DeviceSet};
 use crate::io::volumes::{ChunkMap, RowPiece};
 use oleo_format::items::block_group as bg;
 use oleo_format::key::Key;
@@ -381,6 +381,57 @@ impl DiskIo {
         self.chunks.read().num_mirrors(logical)
     }
 
+    /// Counts a bad copy (checksum or header) against the device(s) it was read from.
+    pub(crate) fn note_bad_copy(&self, logical: u64, len: u64, mirror: usize, stat: DevStat) {
+        let chunks = self.chunks.read();
+        let devids: Vec<u64> = if chunks
+            .profile(logical)
+            .is_some_and(|p| p & (bg::RAID5 | bg::RAID6) != 0)
+        {
+            if mirror > 0 {
+                return;
+            }
+            chunks
+                .map_rows(logical, len)
+                .map(|rows| rows.iter().map(|r| r.stripes[r.target].0).collect())
+                .unwrap_or_default()
+        } else {
+            chunks
+                .map(logical, len, mirror)
+                .map(|v| v.iter().map(|p| p.devid).collect())
+                .unwrap_or_default()
+        };
+        drop(chunks);
+        let mut seen = Vec::new();
+        for d in devids {
+            if !seen.contains(&d) && !self.devices.is_missing(d) {
+                seen.push(d);
+                self.devices.bump(d, stat);
+            }
+        }
+    }
+
+    /// Checks one raw copy of tree block `bytenr` (a scrub's read): Err((true, why)) for a
+    /// wrong header (bytenr, fsid, generation), Err((false, why)) for a checksum mismatch.
+    pub(crate) fn check_tree_copy(
+        &self,
+        buf: &[u8],
+        bytenr: u64,
+        generation: u64,
+    ) -> std::result::Result<(), (bool, String)> {
+        let expect = Expect {
+            bytenr,
+            level: None,
+            generation: (generation > 0).then_some(generation),
+            first_key: None,
+        };
+        match check_tree_block(buf, &self.ctx.read(), &expect) {
+            Ok(()) => Ok(()),
+            Err(e @ oleo_format::FormatError::ChecksumMismatch) => Err((false, e.to_string())),
+            Err(e) => Err((true, e.to_string())),
+        }
+    }
+
     /// A verified tree block. Tries every copy; a bad copy is logged with its address and
     /// the next one used, as the kernel does with DUP metadata.
     pub fn read_tree_block(
@@ -419,8 +470,15 @@ impl DiskIo {
         for mirror in self.mirror_order(bytenr, nodesize as u64) {
             let mut buf = vec![0u8; nodesize];
             let verdict = self.read_logical(bytenr, &mut buf, mirror).and_then(|_| {
-                check_tree_block(&buf, &self.ctx.read(), &expect)
-                    .map_err(|e| Error::corrupt(bytenr, e.to_string()))
+                check_tree_block(&buf, &self.ctx.read(), &expect).map_err(|e| {
+                    let stat = if e.to_string().contains("parent transid") {
+                        DevStat::Generation
+                    } else {
+                        DevStat::Corruption
+                    };
+                    self.note_bad_copy(bytenr, nodesize as u64, mirror, stat);
+                    Error::corrupt(bytenr, e.to_string())
+                })
             });
             match verdict {
                 Ok(()) => {

@@ -388,6 +388,7 @@ impl FsCore {
             on_close: None,
         };
         fs.csum_tree = fs.read_root_item(objectid::CSUM_TREE)?.map(|(r, _)| r);
+        fs.load_dev_stats()?;
         if fs.subvol_root(objectid::FS_TREE)?.is_none() {
             return Err(Error::Unusable(
                 "the top-level subvolume (tree 5) is missing".into(),
@@ -554,6 +555,27 @@ fn check_features(sb: &Superblock) -> Result<()> {
         )));
     }
     Ok(())
+}
+
+impl FsCore {
+    /// The devices' error counters from the DEV_STATS items of the device tree.
+    fn load_dev_stats(&self) -> Result<()> {
+        let Some((root, _)) = self.read_root_item(objectid::DEV_TREE)? else {
+            return Ok(());
+        };
+        let min = Key::new(objectid::DEV_STATS, item::PERSISTENT_ITEM, 0);
+        let max = Key::new(objectid::DEV_STATS, item::PERSISTENT_ITEM, u64::MAX);
+        crate::ctree::for_each_in_range(self, &root, min, max, |key, data| {
+            // Shorter items (older kernels) count as zeros past their end.
+            let mut v = [0u64; 5];
+            for (i, c) in data.chunks_exact(8).take(5).enumerate() {
+                v[i] = u64::from_le_bytes(c.try_into().expect("8 bytes"));
+            }
+            self.io.devices().load_stats(key.offset, v);
+            Ok(ControlFlow::Continue(()))
+        })?;
+        Ok(())
+    }
 }
 
 /// Matches the devices given against the chunk tree's DEV_ITEMs. A missing device is

@@ -775,6 +775,7 @@ impl<'a> Transaction<'a> {
     /// Delayed items into their trees, then the commit's bookkeeping to a fixpoint.
     fn settle_bookkeeping(&mut self) -> Result<()> {
         self.run_delayed_items()?;
+        self.write_dev_stats()?;
         // The root tree is copied in every commit: its root carries the new generation.
         let (_, ext_key) = self.recorded_key(objectid::EXTENT_TREE)?;
         self.update_item(objectid::ROOT_TREE, &ext_key, |_| ())?;
@@ -794,6 +795,26 @@ impl<'a> Transaction<'a> {
             return Err(Error::Unsupported(
                 "commit bookkeeping did not reach a fixpoint".into(),
             ));
+        }
+        Ok(())
+    }
+
+    /// The devices' error counters into their DEV_STATS items, when they changed (the
+    /// kernel's btrfs_run_dev_stats).
+    pub(crate) fn write_dev_stats(&mut self) -> Result<()> {
+        let Some(stats) = self.fs.io.devices().take_dirty_stats() else {
+            return Ok(());
+        };
+        for (devid, v) in stats {
+            let mut body = Vec::with_capacity(40);
+            for x in v {
+                body.extend_from_slice(&x.to_le_bytes());
+            }
+            let key = Key::new(objectid::DEV_STATS, item::PERSISTENT_ITEM, devid);
+            if self.lookup(objectid::DEV_TREE, &key)?.is_some() {
+                self.delete_item(objectid::DEV_TREE, &key)?;
+            }
+            self.insert_item(objectid::DEV_TREE, key, &body)?;
         }
         Ok(())
     }

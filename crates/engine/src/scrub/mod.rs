@@ -1,0 +1,496 @@
+//! Scrub (the kernel's scrub.c): every copy of every allocated tree block and data extent
+//! is read and verified (tree block header and checksum; data against the csum tree), and
+//! a copy that fails is rewritten from one that passes. Counters as `btrfs scrub status`
+//! keeps them, per device.
+//!
+//! Layer 7: walks the committed extent tree through the transaction layer's state and
+//! reads through io. It runs on a filesystem nothing else writes to (an image opened for
+//! it), so the committed trees are what is on disk.
+
+use crate::error::{Error, Result};
+use crate::transaction::fs::FsCore;
+use oleo_format::items::block_group as bg;
+use oleo_format::items::ExtentItem;
+use oleo_format::key::{item, objectid, Key};
+use std::collections::BTreeMap;
+use std::ops::ControlFlow;
+
+/// What a scrub counted on one device (the kernel's btrfs_scrub_progress).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ScrubProgress {
+    /// Data extent pieces verified.
+    pub data_extents_scrubbed: u64,
+    /// Tree blocks verified.
+    pub tree_extents_scrubbed: u64,
+    /// Data bytes verified.
+    pub data_bytes_scrubbed: u64,
+    /// Tree block bytes verified.
+    pub tree_bytes_scrubbed: u64,
+    /// Sectors the device could not read.
+    pub read_errors: u64,
+    /// Sectors whose checksum did not match.
+    pub csum_errors: u64,
+    /// Tree block sectors whose header was wrong (bytenr, fsid, generation).
+    pub verify_errors: u64,
+    /// Data sectors without a checksum (nodatasum files): read, not verifiable.
+    pub no_csum: u64,
+    /// Checksums without data (unused by oleo; kept for the report's shape).
+    pub csum_discards: u64,
+    /// Superblock copies that were bad.
+    pub super_errors: u64,
+    /// Allocation failures (never, in oleo; kept for the report's shape).
+    pub malloc_errors: u64,
+    /// Bad sectors no good copy could repair.
+    pub uncorrectable_errors: u64,
+    /// Bad sectors rewritten from a good copy.
+    pub corrected_errors: u64,
+    /// Errors that went away on a re-read (unused by oleo).
+    pub unverified_errors: u64,
+    /// The physical end of the last piece scrubbed on the device.
+    pub last_physical: u64,
+}
+
+impl ScrubProgress {
+    /// Adds `o`'s counts to these.
+    pub fn add(&mut self, o: &ScrubProgress) {
+        self.data_extents_scrubbed += o.data_extents_scrubbed;
+        self.tree_extents_scrubbed += o.tree_extents_scrubbed;
+        self.data_bytes_scrubbed += o.data_bytes_scrubbed;
+        self.tree_bytes_scrubbed += o.tree_bytes_scrubbed;
+        self.read_errors += o.read_errors;
+        self.csum_errors += o.csum_errors;
+        self.verify_errors += o.verify_errors;
+        self.no_csum += o.no_csum;
+        self.csum_discards += o.csum_discards;
+        self.super_errors += o.super_errors;
+        self.malloc_errors += o.malloc_errors;
+        self.uncorrectable_errors += o.uncorrectable_errors;
+        self.corrected_errors += o.corrected_errors;
+        self.unverified_errors += o.unverified_errors;
+        // Summed, as btrfs-progs sums the devices' counters.
+        self.last_physical += o.last_physical;
+    }
+
+    /// Whether any error was counted.
+    pub fn has_errors(&self) -> bool {
+        self.read_errors
+            + self.csum_errors
+            + self.verify_errors
+            + self.super_errors
+            + self.uncorrectable_errors
+            + self.corrected_errors
+            > 0
+    }
+}
+
+/// How to scrub.
+#[derive(Clone, Debug, Default)]
+pub struct ScrubOptions {
+    /// Report only: nothing is rewritten (`btrfs scrub start -r`).
+    pub readonly: bool,
+    /// Bytes per second to read at most (summed over devices); None: as fast as it goes.
+    pub rate_limit: Option<u64>,
+}
+
+/// The result of one copy of a range.
+enum Verdict {
+    Good,
+    /// Unreadable (IO error, missing device).
+    Unreadable,
+    /// Read, but these sectors (indexes) failed; `header` for a tree block's header.
+    Bad {
+        sectors: Vec<usize>,
+        header: bool,
+    },
+}
+
+/// Per device counters as a scrub goes.
+pub(crate) type PerDevice = BTreeMap<u64, ScrubProgress>;
+
+/// An allocated extent of a block group: start, length, whether a tree block, its
+/// generation (tree blocks).
+type Extent = (u64, u64, bool, u64);
+
+impl FsCore {
+    /// Scrubs every block group; `progress` is called after each extent with the totals so
+    /// far. Returns the per-device counters.
+    pub(crate) fn scrub(
+        &self,
+        opts: &ScrubOptions,
+        progress: &mut dyn FnMut(&PerDevice),
+    ) -> Result<PerDevice> {
+        let mut stats: PerDevice = self
+            .io
+            .devices()
+            .members()
+            .map(|(d, _)| (d, ScrubProgress::default()))
+            .collect();
+        self.scrub_supers(&mut stats);
+        let repair = !opts.readonly && self.io.devices().is_writable();
+        let started = std::time::Instant::now();
+        let mut read_bytes = 0u64;
+        let groups: Vec<(u64, u64, u64)> = self
+            .io
+            .chunks()
+            .chunks()
+            .map(|(&s, c)| (s, c.length, c.chunk_type))
+            .collect();
+        for (start, length, flags) in groups {
+            for (bytenr, len, tree, generation) in self.allocated_extents(start, length, flags)? {
+                if tree {
+                    self.scrub_tree_block(bytenr, len, generation, repair, &mut stats);
+                } else {
+                    self.scrub_data(bytenr, len, repair, &mut stats)?;
+                    // The kernel scrubs in 64 KiB stripes and counts an extent once in
+                    // each stripe it touches, for each copy.
+                    const STRIPE: u64 = 64 * 1024;
+                    let first = (bytenr - start) / STRIPE;
+                    let last = (bytenr + len - 1 - start) / STRIPE;
+                    let copies = self.io.num_mirrors(bytenr).max(1);
+                    let raid56 = flags & (bg::RAID5 | bg::RAID6) != 0;
+                    for m in 0..if raid56 { 1 } else { copies } {
+                        for s in first..=last {
+                            let at = (start + s * STRIPE).max(bytenr);
+                            self.count(&mut stats, at, 1, m, |p, _| p.data_extents_scrubbed += 1);
+                        }
+                    }
+                }
+                read_bytes += len;
+                progress(&stats);
+                if let Some(rate) = opts.rate_limit.filter(|&r| r > 0) {
+                    // Sleep until the bytes read fit the rate.
+                    let due = std::time::Duration::from_secs_f64(read_bytes as f64 / rate as f64);
+                    if let Some(wait) = due.checked_sub(started.elapsed()) {
+                        std::thread::sleep(wait);
+                    }
+                }
+            }
+        }
+        Ok(stats)
+    }
+
+    /// Every superblock copy on every device: parsed, checksummed, of this filesystem.
+    fn scrub_supers(&self, stats: &mut PerDevice) {
+        use oleo_format::superblock::{mirror_offset, Superblock, SUPER_INFO_SIZE};
+        for (devid, m) in self.io.devices().members() {
+            for mirror in 0..3 {
+                let off = mirror_offset(mirror);
+                if off + SUPER_INFO_SIZE as u64 > m.device.size() {
+                    break;
+                }
+                let mut buf = vec![0u8; SUPER_INFO_SIZE];
+                let ok = m.device.read_exact_at(&mut buf, off).is_ok()
+                    && Superblock::parse(&buf)
+                        .is_ok_and(|sb| sb.bytenr == off && sb.fsid == self.sb.fsid);
+                if !ok {
+                    log::error!("scrub: superblock copy {mirror} of device {devid} is bad");
+                    stats.entry(devid).or_default().super_errors += 1;
+                }
+            }
+        }
+    }
+
+    /// The extents the committed extent tree has in block group `[start, start+length)`.
+    fn allocated_extents(&self, start: u64, length: u64, flags: u64) -> Result<Vec<Extent>> {
+        let Some((root, _)) = self.read_root_item(objectid::EXTENT_TREE)? else {
+            return Err(Error::Unusable("the extent tree is missing".into()));
+        };
+        let nodesize = u64::from(self.sb.nodesize);
+        let mut out = Vec::new();
+        let end = start + length;
+        crate::ctree::for_each_in_range(
+            &*self.io,
+            &root,
+            Key::new(start, 0, 0),
+            Key::new(end - 1, u8::MAX, u64::MAX),
+            |k, v| {
+                let tree = match k.item_type {
+                    item::METADATA_ITEM => true,
+                    item::EXTENT_ITEM => {
+                        flags & bg::DATA == 0 || {
+                            ExtentItem::parse(v, false).is_ok_and(|e| {
+                                e.flags & oleo_format::items::EXTENT_FLAG_TREE_BLOCK != 0
+                            })
+                        }
+                    }
+                    _ => return Ok(ControlFlow::Continue(())),
+                };
+                let len = if k.item_type == item::METADATA_ITEM {
+                    nodesize
+                } else {
+                    k.offset
+                };
+                let skinny = k.item_type == item::METADATA_ITEM;
+                let generation = ExtentItem::parse(v, skinny).map_or(0, |e| e.generation);
+                if k.objectid >= start && k.objectid.saturating_add(len) <= end {
+                    out.push((k.objectid, len, tree, generation));
+                }
+                Ok(ControlFlow::Continue(()))
+            },
+        )?;
+        Ok(out)
+    }
+
+    /// The devices copy `mirror` of `[logical, logical+len)` lives on, with the bytes on
+    /// each and the physical end of the last piece there.
+    fn copy_devices(&self, logical: u64, len: u64, mirror: usize) -> Vec<(u64, u64, u64)> {
+        let chunks = self.io.chunks();
+        if chunks
+            .profile(logical)
+            .is_some_and(|p| p & (bg::RAID5 | bg::RAID6) != 0)
+        {
+            // A RAID5/6 "copy" past the first is a rebuild: it belongs to no one device.
+            if mirror > 0 {
+                return Vec::new();
+            }
+            return chunks
+                .map_rows(logical, len)
+                .map(|rows| {
+                    rows.iter()
+                        .map(|r| {
+                            let (d, p) = r.stripes[r.target];
+                            (d, r.len, p + r.len)
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+        }
+        chunks
+            .map(logical, len, mirror)
+            .map(|v| {
+                v.iter()
+                    .map(|p| (p.devid, p.len, p.physical + p.len))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    fn count(
+        &self,
+        stats: &mut PerDevice,
+        logical: u64,
+        len: u64,
+        mirror: usize,
+        f: impl Fn(&mut ScrubProgress, u64),
+    ) {
+        for (devid, bytes, phys_end) in self.copy_devices(logical, len, mirror) {
+            let s = stats.entry(devid).or_default();
+            f(s, bytes);
+            s.last_physical = s.last_physical.max(phys_end);
+        }
+    }
+
+    fn scrub_tree_block(
+        &self,
+        bytenr: u64,
+        len: u64,
+        generation: u64,
+        repair: bool,
+        stats: &mut PerDevice,
+    ) {
+        let sector = u64::from(self.sb.sectorsize);
+        let sectors = (len / sector) as usize;
+        let copies = self.io.num_mirrors(bytenr).max(1);
+        let mut verdicts = Vec::new();
+        let mut good: Option<Vec<u8>> = None;
+        for m in 0..copies {
+            let mut buf = vec![0u8; len as usize];
+            let v = match self.io.read_logical(bytenr, &mut buf, m) {
+                Err(e) => {
+                    log::error!("scrub: tree block {bytenr} copy {m}: {e}");
+                    Verdict::Unreadable
+                }
+                Ok(()) => match self.io.check_tree_copy(&buf, bytenr, generation) {
+                    Ok(()) => {
+                        good.get_or_insert(buf);
+                        Verdict::Good
+                    }
+                    Err((header, why)) => {
+                        log::error!("scrub: tree block {bytenr} copy {m}: {why}");
+                        let stat = if why.contains("parent transid") {
+                            crate::io::devices::DevStat::Generation
+                        } else {
+                            crate::io::devices::DevStat::Corruption
+                        };
+                        self.io.note_bad_copy(bytenr, len, m, stat);
+                        Verdict::Bad {
+                            sectors: (0..sectors).collect(),
+                            header,
+                        }
+                    }
+                },
+            };
+            verdicts.push(v);
+        }
+        for (m, v) in verdicts.iter().enumerate() {
+            self.count(stats, bytenr, len, m, |s, bytes| {
+                s.tree_extents_scrubbed += 1;
+                s.tree_bytes_scrubbed += bytes;
+            });
+            let bad = match v {
+                Verdict::Good => continue,
+                Verdict::Unreadable => {
+                    self.count(stats, bytenr, len, m, |s, b| s.read_errors += b / sector);
+                    sectors as u64
+                }
+                Verdict::Bad { sectors: s, header } => {
+                    let n = s.len() as u64;
+                    let header = *header;
+                    self.count(stats, bytenr, len, m, |st, b| {
+                        let k = n.min(b / sector);
+                        if header {
+                            st.verify_errors += k;
+                        } else {
+                            st.csum_errors += k;
+                        }
+                    });
+                    n
+                }
+            };
+            self.settle(stats, bytenr, len, m, bad, good.as_deref(), repair);
+        }
+    }
+
+    /// Repairs copy `m` of a range from `good` (if any and allowed) and counts the sectors.
+    #[allow(clippy::too_many_arguments)]
+    fn settle(
+        &self,
+        stats: &mut PerDevice,
+        logical: u64,
+        len: u64,
+        m: usize,
+        bad: u64,
+        good: Option<&[u8]>,
+        repair: bool,
+    ) {
+        let fixed = match good {
+            Some(g) if repair => match self.io.repair_copy(logical, g, m) {
+                Ok(()) => {
+                    log::warn!("scrub: repaired logical {logical} ({len} bytes) copy {m}");
+                    true
+                }
+                Err(e) => {
+                    log::error!("scrub: could not repair logical {logical} copy {m}: {e}");
+                    false
+                }
+            },
+            _ => false,
+        };
+        let sector = u64::from(self.sb.sectorsize);
+        self.count(stats, logical, len, m, |s, b| {
+            let k = bad.min(b / sector).max(1);
+            if fixed {
+                s.corrected_errors += k;
+            } else {
+                s.uncorrectable_errors += k;
+            }
+        });
+    }
+
+    fn scrub_data(&self, bytenr: u64, len: u64, repair: bool, stats: &mut PerDevice) -> Result<()> {
+        // Pieces of at most 1 MiB keep memory flat for 128 MiB extents.
+        const PIECE: u64 = 1 << 20;
+        let sector = u64::from(self.sb.sectorsize);
+        let csum_type = self.sb.csum_type();
+        let mut at = bytenr;
+        while at < bytenr + len {
+            let n = PIECE.min(bytenr + len - at);
+            let sums = self.data_csums(at, at + n)?;
+            let copies = self.io.num_mirrors(at).max(1);
+            // A RAID5/6 row has one copy of data; its rebuilds are not copies to scrub.
+            let raid56 = self
+                .io
+                .chunks()
+                .profile(at)
+                .is_some_and(|p| p & (bg::RAID5 | bg::RAID6) != 0);
+            let copies = if raid56 { 1 } else { copies };
+            let mut bufs = Vec::new();
+            let mut bad: Vec<Option<Vec<usize>>> = Vec::new();
+            for m in 0..copies {
+                let mut buf = vec![0u8; n as usize];
+                match self.io.read_logical(at, &mut buf, m) {
+                    Err(e) => {
+                        log::error!("scrub: data at logical {at} copy {m}: {e}");
+                        bad.push(None);
+                    }
+                    Ok(()) => {
+                        let b: Vec<usize> = sums
+                            .iter()
+                            .enumerate()
+                            .filter_map(|(i, c)| {
+                                let c = c.as_ref()?;
+                                let s = &buf[i * sector as usize..(i + 1) * sector as usize];
+                                (!csum_type.verify(s, c)).then_some(i)
+                            })
+                            .collect();
+                        for &i in &b {
+                            self.io.note_bad_copy(
+                                at + i as u64 * sector,
+                                sector,
+                                m,
+                                crate::io::devices::DevStat::Corruption,
+                            );
+                        }
+                        if !b.is_empty() {
+                            log::error!(
+                                "scrub: data checksum mismatch at logical {} copy {m} ({} sectors)",
+                                at + b[0] as u64 * sector,
+                                b.len()
+                            );
+                        }
+                        bad.push(Some(b));
+                    }
+                }
+                bufs.push(buf);
+            }
+            let no_csum = sums.iter().filter(|c| c.is_none()).count() as u64;
+            // The good bytes, sector by sector, from any copy that has them.
+            let nsec = (n / sector) as usize;
+            let mut good = vec![0u8; n as usize];
+            let mut covered = vec![false; nsec];
+            for (m, b) in bad.iter().enumerate() {
+                let Some(b) = b else { continue };
+                for (i, c) in covered.iter_mut().enumerate() {
+                    if !*c && !b.contains(&i) {
+                        let r = i * sector as usize..(i + 1) * sector as usize;
+                        good[r.clone()].copy_from_slice(&bufs[m][r]);
+                        *c = true;
+                    }
+                }
+            }
+            for (m, b) in bad.iter().enumerate() {
+                self.count(stats, at, n, m, |s, bytes| {
+                    s.data_bytes_scrubbed += bytes;
+                    s.no_csum += no_csum.min(bytes / sector);
+                });
+                let bad_sectors: Vec<usize> = match b {
+                    None => {
+                        self.count(stats, at, n, m, |s, b| s.read_errors += b / sector);
+                        (0..nsec).collect()
+                    }
+                    Some(b) if b.is_empty() => continue,
+                    Some(b) => {
+                        let k = b.len() as u64;
+                        self.count(stats, at, n, m, |s, bytes| {
+                            s.csum_errors += k.min(bytes / sector)
+                        });
+                        b.clone()
+                    }
+                };
+                let all_good = bad_sectors.iter().all(|&i| covered[i]);
+                let good = all_good.then_some(good.as_slice());
+                self.settle(
+                    stats,
+                    at,
+                    n,
+                    m,
+                    bad_sectors.len() as u64,
+                    good,
+                    repair && !raid56,
+                );
+            }
+            at += n;
+        }
+        Ok(())
+    }
+}
