@@ -104,16 +104,61 @@ impl Filesystem {
 impl Filesystem {
     /// Scrubs the filesystem (see [`crate::ScrubOptions`]): every copy of every tree block
     /// and data extent read and verified, bad copies rewritten from good ones unless
-    /// read-only. `progress` sees the per-device counters after each extent. Only on a
-    /// filesystem opened for it: nothing else may write meanwhile, so its commits are
-    /// flushed first.
+    /// read-only. `progress` sees the per-device counters after each extent.
+    ///
+    /// Safe beside writers (a mount scrubbing in the background): each batch of extents is
+    /// scrubbed holding the filesystem shared, once every closed commit is on disk, so no
+    /// commit frees them meanwhile, and only extents the last commit still has are read
+    /// (space freed by the running transaction stays pinned until it commits). Writers
+    /// wait at most one batch.
     pub fn scrub(
         &self,
         opts: &crate::scrub::ScrubOptions,
         progress: &mut dyn FnMut(&std::collections::BTreeMap<u64, crate::scrub::ScrubProgress>),
     ) -> Result<std::collections::BTreeMap<u64, crate::scrub::ScrubProgress>> {
+        const BATCH_BYTES: u64 = 4 << 20;
         self.sync()?;
-        let stats = self.core.read().scrub(opts, progress)?;
+        let (mut stats, groups, repair) = {
+            let core = self.core.read();
+            let repair = !opts.readonly && core.io.devices().is_writable();
+            (core.scrub_begin(), core.scrub_groups(), repair)
+        };
+        let started = std::time::Instant::now();
+        let mut read_bytes = 0u64;
+        for (start, length, flags) in groups {
+            let extents = {
+                let core = self.core.read();
+                let closed = core.superblock().generation;
+                core.pipe.wait_durable(closed)?;
+                core.allocated_extents(start, length, flags)?
+            };
+            let mut i = 0;
+            while i < extents.len() {
+                {
+                    let core = self.core.read();
+                    // Every closed commit on disk; none closes while this lock is held.
+                    let closed = core.superblock().generation;
+                    core.pipe.wait_durable(closed)?;
+                    let mut bytes = 0;
+                    while i < extents.len() && bytes < BATCH_BYTES {
+                        let ext = extents[i];
+                        i += 1;
+                        if core.scrub_still_allocated(ext)? {
+                            core.scrub_extent(ext, start, flags, repair, &mut stats)?;
+                            bytes += ext.1;
+                        }
+                    }
+                    read_bytes += bytes;
+                }
+                progress(&stats);
+                if let Some(rate) = opts.rate_limit.filter(|&r| r > 0) {
+                    let due = std::time::Duration::from_secs_f64(read_bytes as f64 / rate as f64);
+                    if let Some(wait) = due.checked_sub(started.elapsed()) {
+                        std::thread::sleep(wait);
+                    }
+                }
+            }
+        }
         self.persist_device_stats()?;
         Ok(stats)
     }

@@ -3,9 +3,9 @@
 //! a copy that fails is rewritten from one that passes. Counters as `btrfs scrub status`
 //! keeps them, per device.
 //!
-//! Layer 7: walks the committed extent tree through the transaction layer's state and
-//! reads through io. It runs on a filesystem nothing else writes to (an image opened for
-//! it), so the committed trees are what is on disk.
+//! Layer 7: the steps, on the committed extent tree and through io; the handle
+//! (`Filesystem::scrub`) runs them in batches under its lock, so that a mounted
+//! filesystem keeps serving writes while it is scrubbed.
 
 use crate::error::{Error, Result};
 use crate::transaction::fs::FsCore;
@@ -109,16 +109,11 @@ pub(crate) type PerDevice = BTreeMap<u64, ScrubProgress>;
 
 /// An allocated extent of a block group: start, length, whether a tree block, its
 /// generation (tree blocks).
-type Extent = (u64, u64, bool, u64);
+pub(crate) type Extent = (u64, u64, bool, u64);
 
 impl FsCore {
-    /// Scrubs every block group; `progress` is called after each extent with the totals so
-    /// far. Returns the per-device counters.
-    pub(crate) fn scrub(
-        &self,
-        opts: &ScrubOptions,
-        progress: &mut dyn FnMut(&PerDevice),
-    ) -> Result<PerDevice> {
+    /// Fresh counters for every present device, with its superblocks checked.
+    pub(crate) fn scrub_begin(&self) -> PerDevice {
         let mut stats: PerDevice = self
             .io
             .devices()
@@ -126,47 +121,87 @@ impl FsCore {
             .map(|(d, _)| (d, ScrubProgress::default()))
             .collect();
         self.scrub_supers(&mut stats);
-        let repair = !opts.readonly && self.io.devices().is_writable();
-        let started = std::time::Instant::now();
-        let mut read_bytes = 0u64;
-        let groups: Vec<(u64, u64, u64)> = self
-            .io
+        stats
+    }
+
+    /// Every block group: (start, length, flags).
+    pub(crate) fn scrub_groups(&self) -> Vec<(u64, u64, u64)> {
+        self.io
             .chunks()
             .chunks()
             .map(|(&s, c)| (s, c.length, c.chunk_type))
-            .collect();
-        for (start, length, flags) in groups {
-            for (bytenr, len, tree, generation) in self.allocated_extents(start, length, flags)? {
-                if tree {
-                    self.scrub_tree_block(bytenr, len, generation, repair, &mut stats);
-                } else {
-                    self.scrub_data(bytenr, len, repair, &mut stats)?;
-                    // The kernel scrubs in 64 KiB stripes and counts an extent once in
-                    // each stripe it touches, for each copy.
-                    const STRIPE: u64 = 64 * 1024;
-                    let first = (bytenr - start) / STRIPE;
-                    let last = (bytenr + len - 1 - start) / STRIPE;
-                    let copies = self.io.num_mirrors(bytenr).max(1);
-                    let raid56 = flags & (bg::RAID5 | bg::RAID6) != 0;
-                    for m in 0..if raid56 { 1 } else { copies } {
-                        for s in first..=last {
-                            let at = (start + s * STRIPE).max(bytenr);
-                            self.count(&mut stats, at, 1, m, |p, _| p.data_extents_scrubbed += 1);
-                        }
-                    }
-                }
-                read_bytes += len;
-                progress(&stats);
-                if let Some(rate) = opts.rate_limit.filter(|&r| r > 0) {
-                    // Sleep until the bytes read fit the rate.
-                    let due = std::time::Duration::from_secs_f64(read_bytes as f64 / rate as f64);
-                    if let Some(wait) = due.checked_sub(started.elapsed()) {
-                        std::thread::sleep(wait);
-                    }
-                }
+            .collect()
+    }
+
+    /// Scrubs one extent of block group (`start`, `flags`).
+    pub(crate) fn scrub_extent(
+        &self,
+        (bytenr, len, tree, generation): Extent,
+        start: u64,
+        flags: u64,
+        repair: bool,
+        stats: &mut PerDevice,
+    ) -> Result<()> {
+        if tree {
+            self.scrub_tree_block(bytenr, len, generation, repair, stats);
+            return Ok(());
+        }
+        self.scrub_data(bytenr, len, repair, stats)?;
+        // The kernel scrubs in 64 KiB stripes and counts an extent once in each stripe it
+        // touches, for each copy.
+        const STRIPE: u64 = 64 * 1024;
+        let first = (bytenr - start) / STRIPE;
+        let last = (bytenr + len - 1 - start) / STRIPE;
+        let copies = self.io.num_mirrors(bytenr).max(1);
+        let raid56 = flags & (bg::RAID5 | bg::RAID6) != 0;
+        for m in 0..if raid56 { 1 } else { copies } {
+            for s in first..=last {
+                let at = (start + s * STRIPE).max(bytenr);
+                self.count(stats, at, 1, m, |p, _| p.data_extents_scrubbed += 1);
             }
         }
-        Ok(stats)
+        Ok(())
+    }
+
+    /// The extent tree as last committed (not the running transaction's).
+    fn committed_extent_root(&self) -> Result<crate::ctree::TreeRoot> {
+        let mut found = None;
+        crate::ctree::for_each_in_range(
+            &*self.io,
+            &self.root_tree,
+            Key::new(objectid::EXTENT_TREE, item::ROOT_ITEM, 0),
+            Key::new(objectid::EXTENT_TREE, item::ROOT_ITEM, u64::MAX),
+            |k, v| {
+                let ri = oleo_format::items::RootItem::parse(v)
+                    .map_err(|e| Error::corrupt(0, format!("root item {k:?}: {e}")))?;
+                found = Some(crate::ctree::TreeRoot {
+                    id: objectid::EXTENT_TREE,
+                    bytenr: ri.bytenr,
+                    level: ri.level,
+                    generation: ri.generation,
+                });
+                Ok(ControlFlow::Continue(()))
+            },
+        )?;
+        found.ok_or_else(|| Error::Unusable("the extent tree is missing".into()))
+    }
+
+    /// Whether extent `ext` is still allocated as of the last commit (a scrub of a mounted
+    /// filesystem checks before reading it: freed since, its space may hold new data).
+    pub(crate) fn scrub_still_allocated(&self, ext: Extent) -> Result<bool> {
+        let root = self.committed_extent_root()?;
+        let mut found = false;
+        crate::ctree::for_each_in_range(
+            &*self.io,
+            &root,
+            Key::new(ext.0, item::EXTENT_ITEM, 0),
+            Key::new(ext.0, item::METADATA_ITEM, u64::MAX),
+            |_, _| {
+                found = true;
+                Ok(ControlFlow::Break(()))
+            },
+        )?;
+        Ok(found)
     }
 
     /// Every superblock copy on every device: parsed, checksummed, of this filesystem.
@@ -191,10 +226,13 @@ impl FsCore {
     }
 
     /// The extents the committed extent tree has in block group `[start, start+length)`.
-    fn allocated_extents(&self, start: u64, length: u64, flags: u64) -> Result<Vec<Extent>> {
-        let Some((root, _)) = self.read_root_item(objectid::EXTENT_TREE)? else {
-            return Err(Error::Unusable("the extent tree is missing".into()));
-        };
+    pub(crate) fn allocated_extents(
+        &self,
+        start: u64,
+        length: u64,
+        flags: u64,
+    ) -> Result<Vec<Extent>> {
+        let root = self.committed_extent_root()?;
         let nodesize = u64::from(self.sb.nodesize);
         let mut out = Vec::new();
         let end = start + length;
