@@ -72,6 +72,10 @@ pub struct DiskIo {
     cache: Cache<u64, Block, BlockWeight>,
     /// Blocks of a commit that is writing them out: what a read must see until then.
     inflight: RwLock<HashMap<u64, Block>>,
+    /// Tree blocks read good from one copy after another failed: (bytenr, bad copy, good
+    /// bytes), rewritten under the filesystem's exclusive lock (`FsCore::repair_tree_blocks`)
+    /// where nothing can free the block meanwhile.
+    repairs: parking_lot::Mutex<Vec<(u64, usize, Block)>>,
 }
 
 impl DiskIo {
@@ -88,6 +92,7 @@ impl DiskIo {
             ctx: RwLock::new(ctx),
             cache: Cache::with_weighter(items, cache_bytes.max(16 * 65536), BlockWeight),
             inflight: RwLock::new(HashMap::new()),
+            repairs: parking_lot::Mutex::new(Vec::new()),
         }
     }
 
@@ -381,6 +386,11 @@ impl DiskIo {
         self.chunks.read().num_mirrors(logical)
     }
 
+    /// The tree block repairs waiting (see `repairs`).
+    pub(crate) fn take_repairs(&self) -> Vec<(u64, usize, Block)> {
+        std::mem::take(&mut *self.repairs.lock())
+    }
+
     /// Counts a bad copy (checksum or header) against the device(s) it was read from.
     pub(crate) fn note_bad_copy(&self, logical: u64, len: u64, mirror: usize, stat: DevStat) {
         let chunks = self.chunks.read();
@@ -482,10 +492,18 @@ impl DiskIo {
             });
             match verdict {
                 Ok(()) => {
+                    let block: Block = buf.into();
                     if !bad.is_empty() {
                         log::warn!("tree block {bytenr}: copy {bad:?} was bad ({last_err}); read copy {mirror} instead");
+                        if self.devices.is_writable() {
+                            let mut r = self.repairs.lock();
+                            for &m in &bad {
+                                if r.len() < 1024 && self.mirror_present(bytenr, nodesize as u64, m) {
+                                    r.push((bytenr, m, block.clone()));
+                                }
+                            }
+                        }
                     }
-                    let block: Block = buf.into();
                     self.cache.insert(bytenr, block.clone());
                     return Ok(block);
                 }

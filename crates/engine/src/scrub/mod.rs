@@ -345,12 +345,8 @@ impl FsCore {
                     }
                     Err((header, why)) => {
                         log::error!("scrub: tree block {bytenr} copy {m}: {why}");
-                        let stat = if why.contains("parent transid") {
-                            crate::io::devices::DevStat::Generation
-                        } else {
-                            crate::io::devices::DevStat::Corruption
-                        };
-                        self.io.note_bad_copy(bytenr, len, m, stat);
+                        // The kernel's scrub counts bad tree blocks in its report
+                        // only, not in the device's error counters.
                         Verdict::Bad {
                             sectors: (0..sectors).collect(),
                             header,
@@ -371,16 +367,12 @@ impl FsCore {
                     self.count(stats, bytenr, len, m, |s, b| s.read_errors += b / sector);
                     sectors as u64
                 }
-                Verdict::Bad { sectors: s, header } => {
+                Verdict::Bad { sectors: s, .. } => {
+                    // The kernel counts every bad tree block (checksum or header) as
+                    // verify errors, one per sector.
                     let n = s.len() as u64;
-                    let header = *header;
                     self.count(stats, bytenr, len, m, |st, b| {
-                        let k = n.min(b / sector);
-                        if header {
-                            st.verify_errors += k;
-                        } else {
-                            st.csum_errors += k;
-                        }
+                        st.verify_errors += n.min(b / sector)
                     });
                     n
                 }

@@ -1185,6 +1185,47 @@ impl FsCore {
         }
     }
 
+    /// Rewrites the bad copies of tree blocks that reads found (the kernel's read repair of
+    /// metadata), under the exclusive lock: a block the extent tree still has as allocated,
+    /// at the generation read, and not copied in the running transaction cannot be freed
+    /// or reused while this runs, so the bytes written are still the block's.
+    pub(crate) fn repair_tree_blocks(&mut self) {
+        let todo = self.io.take_repairs();
+        for (bytenr, mirror, block) in todo {
+            let Ok(tb) = oleo_format::TreeBlock::new(&block) else {
+                continue;
+            };
+            let generation = tb.generation();
+            let dirty = self
+                .running
+                .as_ref()
+                .is_some_and(|t| t.dirty.contains_key(&bytenr));
+            let root = self.read_root_item(objectid::EXTENT_TREE).ok().flatten();
+            let mut allocated = false;
+            if let Some((root, _)) = root {
+                let _ = ctree::for_each_in_range(
+                    &*self,
+                    &root,
+                    Key::new(bytenr, item::EXTENT_ITEM, 0),
+                    Key::new(bytenr, item::METADATA_ITEM, u64::MAX),
+                    |k, v| {
+                        let skinny = k.item_type == item::METADATA_ITEM;
+                        allocated = oleo_format::items::ExtentItem::parse(v, skinny)
+                            .is_ok_and(|e| e.generation == generation);
+                        Ok(std::ops::ControlFlow::Break(()))
+                    },
+                );
+            }
+            if dirty || !allocated {
+                continue;
+            }
+            match self.io.repair_copy(bytenr, &block, mirror) {
+                Ok(()) => log::warn!("repaired tree block {bytenr} copy {mirror} from a good copy"),
+                Err(e) => log::error!("could not repair tree block {bytenr} copy {mirror}: {e}"),
+            }
+        }
+    }
+
     /// Closes the running transaction, if any, leaving its writing to the caller (which
     /// need not hold the filesystem: see `Filesystem::sync`).
     pub(crate) fn close_running(
@@ -1194,6 +1235,7 @@ impl FsCore {
             // What the aborted transaction held is lost: a sync must not say otherwise.
             return Err(Error::Aborted(why.clone()));
         }
+        self.repair_tree_blocks();
         if self.running.is_none() || self.log_in_memory {
             return Ok(None);
         }
