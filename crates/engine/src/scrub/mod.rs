@@ -30,7 +30,7 @@ pub struct ScrubProgress {
     pub read_errors: u64,
     /// Sectors whose checksum did not match.
     pub csum_errors: u64,
-    /// Tree block sectors whose header was wrong (bytenr, fsid, generation).
+    /// Tree block sectors that failed (checksum or header), as the kernel counts them.
     pub verify_errors: u64,
     /// Data sectors without a checksum (nodatasum files): read, not verifiable.
     pub no_csum: u64,
@@ -97,10 +97,9 @@ enum Verdict {
     Good,
     /// Unreadable (IO error, missing device).
     Unreadable,
-    /// Read, but these sectors (indexes) failed; `header` for a tree block's header.
+    /// Read, but these sectors (indexes) failed.
     Bad {
         sectors: Vec<usize>,
-        header: bool,
     },
 }
 
@@ -343,13 +342,12 @@ impl FsCore {
                         good.get_or_insert(buf);
                         Verdict::Good
                     }
-                    Err((header, why)) => {
+                    Err((_, why)) => {
                         log::error!("scrub: tree block {bytenr} copy {m}: {why}");
                         // The kernel's scrub counts bad tree blocks in its report
                         // only, not in the device's error counters.
                         Verdict::Bad {
                             sectors: (0..sectors).collect(),
-                            header,
                         }
                     }
                 },
