@@ -406,6 +406,9 @@ impl Filesystem {
         fn start_io_recording(&self) -> ();
         /// The writes and flushes recorded so far.
         fn take_io_recording(&self) -> Vec<crate::io::device::IoEvent>;
+        /// The writes and flushes recorded so far on every device of a set, in the order
+        /// they were issued, each with its devid.
+        fn take_io_recording_devices(&self) -> Vec<(u64, crate::io::device::IoEvent)>;
         /// Makes every later write to the device fail after `writes` more (crash tests).
         fn fail_writes_after(&self, writes: u64) -> ();
         /// Why this filesystem cannot be written by oleo, if it cannot.

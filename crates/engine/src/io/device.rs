@@ -99,8 +99,12 @@ pub(crate) struct Device {
     /// The same file opened with O_DIRECT, for large aligned (data) writes: they skip the
     /// host page cache copy, as the kernel's loop device does with direct IO.
     direct: Option<File>,
-    /// When set, every write and flush is also appended here (crash simulation).
-    recording: parking_lot::Mutex<Option<Vec<IoEvent>>>,
+    /// When set, every write and flush is also appended here with this device's id
+    /// (crash simulation); the devices of a set share one recording, so that it keeps the
+    /// order of their IO.
+    recording: std::sync::Arc<parking_lot::Mutex<Option<Vec<(u64, IoEvent)>>>>,
+    /// The devid recorded events carry.
+    rec_devid: AtomicU64,
     size: u64,
     writable: bool,
     /// Writes left before an injected failure (tests of crash consistency); MAX: never.
@@ -153,7 +157,8 @@ impl Device {
             file,
             _claim: claim,
             direct: None,
-            recording: parking_lot::Mutex::new(None),
+            recording: Default::default(),
+            rec_devid: AtomicU64::new(0),
             size,
             writable,
             write_budget: AtomicU64::new(u64::MAX),
@@ -233,10 +238,13 @@ impl Device {
             self.kick_writeback(buf.len() as u64);
         }
         if let Some(log) = self.recording.lock().as_mut() {
-            log.push(IoEvent::Write {
-                offset,
-                data: buf.to_vec(),
-            });
+            log.push((
+                self.rec_devid.load(Ordering::Relaxed),
+                IoEvent::Write {
+                    offset,
+                    data: buf.to_vec(),
+                },
+            ));
         }
         self.writes.fetch_add(1, Ordering::Relaxed);
         Ok(())
@@ -273,7 +281,7 @@ impl Device {
         }
         self.file.sync_data()?;
         if let Some(log) = self.recording.lock().as_mut() {
-            log.push(IoEvent::Flush);
+            log.push((self.rec_devid.load(Ordering::Relaxed), IoEvent::Flush));
         }
         self.flushes.fetch_add(1, Ordering::Relaxed);
         Ok(())
@@ -284,13 +292,24 @@ impl Device {
         *self.recording.lock() = Some(Vec::new());
     }
 
-    /// What was recorded since `start_recording` (recording goes on).
-    pub fn take_recording(&self) -> Vec<IoEvent> {
+    /// What was recorded since `start_recording` (recording goes on), of every device
+    /// sharing the recording, each event with its devid.
+    pub(crate) fn take_recording(&self) -> Vec<(u64, IoEvent)> {
         self.recording
             .lock()
             .as_mut()
             .map(std::mem::take)
             .unwrap_or_default()
+    }
+
+    /// Records into `shared`, as device `devid` (see `recording`).
+    pub(crate) fn share_recording(
+        &mut self,
+        devid: u64,
+        shared: std::sync::Arc<parking_lot::Mutex<Option<Vec<(u64, IoEvent)>>>>,
+    ) {
+        self.recording = shared;
+        self.rec_devid.store(devid, Ordering::Relaxed);
     }
 
     pub fn size(&self) -> u64 {

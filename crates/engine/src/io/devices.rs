@@ -145,6 +145,11 @@ impl DeviceSet {
             .iter()
             .map(|(&d, (_, s))| (d, s.dev_item.clone()))
             .collect();
+        let recording = std::sync::Arc::default();
+        for (&devid, (m, _)) in members.iter_mut() {
+            m.device
+                .share_recording(devid, std::sync::Arc::clone(&recording));
+        }
         let set = DeviceSet {
             primary,
             members: members.into_iter().map(|(d, (m, _))| (d, m)).collect(),

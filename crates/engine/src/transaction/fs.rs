@@ -535,8 +535,16 @@ impl FsCore {
         self.io.device().start_recording();
     }
 
-    /// The writes and flushes recorded so far.
+    /// The writes and flushes recorded so far (one device).
     pub(crate) fn take_io_recording(&self) -> Vec<crate::io::device::IoEvent> {
+        self.take_io_recording_devices()
+            .into_iter()
+            .map(|(_, e)| e)
+            .collect()
+    }
+
+    /// The writes and flushes recorded so far on every device, in order, with their devid.
+    pub(crate) fn take_io_recording_devices(&self) -> Vec<(u64, crate::io::device::IoEvent)> {
         self.io.device().take_recording()
     }
 
