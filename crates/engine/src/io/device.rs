@@ -92,6 +92,9 @@ pub enum IoEvent {
     Flush,
 }
 
+/// A recording shared by the devices of a set: (devid, event) in issue order.
+pub(crate) type Recording = std::sync::Arc<parking_lot::Mutex<Option<Vec<(u64, IoEvent)>>>>;
+
 pub(crate) struct Device {
     file: File,
     /// One writer per filesystem, and never beside the kernel (see `claim`).
@@ -102,7 +105,7 @@ pub(crate) struct Device {
     /// When set, every write and flush is also appended here with this device's id
     /// (crash simulation); the devices of a set share one recording, so that it keeps the
     /// order of their IO.
-    recording: std::sync::Arc<parking_lot::Mutex<Option<Vec<(u64, IoEvent)>>>>,
+    recording: Recording,
     /// The devid recorded events carry.
     rec_devid: AtomicU64,
     size: u64,
@@ -306,7 +309,7 @@ impl Device {
     pub(crate) fn share_recording(
         &mut self,
         devid: u64,
-        shared: std::sync::Arc<parking_lot::Mutex<Option<Vec<(u64, IoEvent)>>>>,
+        shared: Recording,
     ) {
         self.recording = shared;
         self.rec_devid.store(devid, Ordering::Relaxed);
