@@ -323,9 +323,18 @@ impl ReadPlan {
 
     /// The sectors of `r`, from the first mirror whose checksums match.
     fn read_verified(&self, r: &DataRead) -> Result<crate::io::device::IoBuf> {
-        let sector = self.sector as usize;
         // Aligned, so an uncached read lands in it directly.
         let mut buf = crate::io::device::IoBuf::zeroed((r.end - r.start) as usize);
+        // Large reads of a mirrored extent draw on every copy at once; any doubt (an IO
+        // error, a bad sector) and the copies are tried one by one below.
+        if self
+            .io
+            .read_spread(r.start, &mut buf, self.uncached)
+            .unwrap_or(false)
+            && self.csums_match(r, &buf).is_none()
+        {
+            return Ok(buf);
+        }
         let mut bad_at = None;
         // Copies that read but failed their checksums: rewritten from a good one.
         let mut bad_copies = Vec::new();
@@ -339,11 +348,7 @@ impl ReadPlan {
                 io_err = Some(e);
                 continue;
             }
-            bad_at = r.csums.iter().enumerate().find_map(|(i, c)| {
-                let c = c.as_ref()?;
-                let s = &buf[i * sector..(i + 1) * sector];
-                (!self.csum_type.verify(s, c)).then_some(r.start + (i * sector) as u64)
-            });
+            bad_at = self.csums_match(r, &buf);
             let Some(bad) = bad_at else {
                 self.repair(r, &buf, &bad_copies);
                 return Ok(buf);
@@ -378,6 +383,16 @@ impl ReadPlan {
 }
 
 impl ReadPlan {
+    /// The first sector of `buf` (read for `r`) that fails its checksum.
+    fn csums_match(&self, r: &DataRead, buf: &[u8]) -> Option<u64> {
+        let sector = self.sector as usize;
+        r.csums.iter().enumerate().find_map(|(i, c)| {
+            let c = c.as_ref()?;
+            let s = &buf[i * sector..(i + 1) * sector];
+            (!self.csum_type.verify(s, c)).then_some(r.start + (i * sector) as u64)
+        })
+    }
+
     /// Rewrites the copies of `r` that failed their checksums with `good` (verified), as
     /// the kernel's read repair does; the plan's read pin keeps the extent from being
     /// handed out meanwhile. Nothing on a read-only open.

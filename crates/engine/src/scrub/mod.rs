@@ -416,8 +416,8 @@ impl FsCore {
     }
 
     fn scrub_data(&self, bytenr: u64, len: u64, repair: bool, stats: &mut PerDevice) -> Result<()> {
-        // Pieces of at most 1 MiB keep memory flat for 128 MiB extents.
-        const PIECE: u64 = 1 << 20;
+        // Pieces of at most 4 MiB keep memory flat for 128 MiB extents.
+        const PIECE: u64 = 4 << 20;
         let sector = u64::from(self.sb.sectorsize);
         let csum_type = self.sb.csum_type();
         let mut at = bytenr;
@@ -432,44 +432,61 @@ impl FsCore {
                 .profile(at)
                 .is_some_and(|p| p & (bg::RAID5 | bg::RAID6) != 0);
             let copies = if raid56 { 1 } else { copies };
-            let mut bufs = Vec::new();
-            let mut bad: Vec<Option<Vec<usize>>> = Vec::new();
-            for m in 0..copies {
-                let mut buf = vec![0u8; n as usize];
-                match self.io.read_logical(at, &mut buf, m) {
-                    Err(e) => {
-                        log::error!("scrub: data at logical {at} copy {m}: {e}");
-                        bad.push(None);
+            // Every copy read and verified at once (the kernel scrubs each device in a
+            // thread of its own), around the page cache.
+            let read_copy = |m: usize| -> (crate::io::device::IoBuf, Option<Vec<usize>>) {
+                let mut buf = crate::io::device::IoBuf::zeroed(n as usize);
+                if let Err(e) = self.io.read_logical_mode(at, &mut buf, m, true) {
+                    log::error!("scrub: data at logical {at} copy {m}: {e}");
+                    return (buf, None);
+                }
+                let b: Vec<usize> = sums
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(i, c)| {
+                        let c = c.as_ref()?;
+                        let s = &buf[i * sector as usize..(i + 1) * sector as usize];
+                        (!csum_type.verify(s, c)).then_some(i)
+                    })
+                    .collect();
+                (buf, Some(b))
+            };
+            let results: Vec<_> = if copies == 1 {
+                vec![read_copy(0)]
+            } else {
+                std::thread::scope(|s| {
+                    let handles: Vec<_> =
+                        (1..copies).map(|m| s.spawn(move || read_copy(m))).collect();
+                    let mut out = vec![read_copy(0)];
+                    out.extend(handles.into_iter().map(|h| {
+                        h.join()
+                            .unwrap_or_else(|_| (crate::io::device::IoBuf::zeroed(0), None))
+                    }));
+                    out
+                })
+            };
+            let mut bufs = Vec::with_capacity(copies);
+            let mut bad: Vec<Option<Vec<usize>>> = Vec::with_capacity(copies);
+            for (m, (buf, b)) in results.into_iter().enumerate() {
+                if let Some(b) = &b {
+                    for &i in b {
+                        self.io.note_bad_copy(
+                            at + i as u64 * sector,
+                            sector,
+                            m,
+                            crate::io::devices::DevStat::Corruption,
+                        );
                     }
-                    Ok(()) => {
-                        let b: Vec<usize> = sums
-                            .iter()
-                            .enumerate()
-                            .filter_map(|(i, c)| {
-                                let c = c.as_ref()?;
-                                let s = &buf[i * sector as usize..(i + 1) * sector as usize];
-                                (!csum_type.verify(s, c)).then_some(i)
-                            })
-                            .collect();
-                        for &i in &b {
-                            self.io.note_bad_copy(
-                                at + i as u64 * sector,
-                                sector,
-                                m,
-                                crate::io::devices::DevStat::Corruption,
-                            );
-                        }
-                        if !b.is_empty() {
-                            log::error!(
-                                "scrub: data checksum mismatch at logical {} copy {m} ({} sectors)",
-                                at + b[0] as u64 * sector,
-                                b.len()
-                            );
-                        }
-                        bad.push(Some(b));
+                    if !b.is_empty() {
+                        log::error!(
+                            "scrub: data checksum mismatch at logical {} copy {m} ({} sectors)",
+                            at + b[0] as u64 * sector,
+                            b.len()
+                        );
                     }
                 }
                 bufs.push(buf);
+                bad.push(b);
             }
             let no_csum = sums.iter().filter(|c| c.is_none()).count() as u64;
             // The good bytes, sector by sector, from any copy that has them.
