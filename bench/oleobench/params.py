@@ -78,6 +78,13 @@ class Params:
     walk_files: int = 100000
     walk_dirs: int = 100
 
+    # issue 31, multi-device: a 2-device btrfs (raid0 or raid1 data, raid1 metadata) the
+    # kernel fills once; O_DIRECT sequential reads of one incompressible file, time based
+    raid_file_mib: int = 1024
+    raid_runtime_s: int = 20
+    # scrub of a 2-device RAID1 holding one incompressible file of this size
+    scrub_data_mib: int = 1024
+
 
 PRESETS = {
     "full": {},
@@ -93,6 +100,7 @@ PRESETS = {
         snap_delay_s=2.0, snap_file_mib=512, snap_max_runtime_s=30,
         rww_file_mib=64, rww_runtime_s=2,
         seq_file_mib=64, rand_runtime_s=2, walk_files=2000, walk_dirs=20,
+        raid_file_mib=64, raid_runtime_s=2, scrub_data_mib=128,
     ),
     # What the seed patches ran (seed 000: 32 GiB per point on a 16 GiB box; seed 001:
     # 12 threads x 100k files x 10 loops; seed 002: 4 jobs, 8 GiB, 300 s; seed 003:

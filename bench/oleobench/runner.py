@@ -99,6 +99,47 @@ class Context:
         self.log(f"{family} read data set ready in {time.time() - t0:.0f} s")
         return True, result
 
+    def multi_golden(self, key, n, size_bytes, mkfs_opts, file_mib):
+        """Image paths of a prepared N-device btrfs (issue 31): kernel btrfs makes it
+        (`mkfs.btrfs MKFS_OPTS` over N loop devices) and writes data/seq.bin, FILE_MIB
+        of incompressible data, once per run per KEY; every measurement copies the
+        images, so oleo and the kernel read byte-identical sets. A failure is
+        remembered like a read data set's."""
+        gkey = ("multi", key)
+        if gkey not in self._golden:
+            self._golden[gkey] = self._build_multi_golden(key, n, size_bytes, mkfs_opts, file_mib)
+        ok, val = self._golden[gkey]
+        if not ok:
+            raise NotApplicable(val)
+        return val
+
+    def _build_multi_golden(self, key, n, size_bytes, mkfs_opts, file_mib):
+        owner = self.targets["btrfs"]
+        what = f"{n}-device btrfs data set {key}"
+        reason = self.unavailable(owner)
+        if reason:
+            return False, f"cannot build the {what}: {reason}"
+        scratch = os.path.join(self.work_dir, "golden", f"multi-{key}")
+        safe_rmtree(scratch)
+        os.makedirs(scratch)
+        self.log(f"preparing the {what} (mkfs.btrfs {' '.join(mkfs_opts)}, {file_mib} MiB file)")
+        t0 = time.time()
+        cl = Cleanup()
+        try:
+            m = owner.build_multi(cl, scratch, n, size_bytes, mkfs_opts)
+            run([sys.executable, "-m", "oleobench.populate", m.path, file_mib, 0, 1],
+                timeout=self.p.timeout_s,
+                env=dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(__file__))))
+            result = list(m.images)
+        except (NotApplicable, CmdError, OSError) as e:
+            return False, f"building the {what} failed: {e}"
+        finally:
+            cl.close()
+        if cl.errors:
+            return False, f"tearing down the {what} build failed: {'; '.join(cl.errors)}"
+        self.log(f"{what} ready in {time.time() - t0:.0f} s")
+        return True, result
+
     def drop_golden(self):
         safe_rmtree(os.path.join(self.work_dir, "golden"))
         self._golden.clear()
@@ -144,6 +185,11 @@ def measure(ctx, seq, rnd, w, variant, tname):
             golden = ctx.golden(target.family)
             ctx.deadline = time.time() + ctx.p.timeout_s
             m = target.from_dataset(cl, scratch, golden)
+        elif w.kind == "multi":
+            # a multi-device data set (issue 31); the workload says which and how mounted
+            goldens = ctx.multi_golden(*w.multi_dataset(variant))
+            ctx.deadline = time.time() + ctx.p.timeout_s
+            m = target.from_multi(cl, scratch, goldens, w.multi_mode(target))
         else:
             ctx.deadline = time.time() + ctx.p.timeout_s
             m = target.fresh(cl, scratch, w.spec())

@@ -38,11 +38,14 @@ class FsSpec:
 
 class Mounted:
     """A mounted filesystem. `path` is where workloads work; `daemon` the FUSE
-    process whose peak RSS is recorded (None for kernel filesystems and raw)."""
+    process whose peak RSS is recorded (None for kernel filesystems and raw).
+    A multi-device filesystem has all its image files in `images` (`image` is the
+    first); an unmounted one (`Target.from_multi` with no mode) has no `path`."""
 
-    def __init__(self, target, path, daemon=None, image=None, scratch=None):
+    def __init__(self, target, path, daemon=None, image=None, scratch=None, images=None):
         self.target, self.path, self.daemon = target, path, daemon
         self.image, self.scratch = image, scratch
+        self.images = images if images is not None else ([image] if image else [])
         # Filled by teardown of a FUSE daemon: "unmount_s" (unmount until the daemon
         # exited: oleo commits then) and "warnings" (a daemon that had to be killed or
         # exited non-zero). The runner records it with the measurement.
@@ -86,6 +89,18 @@ class Target:
 
     def snapshot_argv(self, m, src, dst):
         raise NotApplicable(f"{self.name} has no subvolumes/snapshots")
+
+    # multi-device btrfs (issue 31): only oleo and kernel btrfs
+    multi_device = False
+
+    def scrub_argv(self, m):
+        raise NotApplicable(f"{self.name} has no scrub")
+
+    def from_multi(self, cl, scratch, goldens, mode):
+        """Fresh copies of the device images GOLDENS (a multi-device btrfs the kernel
+        built), mounted read-only (MODE "ro"), read-write ("rw"), or not at all (None:
+        the workload opens the copies itself; `Mounted.images` lists them)."""
+        raise NotApplicable(f"{self.name} has no multi-device btrfs")
 
 
 # ---------------------------------------------------------------- kernel filesystems
@@ -148,6 +163,56 @@ class Btrfs(KernelTarget):
 
     def snapshot_argv(self, m, src, dst):
         return ["btrfs", "subvolume", "snapshot", "-r", src, dst]
+
+    # Multi-device (issue 31): a loop device (direct IO) per image file, the first
+    # mounted with `-o device=` naming the others.
+    multi_device = True
+
+    def _attach_mount_multi(self, cl, scratch, images, opts, mkfs_opts=None):
+        devs = []
+        for image in images:
+            dev = loop_attach(image)
+            cl.push(f"detach {dev}", loop_detach, dev)
+            devs.append(dev)
+        # The kernel keeps scanned btrfs devices registered by fsid; every copy of a
+        # data set has the same fsid, so each measurement unregisters its own devices
+        # (after the unmount, before the detach) rather than leaving stale paths.
+        cl.push(f"forget {' '.join(devs)}", forget_btrfs_devices, devs)
+        if mkfs_opts is not None:
+            run(["mkfs.btrfs", "-f", "-q"] + list(mkfs_opts) + devs, timeout=600)
+        mnt = os.path.join(scratch, "mnt")
+        os.makedirs(mnt, exist_ok=True)
+        mount(devs[0], mnt, "btrfs", ",".join([o for o in [opts] if o]
+                                              + [f"device={d}" for d in devs[1:]]))
+        cl.push(f"umount {mnt}", umount, mnt)
+        return Mounted(self, mnt, image=images[0], scratch=scratch, images=images)
+
+    def build_multi(self, cl, scratch, n, size_bytes, mkfs_opts):
+        """A new N-device btrfs (mkfs.btrfs MKFS_OPTS over N sparse images), mounted."""
+        images = [os.path.join(scratch, f"dev{i}.img") for i in range(n)]
+        for image in images:
+            make_sparse(image, size_bytes)
+        return self._attach_mount_multi(cl, scratch, images, None, mkfs_opts)
+
+    def from_multi(self, cl, scratch, goldens, mode):
+        if mode is None:
+            raise NotApplicable("kernel btrfs works on a mounted filesystem")
+        images = []
+        for i, golden in enumerate(goldens):
+            images.append(os.path.join(scratch, f"{self.name}-{i}.img"))
+            copy_sparse(golden, images[-1])
+        return self._attach_mount_multi(cl, scratch, images, mode)
+
+    scrub_mode = "rw"       # kernel scrub runs on a mount, read-write so it would repair
+
+    def scrub_argv(self, m):
+        return ["btrfs", "scrub", "start", "-B", "-R", m.path]
+
+
+def forget_btrfs_devices(devs):
+    """Unregister DEVS from the kernel's btrfs device list (`btrfs device scan
+    --forget`); a device it does not know is not an error."""
+    run(["btrfs", "device", "scan", "--forget"] + list(devs), check=False, timeout=60)
 
 
 class Xfs(KernelTarget):
@@ -279,13 +344,14 @@ class Oleo(Target):
             return f"oleo binary not found at {b} (cargo build --release -p oleo-cli, or --oleo PATH)"
         return None
 
-    def _mount(self, cl, scratch, image, opts):
+    def _mount(self, cl, scratch, image, opts, more_images=()):
         if "fuse_uring=on" in self.transport_opts:
             enable_fuse_uring()
         opts = ",".join([opts] + self.transport_opts)
         mnt = os.path.join(scratch, "mnt")
-        argv = [self.ctx.oleo_bin, "mount", "-f", "-o", opts, image, mnt]
-        m = Mounted(self, mnt, image=image, scratch=scratch)
+        # a multi-device filesystem: every image file, then the mount point
+        argv = [self.ctx.oleo_bin, "mount", "-f", "-o", opts, image, *more_images, mnt]
+        m = Mounted(self, mnt, image=image, scratch=scratch, images=[image, *more_images])
         m.daemon = spawn_fuse(cl, argv, mnt, os.path.join(scratch, "oleo.log"),
                               f"oleo mount -o {opts}", grace=self.unmount_grace_s,
                               teardown=m.teardown)
@@ -304,6 +370,29 @@ class Oleo(Target):
         image = os.path.join(scratch, "oleo.img")
         copy_sparse(golden, image)
         return self._mount(cl, scratch, image, "ro")
+
+    # Multi-device (issue 31): oleo opens the image files themselves, no loop devices:
+    # `oleo mount -o ro IMG1 IMG2 MNT`, or no mount (oleo scrub takes the images).
+    multi_device = True
+
+    def from_multi(self, cl, scratch, goldens, mode):
+        images = []
+        for i, golden in enumerate(goldens):
+            images.append(os.path.join(scratch, f"oleo-{i}.img"))
+            copy_sparse(golden, images[-1])
+        if mode is None:
+            return Mounted(self, None, image=images[0], scratch=scratch, images=images)
+        return self._mount(cl, scratch, images[0], mode, more_images=images[1:])
+
+    # `oleo scrub start` takes the unmounted image files (read-write: it verifies every
+    # copy and would rewrite a bad one), not a mount
+    scrub_mode = None
+
+    def scrub_argv(self, m):
+        argv = [self.ctx.oleo_bin, "scrub", "start", "-B", "-R"]
+        for image in m.images:
+            argv += ["--image", image]
+        return argv
 
     # Subvolumes through oleo's own CLI (FUSE cannot pass btrfs's ioctls; `oleo subvolume`
     # talks to the daemon); the command lines are templates (bench/run's defaults).

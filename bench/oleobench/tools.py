@@ -114,3 +114,21 @@ def dbench_loadfile():
         if os.path.exists(f):
             return f
     return None
+
+
+# ---------------------------------------------------------------- scrub
+
+_SCRUB_RAW = re.compile(r"^\s*([a-z_]+):\s*(\d+)\s*$")
+
+
+def parse_scrub_raw(text):
+    """The raw counters `btrfs scrub start -B -R` prints (`oleo scrub start -R` prints
+    the same): {'data_bytes_scrubbed': N, ...}, summed if a counter appears per device."""
+    out = {}
+    for line in text.splitlines():
+        m = _SCRUB_RAW.match(line)
+        if m:
+            out[m.group(1)] = out.get(m.group(1), 0) + int(m.group(2))
+    if "data_bytes_scrubbed" not in out:
+        raise ValueError("no data_bytes_scrubbed counter in the scrub's output")
+    return out

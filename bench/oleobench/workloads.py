@@ -1,4 +1,5 @@
-"""The workloads: the five seeds, a sequential write, and three read workloads.
+"""The workloads: the five seeds, a sequential write, read workloads, and two on a
+2-device btrfs (issue 31).
 
 Each workload declares its metrics (key, label, higher-is-better), its variants (the
 points of a sweep, e.g. fio job counts), which targets it cannot run on and why, and
@@ -69,7 +70,8 @@ class Workload:
         ctx.save_job(self, m.target, variant, text)
         # --readonly (command line only) makes fio refuse any write: the read data
         # set stays as prepared, raw's included.
-        return tools.fio_totals(tools.run_fio(text, m.scratch, timeout, readonly=self.kind == "read"))
+        return tools.fio_totals(tools.run_fio(text, m.scratch, timeout,
+                                              readonly=self.kind in ("read", "multi")))
 
     def fio_verify(self, ctx, m, opts, totals, timeout, variant=None):
         """Read back what a write job (run with verify=crc32c, do_verify=0) wrote,
@@ -603,6 +605,124 @@ class MetaWalk(Workload):
         return {"files_per_s": n / took, "elapsed_s": took}
 
 
+# ---------------------------------------------------------------- multi-device (issue 31)
+
+# 2-device data sets: data profile per variant, metadata always raid1
+RAID_MKFS = {"raid0": ["-d", "raid0", "-m", "raid1"], "raid1": ["-d", "raid1", "-m", "raid1"]}
+
+
+def multi_dataset(profile, file_mib):
+    """(key, devices, bytes per device image, mkfs.btrfs options, file MiB) of a 2-device
+    data set for runner.Context.multi_golden; sets of the same key are built once."""
+    return (f"{profile}-{file_mib}M", 2, max(2 * GiB, file_mib * MiB * 2 + GiB),
+            RAID_MKFS[profile], file_mib)
+
+
+class MultiDevice(Workload):
+    """A workload on a 2-device btrfs the kernel filled once (runner.Context.multi_golden),
+    on fresh copies of its image files: kernel btrfs on a loop device per image (`-o
+    device=`), oleo on the image files themselves (`oleo mount IMG1 IMG2 MNT`)."""
+    kind = "multi"
+
+    def check(self, target):
+        r = super().check(target)
+        if r is None and not getattr(target, "multi_device", False):
+            r = "a 2-device btrfs: runs on oleo (and oleo-devfuse) and kernel btrfs only"
+        return r
+
+    def multi_dataset(self, variant):
+        raise NotImplementedError
+
+    def multi_mode(self, target):
+        return "ro"
+
+
+class RaidSeqRead(MultiDevice):
+    """Sequential 1 MiB reads of one file on 2-device raid0 and raid1, time based.
+    O_DIRECT: the file is read over and over for the whole runtime, and a buffered pass
+    after the first would come from the page cache; oleo reads its image files with
+    O_DIRECT for a caller's O_DIRECT reads, the kernel through direct-IO loop devices,
+    so every pass reaches the disk on both."""
+    name, variant_name = "raid-seq-read", "profile"
+    metrics = [Metric("read_MiB_s", "read MiB/s")]
+    goal = ("oleo", "read_MiB_s", 1.0)    # issue 31: at least the kernel's
+
+    def variants(self):
+        return list(RAID_MKFS)
+
+    def multi_dataset(self, profile):
+        return multi_dataset(profile, self.p.raid_file_mib)
+
+    def describe(self):
+        return {"file_MiB": self.p.raid_file_mib, "runtime_s": self.p.raid_runtime_s,
+                "bs": "1M", "direct": 1, "devices": 2, "metadata": "raid1", "cache": "cold"}
+
+    def run(self, ctx, m, profile):
+        t = self.fio(ctx, m, {
+            "rw": "read", "bs": "1M", "ioengine": "psync", "direct": 1,
+            "filename": os.path.join(m.path, "data", "seq.bin"),
+            "size": f"{self.p.raid_file_mib}M", "time_based": True,
+            "runtime": self.p.raid_runtime_s,
+        }, timeout=min(ctx.remaining(), self.p.raid_runtime_s + 120), variant=profile)
+        return {"read_MiB_s": t["read"]["MiB_s"], "read_MiB": t["read"]["io_MiB"]}
+
+
+class Scrub(MultiDevice):
+    """Scrub of a 2-device RAID1 (data and metadata): `btrfs scrub start -B` on the
+    kernel's read-write mount, `oleo scrub start --image A --image B` on the unmounted
+    images (read-write: it verifies every copy and would repair a bad one; its wall time
+    includes opening and closing the filesystem, the kernel's excludes the mount). The
+    rate is bytes scrubbed (both copies, data and tree blocks, as each tool counts them
+    with -R) over the command's wall time. A scrub that finds errors on the clean copy,
+    or does not cover both copies of the file, gets no number."""
+    name = "scrub"
+    metrics = [Metric("scrub_MiB_s", "scrub MiB/s (bytes scrubbed / wall s)"),
+               Metric("scrubbed_MiB", "MiB scrubbed (all copies)"),
+               Metric("wall_s", "wall s", False)]
+    goal = ("oleo", "scrub_MiB_s", 1.0)   # issue 31: at least the kernel's
+    ERRORS = ("read_errors", "csum_errors", "verify_errors", "super_errors", "malloc_errors",
+              "uncorrectable_errors", "corrected_errors")
+
+    def check(self, target):
+        r = super().check(target)
+        if r is None and target.name == "oleo-devfuse":
+            r = "oleo scrub opens the images itself, without FUSE: the oleo row is its number"
+        return r
+
+    def multi_dataset(self, _):
+        return multi_dataset("raid1", self.p.scrub_data_mib)
+
+    def multi_mode(self, target):
+        return target.scrub_mode
+
+    def describe(self):
+        return {"data_MiB": self.p.scrub_data_mib, "devices": 2, "profile": "raid1/raid1",
+                "cache": "cold", "tool": "btrfs scrub start -B -R; oleo scrub start -B -R --image x2"}
+
+    def run(self, ctx, m, _):
+        argv = m.target.scrub_argv(m)
+        t0 = time.monotonic()
+        # oleo keeps the scrub's result per fsid under XDG_STATE_HOME: the scratch dir
+        r = run(argv, timeout=ctx.remaining(), cwd=m.scratch,
+                env=dict(os.environ, XDG_STATE_HOME=m.scratch))
+        took = time.monotonic() - t0
+        try:
+            c = tools.parse_scrub_raw(r.stdout)
+        except ValueError as e:
+            raise CmdError(argv, r.returncode, r.stdout, f"{e}: {r.stderr.strip()}") from None
+        errors = {k: c[k] for k in self.ERRORS if c.get(k)}
+        if errors:
+            raise NotApplicable(f"the scrub reported errors on a clean copy: {errors}")
+        want = 2 * self.p.scrub_data_mib * MiB
+        if c["data_bytes_scrubbed"] < want:
+            raise NotApplicable(f"the scrub read {c['data_bytes_scrubbed'] / MiB:.0f} MiB of data, "
+                                f"less than both copies of the {self.p.scrub_data_mib} MiB file")
+        scrubbed = (c["data_bytes_scrubbed"] + c.get("tree_bytes_scrubbed", 0)) / MiB
+        return {"scrub_MiB_s": scrubbed / took, "scrubbed_MiB": scrubbed, "wall_s": took,
+                "data_MiB_scrubbed": c["data_bytes_scrubbed"] / MiB,
+                "tree_MiB_scrubbed": c.get("tree_bytes_scrubbed", 0) / MiB}
+
+
 def commit_all(m):
     """Makes what a write workload wrote durable: sync(2) pushes every page cache (FUSE's
     writeback cache into its server included), then btrfs's own sync ioctl commits the
@@ -713,7 +833,7 @@ class BigDirOps(Workload):
 
 ALL = [FsyncWrite, SeqWrite, FsmarkCreate, FsmarkFsync, UntarCopy, BigDirOps, UringRandrw,
        CompressWrite, Dbench,
-       SnapshotUnderWrite, ReadWhileWrite, SeqRead, RandRead, MetaWalk]
+       SnapshotUnderWrite, ReadWhileWrite, SeqRead, RandRead, MetaWalk, RaidSeqRead, Scrub]
 NAMES = [w.name for w in ALL]
 
 

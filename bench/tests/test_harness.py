@@ -577,3 +577,156 @@ def test_read_while_write_jobs_and_ratio(tmp_path, monkeypatch):
     md = report.render(recs, {"targets": T.NAMES})
     assert "Goal: oleo read MiB/s" not in md
     assert "Goal: oleo busy / alone ≥ 0.80: 0.85 — met." in md
+
+
+# ---------------------------------------------------------------- multi-device (issue 31)
+
+SCRUB_RAW = """scrub done for 59a1d4a0-206c-459f-a271-f783576c0b5a
+Scrub started:    Fri Nov 27 19:23:32 2026
+Status:           finished
+Duration:         0:00:00
+\tdata_extents_scrubbed: 1600
+\ttree_extents_scrubbed: 26
+\tdata_bytes_scrubbed: 268435456
+\ttree_bytes_scrubbed: 425984
+\tread_errors: 0
+\tcsum_errors: 0
+\tverify_errors: 0
+\tno_csum: 0
+\tcsum_discards: 0
+\tsuper_errors: 0
+\tmalloc_errors: 0
+\tuncorrectable_errors: 0
+\tunverified_errors: 0
+\tcorrected_errors: 0
+\tlast_physical: 169213952
+"""
+
+
+def test_multi_device_params_and_targets():
+    full, quick = P.make_params("full"), P.make_params("quick")
+    assert (full.raid_file_mib, full.raid_runtime_s, full.scrub_data_mib) == (1024, 20, 1024)
+    assert (quick.raid_file_mib, quick.raid_runtime_s, quick.scrub_data_mib) == (64, 2, 128)
+    rsr, scrub = W.RaidSeqRead(quick), W.Scrub(quick)
+    assert rsr.variants() == ["raid0", "raid1"]
+    assert rsr.multi_dataset("raid0")[3] == ["-d", "raid0", "-m", "raid1"]
+    assert rsr.multi_dataset("raid1")[3] == scrub.multi_dataset(None)[3] == ["-d", "raid1", "-m", "raid1"]
+    # at full scale scrub and raid1 reads share one data set
+    assert W.RaidSeqRead(full).multi_dataset("raid1") == W.Scrub(full).multi_dataset(None)
+    for w in (rsr, scrub):
+        assert w.check(T.Btrfs(None)) is None and w.check(T.Oleo(_OleoCtx())) is None
+        for t in (T.Xfs(None), T.Fuse2fs(None), T.BtrfsFuse(None), T.FuseFloor(_OleoCtx()),
+                  T.Raw(None), _FakeTarget("ext4", family="ext4")):
+            assert w.check(t), (w.name, t.name)
+    assert rsr.check(T.OleoDevFuse(_OleoCtx())) is None
+    assert "without FUSE" in scrub.check(T.OleoDevFuse(_OleoCtx()))
+    assert scrub.multi_mode(T.Btrfs(None)) == "rw" and scrub.multi_mode(T.Oleo(_OleoCtx())) is None
+    assert rsr.multi_mode(T.Oleo(_OleoCtx())) == "ro"
+
+
+def test_scrub_raw_counters():
+    c = tools.parse_scrub_raw(SCRUB_RAW)
+    assert c["data_bytes_scrubbed"] == 268435456 and c["tree_bytes_scrubbed"] == 425984
+    assert c["csum_errors"] == 0 and "Duration" not in c
+    with pytest.raises(ValueError):
+        tools.parse_scrub_raw("scrub done\nDuration: 0:00:01\n")
+
+
+def test_oleo_multi_device_mounts_every_image_or_none(tmp_path, monkeypatch):
+    spawned, copied = [], []
+    monkeypatch.setattr(T, "enable_fuse_uring", lambda: None)
+    monkeypatch.setattr(T, "copy_sparse", lambda a, b: copied.append((a, b)))
+    monkeypatch.setattr(T, "spawn_fuse", lambda cl, argv, *a, **kw: spawned.append(argv) or "proc")
+    oleo = T.Oleo(_OleoCtx())
+    m = oleo.from_multi(None, str(tmp_path), ["/g/dev0.img", "/g/dev1.img"], "ro")
+    imgs = [str(tmp_path / "oleo-0.img"), str(tmp_path / "oleo-1.img")]
+    assert copied == list(zip(["/g/dev0.img", "/g/dev1.img"], imgs))
+    assert spawned == [["/nonexistent/oleo", "mount", "-f", "-o", "ro,fuse_uring=on"] + imgs
+                       + [str(tmp_path / "mnt")]]
+    assert m.images == imgs and m.image == imgs[0] and m.daemon == "proc"
+    # scrub: copies, no mount; the CLI gets every image
+    m = oleo.from_multi(None, str(tmp_path), ["/g/dev0.img", "/g/dev1.img"], None)
+    assert len(spawned) == 1 and m.path is None and m.daemon is None
+    assert oleo.scrub_argv(m) == ["/nonexistent/oleo", "scrub", "start", "-B", "-R",
+                                  "--image", imgs[0], "--image", imgs[1]]
+
+
+def test_kernel_multi_device_loops_mount_device_option_and_forget(tmp_path, monkeypatch):
+    from oleobench.sysutil import Cleanup
+    events, loops = [], iter(["/dev/loop7", "/dev/loop8"])
+    monkeypatch.setattr(T, "copy_sparse", lambda a, b: None)
+    monkeypatch.setattr(T, "loop_attach", lambda image: next(loops))
+    monkeypatch.setattr(T, "loop_detach", lambda dev: events.append(("detach", dev)))
+    monkeypatch.setattr(T, "mount", lambda dev, mnt, fstype, opts: events.append(("mount", dev, fstype, opts)))
+    monkeypatch.setattr(T, "umount", lambda mnt: events.append(("umount",)))
+    monkeypatch.setattr(T, "run", lambda argv, **kw: events.append(tuple(argv)))
+    cl = Cleanup()
+    m = T.Btrfs(None).from_multi(cl, str(tmp_path), ["/g/dev0.img", "/g/dev1.img"], "ro")
+    assert events == [("mount", "/dev/loop7", "btrfs", "ro,device=/dev/loop8")]
+    assert m.images == [str(tmp_path / "btrfs-0.img"), str(tmp_path / "btrfs-1.img")]
+    assert T.Btrfs(None).scrub_argv(m) == ["btrfs", "scrub", "start", "-B", "-R", m.path]
+    cl.close()
+    assert events[1:] == [("umount",), ("btrfs", "device", "scan", "--forget", "/dev/loop7", "/dev/loop8"),
+                          ("detach", "/dev/loop8"), ("detach", "/dev/loop7")]
+
+
+def test_raid_seq_read_job_and_scrub_rate(tmp_path, monkeypatch):
+    jobs = []
+
+    def fake_run_fio(text, scratch, timeout, readonly=False):
+        jobs.append((text.splitlines(), readonly))
+        return {"jobs": [{"jobname": "x", "error": 0,
+                          "read": {"bw_bytes": 500 << 20, "iops": 500, "io_bytes": 1000 << 20, "runtime": 2000},
+                          "write": {"bw_bytes": 0, "iops": 0, "io_bytes": 0, "runtime": 0}}]}
+    monkeypatch.setattr(tools, "run_fio", fake_run_fio)
+
+    class Ctx:
+        def save_job(self, *a):
+            pass
+
+        def remaining(self):
+            return 100
+
+    p = P.make_params("quick")
+    m = T.Mounted(_FakeTarget("btrfs"), str(tmp_path / "mnt"), scratch=str(tmp_path))
+    res = W.RaidSeqRead(p).run(Ctx(), m, "raid1")
+    (lines, readonly), = jobs
+    for want in ("rw=read", "bs=1M", "direct=1", "time_based", "runtime=2", "size=64M",
+                 f"filename={tmp_path}/mnt/data/seq.bin"):
+        assert want in lines, (want, lines)
+    assert readonly and res["read_MiB_s"] == pytest.approx(500.0)
+
+    outs = [SCRUB_RAW]
+
+    class Tgt(_FakeTarget):
+        def scrub_argv(self, m):
+            return ["scrub"]
+
+    def fake_run(argv, **kw):
+        assert kw["env"]["XDG_STATE_HOME"] == str(tmp_path)
+        return subprocess.CompletedProcess(argv, 0, outs[0], "")
+    monkeypatch.setattr(W, "run", fake_run)
+    m = T.Mounted(Tgt("btrfs"), str(tmp_path / "mnt"), scratch=str(tmp_path))
+    res = W.Scrub(p).run(Ctx(), m, None)   # 2 x 128 MiB of data: both copies
+    assert res["scrubbed_MiB"] == pytest.approx(256 + 425984 / (1 << 20))
+    assert res["scrub_MiB_s"] == pytest.approx(res["scrubbed_MiB"] / res["wall_s"])
+    outs[0] = SCRUB_RAW.replace("csum_errors: 0", "csum_errors: 3")
+    with pytest.raises(W.NotApplicable, match="errors on a clean copy.*csum_errors"):
+        W.Scrub(p).run(Ctx(), m, None)
+    outs[0] = SCRUB_RAW.replace("268435456", "134217728")
+    with pytest.raises(W.NotApplicable, match="less than both copies"):
+        W.Scrub(p).run(Ctx(), m, None)
+
+
+def test_report_multi_device_goals():
+    recs = [_rec("raid-seq-read", "profile=raid0", "btrfs", "ok", {"read_MiB_s": 800.0}),
+            _rec("raid-seq-read", "profile=raid0", "oleo", "ok", {"read_MiB_s": 400.0}),
+            _rec("raid-seq-read", "profile=raid1", "btrfs", "ok", {"read_MiB_s": 500.0}),
+            _rec("raid-seq-read", "profile=raid1", "oleo", "ok", {"read_MiB_s": 600.0}),
+            _rec("scrub", None, "btrfs", "ok", {"scrub_MiB_s": 1000.0, "scrubbed_MiB": 2048.0, "wall_s": 2.0}),
+            _rec("scrub", None, "oleo", "ok", {"scrub_MiB_s": 250.0, "scrubbed_MiB": 2048.0, "wall_s": 8.0})]
+    md = report.render(recs, {"targets": T.NAMES})
+    assert "## raid-seq-read" in md and "## scrub" in md
+    assert "Goal (profile=raid0): oleo ≥ 1.00× btrfs on read MiB/s: 0.50× — NOT met." in md
+    assert "Goal (profile=raid1): oleo ≥ 1.00× btrfs on read MiB/s: 1.20× — met." in md
+    assert "Goal: oleo ≥ 1.00× btrfs on scrub MiB/s (bytes scrubbed / wall s): 0.25× — NOT met." in md

@@ -4,6 +4,7 @@ mod device;
 mod dump_super;
 mod dump_tree;
 mod extents;
+mod filesystem;
 mod fuse_mount;
 mod guard;
 mod logging;
@@ -15,6 +16,7 @@ mod rootdir;
 mod scrub;
 mod stop;
 mod subvolume;
+mod units;
 
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
@@ -53,6 +55,9 @@ enum Command {
     /// Get or set a subvolume's read-only flag or a file's compression, on a mount or an
     /// image (`btrfs property`).
     Property(property::PropertyArgs),
+    /// Show a filesystem's devices and space, on a mount or an image set (`btrfs
+    /// filesystem show | df | usage`).
+    Filesystem(filesystem::FilesystemArgs),
     /// Verify every copy of every block and repair bad copies from good ones, on an
     /// unmounted image or device set (`btrfs scrub`).
     Scrub(scrub::ScrubArgs),
@@ -85,6 +90,7 @@ fn main() -> ExitCode {
         Command::Extents(a) => extents::run(&a),
         Command::Subvolume(a) => subvolume::run(&a),
         Command::Property(a) => property::run(&a),
+        Command::Filesystem(a) => filesystem::run(&a),
         Command::Scrub(a) => scrub::run(&a),
         Command::Device(a) => match device::run(&a) {
             Ok(true) => return ExitCode::from(64),

@@ -201,3 +201,36 @@ pub fn extents(path: &Path) -> Result<(u64, u32, Vec<cmd::Extent>), String> {
         }
     }
 }
+
+/// The devices, chunks and superblock numbers of the mounted filesystem `path` is on, read
+/// in pages; started over when the report changes between two pages.
+pub fn fs_usage(path: &Path) -> Result<cmd::FsUsage, String> {
+    subvol_of(path)?;
+    let f = open(path)?;
+    'again: for _ in 0..10 {
+        let mut report = Vec::new();
+        let mut stamp = None;
+        loop {
+            let mut b = vec![0u8; cmd::FS_USAGE_SIZE];
+            b[..8].copy_from_slice(&(report.len() as u64).to_le_bytes());
+            ioctl(&f, path, cmd::FS_USAGE, &mut b)?;
+            let page = cmd::FsUsagePage::parse(&b);
+            if stamp.is_some_and(|s| s != page.stamp) {
+                continue 'again;
+            }
+            stamp = Some(page.stamp);
+            if page.data.is_empty() && (report.len() as u64) < page.total {
+                return Err(format!("{}: short filesystem report", path.display()));
+            }
+            report.extend(page.data);
+            if report.len() as u64 >= page.total {
+                return cmd::FsUsage::decode(&report)
+                    .ok_or_else(|| format!("{}: bad filesystem report", path.display()));
+            }
+        }
+    }
+    Err(format!(
+        "{}: the filesystem kept changing while it was read",
+        path.display()
+    ))
+}

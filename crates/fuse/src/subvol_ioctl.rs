@@ -1,7 +1,8 @@
 //! Subvolume commands on a mounted oleo filesystem. btrfs's own ioctls cannot reach a FUSE
 //! server (they carry file descriptors and variable-size buffers, and FUSE passes only
 //! fixed-size ones), so `oleo subvolume` and `oleo property` use these instead: fixed-size
-//! ioctls on a file or directory of the mount, type 'o'. Numbers and layouts are oleo's
+//! ioctls on a file or directory of the mount, type 'o'. `oleo extents` and `oleo
+//! filesystem` read their reports the same way, in pages. Numbers and layouts are oleo's
 //! own; this module is their one definition, shared by the server and the CLI.
 
 /// `_IOC(dir, 'o', nr, size)` as the kernel's asm-generic/ioctl.h encodes it.
@@ -334,6 +335,401 @@ impl ExtentsPage {
     }
 }
 
+/// On any file: a page of the encoded [`FsUsage`] of the filesystem, from the u64 byte
+/// offset given (`FsUsagePage`): what `oleo filesystem show | df | usage` print of a mount,
+/// where btrfs-progs asks the FS_INFO, DEV_INFO, SPACE_INFO and TREE_SEARCH ioctls.
+pub const FS_USAGE: u32 = ioc(READ | WRITE, 10, FS_USAGE_SIZE);
+/// Size of FS_USAGE's argument and answer (`FsUsagePage`).
+pub const FS_USAGE_SIZE: usize = 8192;
+const FS_USAGE_HEADER: usize = 24;
+/// Most bytes of the encoded report in one `FsUsagePage`.
+pub const FS_USAGE_CHUNK: usize = FS_USAGE_SIZE - FS_USAGE_HEADER;
+
+/// One device of the filesystem, for `filesystem show | usage`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FsDevice {
+    /// Device id.
+    pub devid: u64,
+    /// Its uuid (DEV_ITEM).
+    pub uuid: [u8; 16],
+    /// Size the filesystem may use on it (DEV_ITEM total_bytes).
+    pub total_bytes: u64,
+    /// Bytes its chunks take on it (DEV_ITEM bytes_used).
+    pub bytes_used: u64,
+    /// Size of the file or block device behind it (0 when missing or unknown).
+    pub device_size: u64,
+    /// Where it was opened from; None when it is missing.
+    pub path: Option<Vec<u8>>,
+}
+
+/// One chunk and its block group's use.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FsChunk {
+    /// Logical start.
+    pub logical: u64,
+    /// Logical length.
+    pub length: u64,
+    /// Block group type and profile bits.
+    pub flags: u64,
+    /// Bytes the block group uses.
+    pub used: u64,
+    /// The devid of each stripe, in stripe order.
+    pub stripes: Vec<u64>,
+}
+
+/// Everything `oleo filesystem show | df | usage` need, from the engine's view of the
+/// filesystem: the superblock's numbers, the devices, the chunks, and the size the kernel
+/// would give its global block reserve.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct FsUsage {
+    /// Label (no NUL).
+    pub label: Vec<u8>,
+    /// Filesystem uuid.
+    pub fsid: [u8; 16],
+    /// Devices the filesystem has (the superblock's num_devices).
+    pub num_devices: u64,
+    /// The superblock's total_bytes.
+    pub total_bytes: u64,
+    /// The superblock's bytes_used.
+    pub bytes_used: u64,
+    /// Sector size.
+    pub sectorsize: u32,
+    /// Node size.
+    pub nodesize: u32,
+    /// Size of the kernel's global block reserve right after a mount (see
+    /// [`global_reserve`]).
+    pub global_reserve: u64,
+    /// The devices by devid, missing ones included.
+    pub devices: Vec<FsDevice>,
+    /// The chunks in logical order.
+    pub chunks: Vec<FsChunk>,
+}
+
+/// The kernel's BTRFS_UNLINK_METADATA_UNITS: items an unlink touches.
+const UNLINK_METADATA_UNITS: u64 = 6;
+/// The kernel's BTRFS_MAX_LEVEL.
+const MAX_LEVEL: u64 = 8;
+
+/// The size `btrfs_update_global_block_rsv` (fs/btrfs/block-rsv.c) gives the global block
+/// reserve when a filesystem is mounted: the bytes_used of the extent, csum and free space
+/// trees (and of the block group tree), at least room to insert `1 + those trees + 6`
+/// items and the delayed refs of an unlink (twice that with the free space tree), at most
+/// 512 MiB. The root tree's own share is 0 at mount (the kernel keeps it in memory only,
+/// from zero), which is what is taken here; later commits on a kernel mount move it.
+///
+/// `tree_bytes` is each such tree's bytes_used (one per tree found).
+pub fn global_reserve(nodesize: u32, tree_bytes: &[u64], free_space_tree: bool) -> u64 {
+    let insert = |items: u64| u64::from(nodesize) * MAX_LEVEL * 2 * items;
+    let min_items = 1 + tree_bytes.len() as u64 + UNLINK_METADATA_UNITS;
+    let delayed_refs = insert(UNLINK_METADATA_UNITS) * if free_space_tree { 2 } else { 1 };
+    let used: u64 = tree_bytes.iter().fold(0u64, |a, &b| a.wrapping_add(b));
+    used.max(insert(min_items) + delayed_refs).min(512 << 20)
+}
+
+/// Size of the file or block device at `path` (0 if it cannot be told).
+fn device_size(path: &std::path::Path) -> u64 {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::FileTypeExt;
+    let Ok(meta) = std::fs::metadata(path) else {
+        return 0;
+    };
+    if meta.is_file() {
+        return meta.len();
+    }
+    if !meta.file_type().is_block_device() {
+        return 0;
+    }
+    let Ok(f) = std::fs::File::open(path) else {
+        return 0;
+    };
+    let mut size = 0u64;
+    // BLKGETSIZE64 = _IOR(0x12, 114, size_t).
+    const BLKGETSIZE64: u32 = (READ << 30) | (8 << 16) | (0x12 << 8) | 114;
+    // SAFETY: the ioctl writes one u64 through a valid pointer.
+    let r = unsafe { libc::ioctl(f.as_raw_fd(), BLKGETSIZE64 as libc::Ioctl, &mut size) };
+    if r == 0 {
+        size
+    } else {
+        0
+    }
+}
+
+impl FsUsage {
+    /// What the engine says of `fs` now (block group use as last committed).
+    pub fn from_engine(fs: &oleo::Filesystem) -> oleo::Result<FsUsage> {
+        use oleo::format::key::{item, objectid};
+        use oleo::format::superblock::compat_ro;
+        let sb = fs.superblock();
+        // The trees the kernel loads as global roots, and the block group tree.
+        let fst = sb.has_compat_ro(compat_ro::FREE_SPACE_TREE);
+        let bgt = sb.has_compat_ro(compat_ro::BLOCK_GROUP_TREE);
+        let counted = |id: u64| {
+            id == objectid::EXTENT_TREE
+                || id == objectid::CSUM_TREE
+                || (fst && id == objectid::FREE_SPACE_TREE)
+                || (bgt && id == objectid::BLOCK_GROUP_TREE)
+        };
+        let mut tree_bytes = Vec::new();
+        let mut failure = None;
+        let mut walk_error = None;
+        if let Some(root) = fs.tree_root(objectid::ROOT_TREE)? {
+            fs.walk_tree(
+                &root,
+                &mut |block| {
+                    if !block.is_leaf() {
+                        return;
+                    }
+                    for slot in 0..block.nritems() {
+                        let Ok(key) = block.item_key(slot) else {
+                            continue;
+                        };
+                        if key.item_type != item::ROOT_ITEM || !counted(key.objectid) {
+                            continue;
+                        }
+                        let parsed = block
+                            .item_data(slot)
+                            .ok()
+                            .and_then(|d| oleo::format::items::RootItem::parse(d).ok());
+                        match parsed {
+                            Some(r) => tree_bytes.push(r.bytes_used),
+                            None => {
+                                failure.get_or_insert(format!("bad root item {key:?}"));
+                            }
+                        }
+                    }
+                },
+                &mut |e| {
+                    walk_error.get_or_insert(e.to_string());
+                },
+            )?;
+        }
+        if let Some(why) = failure.or(walk_error) {
+            return Err(oleo::Error::corrupt(0, why));
+        }
+        let devices = fs
+            .devices()?
+            .into_iter()
+            .map(|d| FsDevice {
+                devid: d.devid,
+                uuid: d.uuid,
+                total_bytes: d.total_bytes,
+                bytes_used: d.bytes_used,
+                device_size: d.path.as_deref().map_or(0, device_size),
+                path: d.path.map(|p| {
+                    use std::os::unix::ffi::OsStrExt;
+                    p.as_os_str().as_bytes().to_vec()
+                }),
+            })
+            .collect();
+        let chunks = fs
+            .chunk_usage()?
+            .into_iter()
+            .map(|c| FsChunk {
+                logical: c.logical,
+                length: c.length,
+                flags: c.flags,
+                used: c.used,
+                stripes: c.stripes.iter().map(|s| s.0).collect(),
+            })
+            .collect();
+        Ok(FsUsage {
+            label: sb.label.clone(),
+            fsid: sb.fsid,
+            num_devices: sb.num_devices,
+            total_bytes: sb.total_bytes,
+            bytes_used: sb.bytes_used,
+            sectorsize: sb.sectorsize,
+            nodesize: sb.nodesize,
+            global_reserve: global_reserve(sb.nodesize, &tree_bytes, fst),
+            devices,
+            chunks,
+        })
+    }
+
+    /// The report as bytes (little-endian, lengths before variable parts).
+    pub fn encode(&self) -> Vec<u8> {
+        let mut b = Vec::new();
+        let bytes = |b: &mut Vec<u8>, s: &[u8]| {
+            b.extend_from_slice(&(s.len() as u32).to_le_bytes());
+            b.extend_from_slice(s);
+        };
+        bytes(&mut b, &self.label);
+        b.extend_from_slice(&self.fsid);
+        for v in [
+            self.num_devices,
+            self.total_bytes,
+            self.bytes_used,
+            self.global_reserve,
+        ] {
+            b.extend_from_slice(&v.to_le_bytes());
+        }
+        b.extend_from_slice(&self.sectorsize.to_le_bytes());
+        b.extend_from_slice(&self.nodesize.to_le_bytes());
+        b.extend_from_slice(&(self.devices.len() as u32).to_le_bytes());
+        for d in &self.devices {
+            b.extend_from_slice(&d.devid.to_le_bytes());
+            b.extend_from_slice(&d.uuid);
+            for v in [d.total_bytes, d.bytes_used, d.device_size] {
+                b.extend_from_slice(&v.to_le_bytes());
+            }
+            b.push(u8::from(d.path.is_some()));
+            bytes(&mut b, d.path.as_deref().unwrap_or_default());
+        }
+        b.extend_from_slice(&(self.chunks.len() as u32).to_le_bytes());
+        for c in &self.chunks {
+            for v in [c.logical, c.length, c.flags, c.used] {
+                b.extend_from_slice(&v.to_le_bytes());
+            }
+            b.extend_from_slice(&(c.stripes.len() as u32).to_le_bytes());
+            for s in &c.stripes {
+                b.extend_from_slice(&s.to_le_bytes());
+            }
+        }
+        b
+    }
+
+    /// Reads what [`FsUsage::encode`] wrote; None if it is cut short.
+    pub fn decode(b: &[u8]) -> Option<FsUsage> {
+        let mut r = Reader { b, at: 0 };
+        let label = r.bytes()?;
+        let fsid = r.take(16)?.try_into().ok()?;
+        let (num_devices, total_bytes, bytes_used, global_reserve) =
+            (r.u64()?, r.u64()?, r.u64()?, r.u64()?);
+        let (sectorsize, nodesize) = (r.u32()?, r.u32()?);
+        let mut devices = Vec::new();
+        for _ in 0..r.u32()? {
+            let devid = r.u64()?;
+            let uuid = r.take(16)?.try_into().ok()?;
+            let (total_bytes, bytes_used, device_size) = (r.u64()?, r.u64()?, r.u64()?);
+            let present = r.take(1)?[0] != 0;
+            let path = r.bytes()?;
+            devices.push(FsDevice {
+                devid,
+                uuid,
+                total_bytes,
+                bytes_used,
+                device_size,
+                path: present.then_some(path),
+            });
+        }
+        let mut chunks = Vec::new();
+        for _ in 0..r.u32()? {
+            let (logical, length, flags, used) = (r.u64()?, r.u64()?, r.u64()?, r.u64()?);
+            let n = r.u32()? as usize;
+            // Each stripe takes 8 bytes: a count past what is left is a bad report.
+            if n > b.len() / 8 {
+                return None;
+            }
+            let stripes = (0..n).map(|_| r.u64()).collect::<Option<Vec<u64>>>()?;
+            chunks.push(FsChunk {
+                logical,
+                length,
+                flags,
+                used,
+                stripes,
+            });
+        }
+        Some(FsUsage {
+            label,
+            fsid,
+            num_devices,
+            total_bytes,
+            bytes_used,
+            sectorsize,
+            nodesize,
+            global_reserve,
+            devices,
+            chunks,
+        })
+    }
+}
+
+/// Reads fields in order out of an encoded report.
+struct Reader<'a> {
+    b: &'a [u8],
+    at: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
+        let s = self.b.get(self.at..self.at.checked_add(n)?)?;
+        self.at += n;
+        Some(s)
+    }
+    fn u32(&mut self) -> Option<u32> {
+        Some(u32::from_le_bytes(self.take(4)?.try_into().ok()?))
+    }
+    fn u64(&mut self) -> Option<u64> {
+        Some(u64::from_le_bytes(self.take(8)?.try_into().ok()?))
+    }
+    fn bytes(&mut self) -> Option<Vec<u8>> {
+        let n = self.u32()? as usize;
+        Some(self.take(n)?.to_vec())
+    }
+}
+
+/// FS_USAGE's answer: `data` is the encoded report from the offset asked for; `total` its
+/// whole length, `stamp` a digest of the whole (a change between pages means start over).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FsUsagePage {
+    /// Length of the whole encoded report.
+    pub total: u64,
+    /// Digest of the whole encoded report.
+    pub stamp: u64,
+    /// At most `FS_USAGE_CHUNK` bytes of it.
+    pub data: Vec<u8>,
+}
+
+impl FsUsagePage {
+    /// The page of `report` (an encoded [`FsUsage`]) that starts at `from`.
+    pub fn of(report: &[u8], from: u64) -> FsUsagePage {
+        let start = usize::try_from(from)
+            .unwrap_or(usize::MAX)
+            .min(report.len());
+        let end = report.len().min(start + FS_USAGE_CHUNK);
+        FsUsagePage {
+            total: report.len() as u64,
+            stamp: digest(report),
+            data: report[start..end].to_vec(),
+        }
+    }
+
+    /// The `FS_USAGE_SIZE`-byte answer.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut b = vec![0u8; FS_USAGE_SIZE];
+        let n = self.data.len().min(FS_USAGE_CHUNK);
+        b[0..8].copy_from_slice(&self.total.to_le_bytes());
+        b[8..16].copy_from_slice(&self.stamp.to_le_bytes());
+        b[16..20].copy_from_slice(&(n as u32).to_le_bytes());
+        b[FS_USAGE_HEADER..FS_USAGE_HEADER + n].copy_from_slice(&self.data[..n]);
+        b
+    }
+
+    /// Reads an answer (missing fields read as 0).
+    pub fn parse(b: &[u8]) -> FsUsagePage {
+        let n = b
+            .get(16..20)
+            .and_then(|s| s.try_into().ok())
+            .map_or(0, u32::from_le_bytes) as usize;
+        let n = n.min(FS_USAGE_CHUNK);
+        FsUsagePage {
+            total: u64_at(b, 0),
+            stamp: u64_at(b, 8),
+            data: b
+                .get(FS_USAGE_HEADER..FS_USAGE_HEADER + n)
+                .unwrap_or_default()
+                .to_vec(),
+        }
+    }
+}
+
+/// FNV-1a over the report: enough to notice that it changed between two pages.
+fn digest(b: &[u8]) -> u64 {
+    b.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &x| {
+        (h ^ u64::from(x)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -398,5 +794,75 @@ mod tests {
         assert_eq!(b.len(), EXTENTS_SIZE);
         assert_eq!(ExtentsPage::parse(&b), p);
         assert_eq!((EXTENTS >> 16) & 0x3fff, EXTENTS_SIZE as u32);
+    }
+
+    #[test]
+    fn a_usage_report_round_trips_in_pages() {
+        let u = FsUsage {
+            label: b"lbl".to_vec(),
+            fsid: [3; 16],
+            num_devices: 2,
+            total_bytes: 2 << 30,
+            bytes_used: 5 << 20,
+            sectorsize: 4096,
+            nodesize: 16384,
+            global_reserve: 5632 << 10,
+            devices: vec![
+                FsDevice {
+                    devid: 1,
+                    uuid: [1; 16],
+                    total_bytes: 1 << 30,
+                    bytes_used: 1 << 28,
+                    device_size: 1 << 30,
+                    path: Some(b"/dev/loop0".to_vec()),
+                },
+                FsDevice {
+                    devid: 2,
+                    uuid: [2; 16],
+                    total_bytes: 1 << 30,
+                    bytes_used: 1 << 28,
+                    device_size: 0,
+                    path: None,
+                },
+            ],
+            chunks: (0..500)
+                .map(|i| FsChunk {
+                    logical: i << 30,
+                    length: 1 << 30,
+                    flags: 1 | 16,
+                    used: i,
+                    stripes: vec![1, 2],
+                })
+                .collect(),
+        };
+        let enc = u.encode();
+        assert!(enc.len() > 2 * FS_USAGE_CHUNK);
+        let mut got = Vec::new();
+        while got.len() < enc.len() {
+            let b = FsUsagePage::of(&enc, got.len() as u64).to_bytes();
+            assert_eq!(b.len(), FS_USAGE_SIZE);
+            let p = FsUsagePage::parse(&b);
+            assert_eq!(p.total, enc.len() as u64);
+            got.extend(p.data);
+        }
+        assert_eq!(FsUsage::decode(&got), Some(u));
+        assert_eq!(FsUsage::decode(&got[..got.len() - 1]), None);
+        assert_eq!((FS_USAGE >> 16) & 0x3fff, FS_USAGE_SIZE as u32);
+    }
+
+    #[test]
+    fn the_global_reserve_is_the_kernels() {
+        // mkfs defaults (16 KiB nodes, free space tree): 5.50 MiB, as the kernel reports.
+        assert_eq!(global_reserve(16384, &[16384; 3], true), 5632 << 10);
+        // Without the free space tree, two trees: 3.75 MiB; with a block group tree too,
+        // 5.75 MiB (both seen on Linux 6.18).
+        assert_eq!(global_reserve(16384, &[16384; 2], false), 3840 << 10);
+        assert_eq!(global_reserve(16384, &[16384; 4], true), 5888 << 10);
+        // Big trees: their size, at most 512 MiB.
+        assert_eq!(
+            global_reserve(16384, &[100 << 20, 1 << 20], true),
+            101 << 20
+        );
+        assert_eq!(global_reserve(16384, &[1 << 30], true), 512 << 20);
     }
 }

@@ -1,5 +1,6 @@
 //! Serving `subvol_ioctl`'s commands: subvolumes made, snapshotted, listed and flagged on
-//! the mounted filesystem, then the kernel told that the parent directory changed.
+//! the mounted filesystem, then the kernel told that the parent directory changed; a file's
+//! extents; the devices and chunks `oleo filesystem` reports.
 
 use crate::subvol_ioctl as cmd;
 use crate::transport::{Errno, Request};
@@ -18,6 +19,7 @@ impl OleoFuse {
             cmd::SET_DEFAULT,
             cmd::GET_DEFAULT,
             cmd::EXTENTS,
+            cmd::FS_USAGE,
         ]
         .contains(&c)
     }
@@ -126,6 +128,20 @@ impl OleoFuse {
                     extents,
                 }
                 .to_bytes())
+            }
+            cmd::FS_USAGE => {
+                let mut report = cmd::FsUsage::from_engine(&self.fs).map_err(errno)?;
+                // Device paths as this server opened them, maybe relative to its working
+                // directory: absolute for the client.
+                for d in &mut report.devices {
+                    if let Some(p) = &mut d.path {
+                        use std::os::unix::ffi::{OsStrExt, OsStringExt};
+                        if let Ok(a) = std::path::absolute(std::ffi::OsStr::from_bytes(p)) {
+                            *p = a.into_os_string().into_vec();
+                        }
+                    }
+                }
+                Ok(cmd::FsUsagePage::of(&report.encode(), cmd::u64_arg(data)).to_bytes())
             }
             _ => Err(Errno::ENOTTY),
         }
