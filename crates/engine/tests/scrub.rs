@@ -54,19 +54,31 @@ fn copy_on(images: &[PathBuf], l: u64, devid: u64) -> (PathBuf, u64) {
     (md::image_of_devid(images, devid).expect("image"), phys)
 }
 
-/// Damages 3 data sectors on devid 1, 2 on devid 2 (different places) and the root tree's
-/// root block on devid 1. Returns the root block's logical address.
-fn damage(images: &[PathBuf], extents: &[(u64, u64, u64)]) -> u64 {
+/// Damages 3 data sectors on devid 1 and 2 on devid 2 (different places).
+fn damage_data(images: &[PathBuf], extents: &[(u64, u64, u64)]) {
     let (_, l, len) = extents[0];
     assert!(len >= 64 * 4096, "a large extent to damage");
     let (img, p) = copy_on(images, l + 4096, 1);
     md::overwrite(&img, p, 3 * 4096, 0xa5).unwrap();
     let (img, p) = copy_on(images, l + 40 * 4096, 2);
     md::overwrite(&img, p, 2 * 4096, 0x5a).unwrap();
+}
+
+/// Damages the copy on devid 1 of tree block `root` (in every set of `sets`: the same
+/// place, the sets being copies).
+fn damage_tree_block(sets: &[&[PathBuf]], root: u64) {
+    let (_, p) = copy_on(sets[0], root, 1);
+    for images in sets {
+        let img = md::image_of_devid(images, 1).unwrap();
+        md::overwrite(&img, p + 100, 200, 0x11).unwrap();
+    }
+}
+
+/// Damages data copies and the root tree's root block on devid 1.
+fn damage(images: &[PathBuf], extents: &[(u64, u64, u64)]) {
+    damage_data(images, extents);
     let root = open(images, false).superblock().root;
-    let (img, p) = copy_on(images, root, 1);
-    md::overwrite(&img, p + 100, 200, 0x11).unwrap();
-    root
+    damage_tree_block(&[images], root);
 }
 
 fn sparse_copy(from: &Path, to: &Path) {
@@ -141,7 +153,7 @@ fn scrub_repairs_as_the_kernel_does() {
     }
     let dir = TempDir::new("scrub-repair").unwrap();
     let (images, manifest, extents) = raid1_set(dir.path(), "s");
-    damage(&images, &extents);
+    damage_data(&images, &extents);
     // The kernel's scrub of an identical copy is the reference.
     let kimages: Vec<PathBuf> = images
         .iter()
@@ -152,6 +164,11 @@ fn scrub_repairs_as_the_kernel_does() {
             q
         })
         .collect();
+    // The tree block is damaged once oleo has opened the set: a read at open that met the
+    // bad copy would queue its repair before the scrub looks.
+    let fs = open(&images, true);
+    let root = fs.superblock().root;
+    damage_tree_block(&[&images, &kimages], root);
     // A copy's fsid equals the original's: the kernel must not see both sets at once.
     // Read-only (mounted ro, scrub -r): a read at mount of the bad tree block copy must
     // not repair it before the scrub looks, so its counts are deterministic.
@@ -162,7 +179,6 @@ fn scrub_repairs_as_the_kernel_does() {
         k.unmount().unwrap();
         (s, d)
     };
-    let fs = open(&images, true);
     let stats = fs
         .scrub(&ScrubOptions::default(), &mut |_| {})
         .expect("scrub");

@@ -43,12 +43,47 @@ pub trait BlockStore: BlockSource {
 /// Readies a dirty block for writing: marks it WRITTEN and checksums it. After this the
 /// block must not be edited in place again (the next change copies it).
 pub fn finalize_block(block: &mut [u8], csum: CsumType) -> Result<()> {
+    zero_unused(block);
     let mut h = HeaderMut::new(block).map_err(|e| Error::corrupt(0, e.to_string()))?;
     let bytenr = h.bytenr().unwrap_or(0);
     let err = corrupt_at(bytenr);
     let flags = h.flags().map_err(&err)?;
     h.set_flags(flags | HEADER_FLAG_WRITTEN).map_err(&err)?;
     h.finalize(csum).map_err(&err)
+}
+
+/// Zeroes the bytes no item uses: in a leaf, between the item headers and the item data;
+/// in a node, after the last key pointer. Edits leave old item headers and data there, and
+/// the kernel writes zeros (its scrub's csum lookup reads a leaf's slot past the last item
+/// and took a stale EXTENT_CSUM key there for a real one).
+fn zero_unused(block: &mut [u8]) {
+    const HEADER: usize = 101;
+    const ITEM: usize = 25;
+    const PTR: usize = 33;
+    let Some(n) = block
+        .get(96..100)
+        .map(|b| u32::from_le_bytes(b.try_into().unwrap()) as usize)
+    else {
+        return;
+    };
+    let level = block.get(100).copied().unwrap_or(0);
+    let len = block.len();
+    let (from, to) = if level > 0 {
+        (HEADER + n * PTR, len)
+    } else {
+        let data_start = (0..n)
+            .filter_map(|i| {
+                let at = HEADER + i * ITEM + 17;
+                let off = block.get(at..at + 4)?;
+                Some(HEADER + u32::from_le_bytes(off.try_into().unwrap()) as usize)
+            })
+            .min()
+            .unwrap_or(len);
+        (HEADER + n * ITEM, data_start)
+    };
+    if from < to && to <= len {
+        block[from..to].fill(0);
+    }
 }
 
 /// Maps a format error in the block at `bytenr` to an engine error naming it.

@@ -321,56 +321,104 @@ impl ReadPlan {
         Ok(plain)
     }
 
-    /// The sectors of `r`, from the first mirror whose checksums match.
+    /// The sectors of `r`, verified. The first read takes a whole copy (or parts of every
+    /// copy at once); each sector that fails its checksum or could not be read is then
+    /// asked of the other copies in turn (for RAID5/6: rebuilt from parity, its row's
+    /// other strips read as they are), as the kernel's read repair does sector by sector.
+    /// Copies found bad are rewritten from the good bytes.
     fn read_verified(&self, r: &DataRead) -> Result<crate::io::device::IoBuf> {
+        let sector = self.sector as usize;
+        let len = (r.end - r.start) as usize;
+        let nsec = len / sector;
         // Aligned, so an uncached read lands in it directly.
-        let mut buf = crate::io::device::IoBuf::zeroed((r.end - r.start) as usize);
-        // Large reads of a mirrored extent draw on every copy at once; any doubt (an IO
-        // error, a bad sector) and the copies are tried one by one below.
-        if self
-            .io
-            .read_spread(r.start, &mut buf, self.uncached)
-            .unwrap_or(false)
-            && self.csums_match(r, &buf).is_none()
-        {
+        let mut buf = crate::io::device::IoBuf::zeroed(len);
+        let order = self.io.mirror_order(r.start, len as u64);
+        // Which copy each sector came from; None: not read yet.
+        let mut from: Vec<Option<usize>> = vec![None; nsec];
+        let mut io_err = None;
+        match self.io.read_spread(r.start, &mut buf, self.uncached) {
+            Ok(Some(parts)) => {
+                for (at, l, m) in parts {
+                    for f in &mut from[at / sector..(at + l) / sector] {
+                        *f = Some(m);
+                    }
+                }
+            }
+            _ => match self
+                .io
+                .read_logical_mode(r.start, &mut buf, order[0], self.uncached)
+            {
+                Ok(()) => from.iter_mut().for_each(|f| *f = Some(order[0])),
+                Err(e) => {
+                    log::error!("data at logical {} copy {}: {e}", r.start, order[0]);
+                    io_err = Some(e);
+                }
+            },
+        }
+        let sector_ok = |buf: &[u8], i: usize| {
+            r.csums
+                .get(i)
+                .and_then(|c| c.as_ref())
+                .is_none_or(|c| self.csum_type.verify(&buf[i * sector..(i + 1) * sector], c))
+        };
+        // Sectors still wanted, with the copies already tried for each.
+        let mut tried: Vec<Vec<usize>> = vec![Vec::new(); nsec];
+        let mut bad_copies: Vec<(usize, usize)> = Vec::new(); // (sector, copy)
+        let mut want: Vec<usize> = Vec::new();
+        for i in 0..nsec {
+            match from[i] {
+                Some(_) if sector_ok(&buf, i) => {}
+                Some(m) => {
+                    self.note_bad(r, i, m);
+                    tried[i].push(m);
+                    bad_copies.push((i, m));
+                    want.push(i);
+                }
+                None => want.push(i),
+            }
+        }
+        for &m in &order {
+            if want.is_empty() {
+                break;
+            }
+            let todo: Vec<usize> = want
+                .iter()
+                .copied()
+                .filter(|&i| !tried[i].contains(&m))
+                .collect();
+            for (a, b) in runs(&todo) {
+                let at = r.start + (a * sector) as u64;
+                let mut tmp = crate::io::device::IoBuf::zeroed((b - a) * sector);
+                if let Err(e) = self.io.read_logical_mode(at, &mut tmp, m, self.uncached) {
+                    log::error!("data at logical {at} copy {m}: {e}");
+                    io_err = Some(e);
+                    (a..b).for_each(|i| tried[i].push(m));
+                    continue;
+                }
+                for i in a..b {
+                    tried[i].push(m);
+                    let t = (i - a) * sector;
+                    if sector_ok_in(&tmp[t..t + sector], r.csums.get(i), self.csum_type) {
+                        buf[i * sector..(i + 1) * sector].copy_from_slice(&tmp[t..t + sector]);
+                        want.retain(|&w| w != i);
+                    } else {
+                        self.note_bad(r, i, m);
+                        bad_copies.push((i, m));
+                    }
+                }
+            }
+        }
+        if want.is_empty() {
+            self.repair(r, &buf, &bad_copies);
             return Ok(buf);
         }
-        let mut bad_at = None;
-        // Copies that read but failed their checksums: rewritten from a good one.
-        let mut bad_copies = Vec::new();
-        let mut io_err = None;
-        for mirror in self.io.mirror_order(r.start, r.end - r.start) {
-            if let Err(e) = self
-                .io
-                .read_logical_mode(r.start, &mut buf, mirror, self.uncached)
-            {
-                log::error!("data at logical {} copy {mirror}: {e}", r.start);
-                io_err = Some(e);
-                continue;
+        let first_bad = want[0];
+        if bad_copies.iter().all(|&(i, _)| i != first_bad) {
+            if let Some(e) = io_err {
+                return Err(e);
             }
-            bad_at = self.csums_match(r, &buf);
-            let Some(bad) = bad_at else {
-                self.repair(r, &buf, &bad_copies);
-                return Ok(buf);
-            };
-            log::error!(
-                "data checksum mismatch at logical {bad} (inode {}, subvolume {}) in copy {mirror}",
-                r.id.ino,
-                r.id.subvol
-            );
-            self.io.note_bad_copy(
-                bad,
-                self.sector,
-                mirror,
-                crate::io::devices::DevStat::Corruption,
-            );
-            bad_copies.push(mirror);
         }
-        let bad = match (bad_at, io_err) {
-            (Some(b), _) => b,
-            (None, Some(e)) => return Err(e),
-            (None, None) => r.start,
-        };
+        let bad = r.start + (first_bad * sector) as u64;
         let err = Error::DataChecksum {
             subvol: r.id.subvol,
             ino: r.id.ino,
@@ -382,32 +430,61 @@ impl ReadPlan {
     }
 }
 
+/// Whether a sector matches its checksum (None: it has none, nothing to check).
+fn sector_ok_in(s: &[u8], c: Option<&Option<Vec<u8>>>, t: oleo_format::csum::CsumType) -> bool {
+    c.and_then(|c| c.as_ref()).is_none_or(|c| t.verify(s, c))
+}
+
+/// Sorted sector indexes as half-open runs of consecutive ones.
+fn runs(sorted: &[usize]) -> Vec<(usize, usize)> {
+    let mut out: Vec<(usize, usize)> = Vec::new();
+    for &i in sorted {
+        match out.last_mut() {
+            Some((_, e)) if *e == i => *e += 1,
+            _ => out.push((i, i + 1)),
+        }
+    }
+    out
+}
+
 impl ReadPlan {
-    /// The first sector of `buf` (read for `r`) that fails its checksum.
-    fn csums_match(&self, r: &DataRead, buf: &[u8]) -> Option<u64> {
-        let sector = self.sector as usize;
-        r.csums.iter().enumerate().find_map(|(i, c)| {
-            let c = c.as_ref()?;
-            let s = &buf[i * sector..(i + 1) * sector];
-            (!self.csum_type.verify(s, c)).then_some(r.start + (i * sector) as u64)
-        })
+    /// Logs a sector of `r` that failed its checksum in copy `m` and counts it against
+    /// the device.
+    fn note_bad(&self, r: &DataRead, i: usize, m: usize) {
+        let at = r.start + i as u64 * self.sector;
+        log::error!(
+            "data checksum mismatch at logical {at} (inode {}, subvolume {}) in copy {m}",
+            r.id.ino,
+            r.id.subvol
+        );
+        self.io
+            .note_bad_copy(at, self.sector, m, crate::io::devices::DevStat::Corruption);
     }
 
     /// Rewrites the copies of `r` that failed their checksums with `good` (verified), as
     /// the kernel's read repair does; the plan's read pin keeps the extent from being
     /// handed out meanwhile. Nothing on a read-only open.
-    fn repair(&self, r: &DataRead, good: &[u8], bad: &[usize]) {
+    fn repair(&self, r: &DataRead, good: &[u8], bad: &[(usize, usize)]) {
         if bad.is_empty() || !self.io.devices().is_writable() {
             return;
         }
-        for &m in bad {
-            match self.io.repair_copy(r.start, good, m) {
-                Ok(()) => log::warn!(
-                    "repaired data at logical {} ({} bytes) copy {m} from a good copy",
-                    r.start,
-                    good.len()
-                ),
-                Err(e) => log::error!("could not repair data at logical {} copy {m}: {e}", r.start),
+        let sector = self.sector as usize;
+        let mut copies: Vec<usize> = bad.iter().map(|&(_, m)| m).collect();
+        copies.sort_unstable();
+        copies.dedup();
+        for m in copies {
+            let mut sectors: Vec<usize> = bad.iter().filter(|b| b.1 == m).map(|b| b.0).collect();
+            sectors.sort_unstable();
+            sectors.dedup();
+            for (a, b) in runs(&sectors) {
+                let at = r.start + (a * sector) as u64;
+                match self.io.repair_copy(at, &good[a * sector..b * sector], m) {
+                    Ok(()) => log::warn!(
+                        "repaired data at logical {at} ({} bytes) copy {m} from a good copy",
+                        (b - a) * sector
+                    ),
+                    Err(e) => log::error!("could not repair data at logical {at} copy {m}: {e}"),
+                }
             }
         }
     }

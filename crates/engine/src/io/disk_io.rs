@@ -218,7 +218,12 @@ impl DiskIo {
         if raid56 {
             return self.read_raid56(logical, buf, mirror, uncached);
         }
-        let pieces = self.chunks.read().map(logical, buf.len() as u64, mirror)?;
+        let mut pieces = self.chunks.read().map(logical, buf.len() as u64, mirror)?;
+        if pieces.iter().any(|p| self.devices.is_missing(p.devid)) {
+            // A stripe on a missing device comes from another copy of the same stripe
+            // (RAID10 with a device of each pair gone still reads every stripe).
+            self.substitute_missing(logical, &mut pieces, mirror)?;
+        }
         if let [piece] = pieces.as_slice() {
             return self
                 .devices
@@ -229,13 +234,19 @@ impl DiskIo {
 
     /// Reads a large range of a mirrored chunk (RAID1, RAID1C3/4, RAID10) from several
     /// copies at once, a part from each present copy, so that one reader gets the devices'
-    /// summed speed. Ok(false): not worth it or not possible (small, one copy present);
-    /// the caller reads as usual. The caller verifies the result as a whole.
-    pub fn read_spread(&self, logical: u64, buf: &mut [u8], uncached: bool) -> Result<bool> {
+    /// summed speed. Returns which copy each part came from: (offset in `buf`, length,
+    /// copy). None: not worth it or not possible (small, one copy present); the caller
+    /// reads as usual. Any part that fails to read fails the whole.
+    pub fn read_spread(
+        &self,
+        logical: u64,
+        buf: &mut [u8],
+        uncached: bool,
+    ) -> Result<Option<Vec<(usize, usize, usize)>>> {
         const MIN: usize = 256 << 10;
         let sector = self.ctx.read().sectorsize as usize;
         if buf.len() < MIN {
-            return Ok(false);
+            return Ok(None);
         }
         let spread = self
             .chunks
@@ -243,28 +254,32 @@ impl DiskIo {
             .profile(logical)
             .is_some_and(|p| p & (bg::RAID1 | bg::RAID1C3 | bg::RAID1C4 | bg::RAID10) != 0);
         if !spread {
-            return Ok(false);
+            return Ok(None);
         }
         let n = self.num_mirrors(logical);
         let present: Vec<usize> = (0..n)
             .filter(|&m| self.mirror_present(logical, buf.len() as u64, m))
             .collect();
         if present.len() < 2 {
-            return Ok(false);
+            return Ok(None);
         }
         // Parts of whole sectors (aligned for uncached reads), one per copy.
         let part = buf
             .len()
             .div_ceil(present.len())
             .next_multiple_of(sector.max(4096));
+        let len = buf.len();
+        let parts: Vec<(usize, usize, usize)> = (0..len)
+            .step_by(part)
+            .zip(present.iter().copied())
+            .map(|(at, m)| (at, part.min(len - at), m))
+            .collect();
         let results: Vec<Result<()>> = std::thread::scope(|s| {
-            let mut chunks = buf.chunks_mut(part).zip(present.iter().copied());
-            let (first, first_m) = chunks.next().expect("at least one part");
+            let mut chunks = buf.chunks_mut(part).zip(parts.iter());
+            let (first, &(_, _, first_m)) = chunks.next().expect("at least one part");
             let handles: Vec<_> = chunks
-                .enumerate()
-                .map(|(i, (dst, m))| {
-                    let at = logical + ((i + 1) * part) as u64;
-                    s.spawn(move || self.read_logical_mode(at, dst, m, uncached))
+                .map(|(dst, &(at, _, m))| {
+                    s.spawn(move || self.read_logical_mode(logical + at as u64, dst, m, uncached))
                 })
                 .collect();
             let mut out = vec![self.read_logical_mode(logical, first, first_m, uncached)];
@@ -278,7 +293,34 @@ impl DiskIo {
         for r in results {
             r?;
         }
-        Ok(true)
+        Ok(Some(parts))
+    }
+
+    /// Replaces each piece of copy `mirror` that lies on a missing device with the same
+    /// bytes' piece in another copy on a present one, where there is one.
+    fn substitute_missing(
+        &self,
+        logical: u64,
+        pieces: &mut [crate::io::volumes::PhysRange],
+        mirror: usize,
+    ) -> Result<()> {
+        let chunks = self.chunks.read();
+        let n = chunks.num_mirrors(logical).max(1);
+        let mut at = logical;
+        for p in pieces.iter_mut() {
+            if self.devices.is_missing(p.devid) {
+                for m in (0..n).filter(|&m| m != mirror) {
+                    if let [alt] = chunks.map(at, p.len, m)?.as_slice() {
+                        if !self.devices.is_missing(alt.devid) {
+                            *p = *alt;
+                            break;
+                        }
+                    }
+                }
+            }
+            at += p.len;
+        }
+        Ok(())
     }
 
     /// A read that spans strips (RAID0, RAID10): the strips of each device are physically

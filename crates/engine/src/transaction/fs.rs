@@ -630,23 +630,30 @@ fn check_devices(io: &mut DiskIo, chunk_root: &TreeRoot, options: &OpenOptions) 
             bg::RAID1C4 => 3,
             _ => 0,
         };
-        // RAID10 loses data only when both halves of one mirror pair are gone.
+        // RAID10 loses data only when both halves of one mirror pair are gone; writing
+        // needs at most one device missing per chunk, as the kernel decides.
         let pair_lost = profile == bg::RAID10
             && c.stripes
                 .chunks(2)
                 .any(|p| p.iter().all(|s| io.devices().is_missing(s.devid)));
-        if (lost > tolerated && profile != bg::RAID10) || pair_lost {
-            let msg = format!(
-                "chunk at {logical} ({}) lost {lost} of its {} stripes with the missing devices: too many to read it",
+        let unreadable = if profile == bg::RAID10 {
+            pair_lost
+        } else {
+            lost > tolerated
+        };
+        if !options.read_only && lost > tolerated {
+            return Err(Error::Unusable(format!(
+                "chunk at {logical} ({}) misses {lost} of its {} stripes, more than the {tolerated} a writable mount tolerates; a read-only degraded mount may still read it",
+                bg::describe(c.chunk_type),
+                c.stripes.len()
+            )));
+        }
+        if unreadable {
+            log::warn!(
+                "chunk at {logical} ({}) lost {lost} of its {} stripes with the missing devices: its data cannot be read",
                 bg::describe(c.chunk_type),
                 c.stripes.len()
             );
-            if !options.read_only {
-                return Err(Error::Unusable(format!(
-                    "{msg}; a read-only degraded mount may still read the rest"
-                )));
-            }
-            log::warn!("{msg}");
         }
     }
     if raid56 && !options.read_only {
