@@ -15,8 +15,11 @@ enum Verb {
     /// Print the error counters of each device.
     Stats {
         /// Image files or devices of the (unmounted) filesystem, one per --image.
-        #[arg(long, required = true)]
+        #[arg(long)]
         image: Vec<PathBuf>,
+        /// A path on a mounted oleo filesystem (without --image).
+        #[arg(required_unless_present = "image", conflicts_with = "image")]
+        path: Option<PathBuf>,
         /// Exit with status 64 when a counter is not zero.
         #[arg(short = 'c', long = "check")]
         check: bool,
@@ -44,11 +47,34 @@ const NAMES: [&str; 5] = [
 pub fn run(args: &DeviceArgs) -> Result<bool, String> {
     let Verb::Stats {
         image,
+        path,
         check,
         reset,
         table,
         degraded,
     } = &args.verb;
+    if let Some(path) = path {
+        let usage = crate::on_mount::fs_usage(path)?;
+        let stats = crate::on_mount::dev_stats(path, *reset)?;
+        let rows: Vec<(u64, String, [u64; 5])> = stats
+            .devices
+            .into_iter()
+            .map(|(devid, v)| {
+                let p = usage
+                    .devices
+                    .iter()
+                    .find(|d| d.devid == devid)
+                    .and_then(|d| d.path.as_ref())
+                    .map_or_else(
+                        || "<missing disk>".to_string(),
+                        |p| String::from_utf8_lossy(p).into_owned(),
+                    );
+                (devid, p, v)
+            })
+            .collect();
+        print(&rows, *table);
+        return Ok(*check && rows.iter().any(|r| r.2.iter().any(|&x| x > 0)));
+    }
     let opts = OpenOptions {
         read_only: !reset,
         devices: image[1..].to_vec(),
@@ -72,7 +98,18 @@ pub fn run(args: &DeviceArgs) -> Result<bool, String> {
             (d.devid, path, v)
         })
         .collect();
-    if *table {
+    print(&rows, *table);
+    let nonzero = rows.iter().any(|r| r.2.iter().any(|&x| x > 0));
+    if *reset {
+        fs.reset_device_stats().map_err(show)?;
+        fs.close().map_err(show)?;
+    }
+    Ok(*check && nonzero)
+}
+
+/// The counters as `btrfs device stats` prints them (`-T`: a table).
+fn print(rows: &[(u64, String, [u64; 5])], table: bool) {
+    if table {
         let heads = [
             "Write errors",
             "Read errors",
@@ -95,7 +132,7 @@ pub fn run(args: &DeviceArgs) -> Result<bool, String> {
         }
         println!("{line}");
         println!("{rule}");
-        for (id, path, v) in &rows {
+        for (id, path, v) in rows {
             let mut l = format!("{id:>iw$} {path:<pw$}");
             for (h, x) in heads.iter().zip(v) {
                 l += &format!(" {x:>w$}", w = h.len());
@@ -103,16 +140,10 @@ pub fn run(args: &DeviceArgs) -> Result<bool, String> {
             println!("{l}");
         }
     } else {
-        for (_, path, v) in &rows {
+        for (_, path, v) in rows {
             for (n, x) in NAMES.iter().zip(v) {
                 println!("[{path}].{n:<16} {x}");
             }
         }
     }
-    let nonzero = rows.iter().any(|r| r.2.iter().any(|&x| x > 0));
-    if *reset {
-        fs.reset_device_stats().map_err(show)?;
-        fs.close().map_err(show)?;
-    }
-    Ok(*check && nonzero)
 }

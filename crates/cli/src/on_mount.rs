@@ -234,3 +234,36 @@ pub fn fs_usage(path: &Path) -> Result<cmd::FsUsage, String> {
         path.display()
     ))
 }
+
+/// Starts a scrub in the mount's server (`oleo scrub start PATH`).
+pub fn scrub_start(path: &Path, readonly: bool, limit: u64) -> Result<(), String> {
+    subvol_of(path)?;
+    let f = open(path)?;
+    let flags = if readonly { cmd::SCRUB_READONLY } else { 0 };
+    let mut buf = [0u8; 16];
+    buf[..8].copy_from_slice(&flags.to_le_bytes());
+    buf[8..].copy_from_slice(&limit.to_le_bytes());
+    raw_ioctl(&f, cmd::SCRUB_START, &mut buf).map_err(|e| match e.raw_os_error() {
+        Some(libc::EBUSY) => format!("{}: a scrub is already running", path.display()),
+        _ => format!("{}: {e}", path.display()),
+    })
+}
+
+/// Where the mount's scrub stands.
+pub fn scrub_status(path: &Path) -> Result<cmd::ScrubStatus, String> {
+    subvol_of(path)?;
+    let f = open(path)?;
+    let mut buf = vec![0u8; cmd::SCRUB_STATUS_SIZE];
+    ioctl(&f, path, cmd::SCRUB_STATUS, &mut buf)?;
+    Ok(cmd::ScrubStatus::parse(&buf))
+}
+
+/// The devices' error counters on the mount; zeroed after reading with `reset`.
+pub fn dev_stats(path: &Path, reset: bool) -> Result<cmd::DevStatsReply, String> {
+    subvol_of(path)?;
+    let f = open(path)?;
+    let mut buf = vec![0u8; cmd::DEV_STATS_SIZE];
+    buf[..8].copy_from_slice(&u64::from(reset).to_le_bytes());
+    ioctl(&f, path, cmd::DEV_STATS, &mut buf)?;
+    Ok(cmd::DevStatsReply::parse(&buf))
+}

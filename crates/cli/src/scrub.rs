@@ -1,7 +1,7 @@
-//! `oleo scrub start | status`: `btrfs scrub`, with its output, on an unmounted image or
-//! device set (`--image`, repeated for each device). The scrub runs in the foreground
-//! (what `btrfs scrub start -B` does), with progress on a terminal; its result is kept in
-//! a status file per filesystem uuid for `status`.
+//! `oleo scrub start | status`: `btrfs scrub`, with its output, on a mount (its server
+//! scrubs in the background while it serves; `-B` waits) or on an unmounted image or
+//! device set (`--image`, repeated for each device: in the foreground, its result kept in
+//! a status file per filesystem uuid for `status`), with progress on a terminal.
 
 use oleo::{Filesystem, OpenOptions, ScrubOptions, ScrubProgress};
 use std::collections::BTreeMap;
@@ -19,9 +19,13 @@ enum Verb {
     /// Read and verify every copy of every block; rewrite bad copies from good ones.
     Start {
         /// Image files or devices of the (unmounted) filesystem, one per --image.
-        #[arg(long, required = true)]
+        #[arg(long)]
         image: Vec<PathBuf>,
-        /// Do not background (always the case for images; accepted as btrfs does).
+        /// A path on a mounted oleo filesystem (without --image): its server scrubs it in
+        /// the background while it serves.
+        #[arg(required_unless_present = "image", conflicts_with = "image")]
+        path: Option<PathBuf>,
+        /// Wait for the end and print the result (an image scrub always does).
         #[arg(short = 'B')]
         no_background: bool,
         /// Read-only: report errors, repair nothing.
@@ -45,8 +49,11 @@ enum Verb {
     },
     /// Print the result of the last scrub of the filesystem.
     Status {
-        #[arg(long, required = true)]
+        #[arg(long)]
         image: Vec<PathBuf>,
+        /// A path on a mounted oleo filesystem (without --image).
+        #[arg(required_unless_present = "image", conflicts_with = "image")]
+        path: Option<PathBuf>,
         #[arg(short = 'd')]
         per_device: bool,
         #[arg(short = 'R')]
@@ -59,7 +66,85 @@ struct Record {
     fsid: String,
     started: i64,
     duration: u64,
+    /// "finished", "running", "aborted".
+    status: &'static str,
     devices: BTreeMap<u64, (String, ScrubProgress)>,
+}
+
+/// A mount's scrub status as a record to print.
+fn record_of(
+    st: &oleo_fuse::subvol_ioctl::ScrubStatus,
+    usage: &oleo_fuse::subvol_ioctl::FsUsage,
+) -> Record {
+    let path_of = |devid: u64| {
+        usage
+            .devices
+            .iter()
+            .find(|d| d.devid == devid)
+            .and_then(|d| d.path.as_ref())
+            .map_or_else(
+                || "<missing disk>".to_string(),
+                |p| String::from_utf8_lossy(p).into_owned(),
+            )
+    };
+    Record {
+        fsid: uuid(&usage.fsid),
+        started: st.started as i64,
+        duration: st.duration,
+        status: match st.state {
+            1 => "running",
+            3 => "aborted",
+            _ => "finished",
+        },
+        devices: st
+            .devices
+            .iter()
+            .map(|(d, c)| {
+                (
+                    *d,
+                    (path_of(*d), oleo_fuse::subvol_ioctl::scrub_progress(c)),
+                )
+            })
+            .collect(),
+    }
+}
+
+/// Waits for the mount's scrub to end (`start -B`), progress on a terminal.
+fn wait_on_mount(path: &Path, usage: &oleo_fuse::subvol_ioctl::FsUsage) -> Result<Record, String> {
+    let tty = std::io::stderr().is_terminal();
+    loop {
+        let st = crate::on_mount::scrub_status(path)?;
+        if st.state != 1 {
+            if tty {
+                eprint!("\r\x1b[K");
+            }
+            if st.state == 3 {
+                return Err(format!(
+                    "{}: the scrub failed (see the mount's log)",
+                    path.display()
+                ));
+            }
+            return Ok(record_of(&st, usage));
+        }
+        if tty {
+            let done: u64 = st.devices.iter().map(|(_, c)| c[2] + c[3]).sum();
+            eprint!("\rscrubbed {}", pretty(done));
+            let _ = std::io::stderr().flush();
+        }
+        std::thread::sleep(std::time::Duration::from_millis(250));
+    }
+}
+
+/// Ok, or the error a scrub with uncorrectable errors ends with.
+fn finished(rec: &Record) -> Result<(), String> {
+    let total = total(rec);
+    if total.uncorrectable_errors > 0 {
+        return Err(format!(
+            "there are uncorrectable errors ({} sectors)",
+            total.uncorrectable_errors
+        ));
+    }
+    Ok(())
 }
 
 const FIELDS: &[&str] = &[
@@ -126,6 +211,35 @@ fn set(p: &mut ScrubProgress, f: &str, v: u64) {
 pub fn run(args: &ScrubArgs) -> Result<(), String> {
     match &args.verb {
         Verb::Start {
+            path: Some(path),
+            readonly,
+            per_device,
+            raw,
+            quiet,
+            limit,
+            no_background,
+            ..
+        } => {
+            let limit = limit.as_deref().map(parse_limit).transpose()?.unwrap_or(0);
+            crate::on_mount::scrub_start(path, *readonly, limit)?;
+            let usage = crate::on_mount::fs_usage(path)?;
+            if !*no_background {
+                if !*quiet {
+                    println!(
+                        "scrub started on {}, fsid {} (in the server of the mount)",
+                        path.display(),
+                        uuid(&usage.fsid)
+                    );
+                }
+                return Ok(());
+            }
+            let rec = wait_on_mount(path, &usage)?;
+            if !*quiet {
+                print_record(&rec, *per_device, *raw, true);
+            }
+            finished(&rec)
+        }
+        Verb::Start {
             image,
             readonly,
             per_device,
@@ -133,7 +247,7 @@ pub fn run(args: &ScrubArgs) -> Result<(), String> {
             quiet,
             limit,
             degraded,
-            no_background: _,
+            ..
         } => start(
             image,
             *readonly,
@@ -144,9 +258,27 @@ pub fn run(args: &ScrubArgs) -> Result<(), String> {
             *degraded,
         ),
         Verb::Status {
+            path: Some(path),
+            per_device,
+            raw,
+            ..
+        } => {
+            let usage = crate::on_mount::fs_usage(path)?;
+            let st = crate::on_mount::scrub_status(path)?;
+            if st.state == 0 {
+                return Err(format!(
+                    "no scrub of {} since it was mounted",
+                    path.display()
+                ));
+            }
+            print_record(&record_of(&st, &usage), *per_device, *raw, false);
+            Ok(())
+        }
+        Verb::Status {
             image,
             per_device,
             raw,
+            ..
         } => {
             let fsid = fsid_of(&image[0])?;
             let rec =
@@ -237,6 +369,7 @@ fn start(
         fsid: fsid.clone(),
         started,
         duration: t0.elapsed().as_secs(),
+        status: "finished",
         devices: stats
             .into_iter()
             .map(|(d, s)| (d, (paths.get(&d).cloned().unwrap_or_default(), s)))
@@ -248,14 +381,7 @@ fn start(
     if !quiet {
         print_record(&rec, per_device, raw, true);
     }
-    let total = total(&rec);
-    if total.uncorrectable_errors > 0 {
-        return Err(format!(
-            "there are uncorrectable errors ({} sectors)",
-            total.uncorrectable_errors
-        ));
-    }
-    Ok(())
+    finished(&rec)
 }
 
 fn total(rec: &Record) -> ScrubProgress {
@@ -275,7 +401,7 @@ fn print_record(rec: &Record, per_device: bool, raw: bool, done: bool) {
     }
     let header = |rec: &Record| {
         println!("Scrub started:    {}", ctime(rec.started));
-        println!("Status:           finished");
+        println!("Status:           {}", rec.status);
         let d = rec.duration;
         println!(
             "Duration:         {}:{:02}:{:02}",
@@ -427,6 +553,7 @@ fn load(fsid: &str) -> Result<Option<Record>, String> {
         fsid: fsid.to_string(),
         started: 0,
         duration: 0,
+        status: "finished",
         devices: BTreeMap::new(),
     };
     for line in text.lines() {

@@ -140,6 +140,8 @@ pub struct OleoFuse {
     /// WRITEBACK_CACHE was agreed: the kernel owns regular files' mtime and ctime (it
     /// stamps them, sends them by SETATTR, and ignores ours while it caches the inode).
     kernel_times: AtomicBool,
+    /// The mount's last or running scrub (`oleo scrub start|status` on a mount).
+    scrub: Arc<parking_lot::Mutex<subvol_ioctl::ScrubStatus>>,
 }
 
 impl OleoFuse {
@@ -159,6 +161,7 @@ impl OleoFuse {
             listings: Default::default(),
             no_opendir: Default::default(),
             kernel_times: Default::default(),
+            scrub: Default::default(),
             lookups: parking_lot::Mutex::new(Default::default()),
         }
     }

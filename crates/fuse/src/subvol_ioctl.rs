@@ -866,3 +866,158 @@ mod tests {
         assert_eq!(global_reserve(16384, &[1 << 30], true), 512 << 20);
     }
 }
+
+/// On any file: starts a scrub of the mounted filesystem in the server's background. In:
+/// u64 flags ([`SCRUB_READONLY`]), u64 bytes per second at most (0: no limit). EBUSY while
+/// one runs.
+pub const SCRUB_START: u32 = ioc(WRITE, 11, 16);
+/// SCRUB_START's flag: report only, repair nothing (`scrub start -r`).
+pub const SCRUB_READONLY: u64 = 1;
+/// On any file: the state of the mount's last or running scrub ([`ScrubStatus`]).
+pub const SCRUB_STATUS: u32 = ioc(READ, 12, SCRUB_STATUS_SIZE);
+/// Devices a [`ScrubStatus`] or [`DevStatsReply`] holds at most.
+pub const MAX_DEVICES: usize = 16;
+/// Counters per device in a [`ScrubStatus`] (btrfs_scrub_progress's, in its order).
+pub const SCRUB_COUNTERS: usize = 15;
+/// Size of SCRUB_STATUS's answer.
+pub const SCRUB_STATUS_SIZE: usize = 8 * 4 + MAX_DEVICES * 8 * (1 + SCRUB_COUNTERS);
+/// On any file: the devices' error counters ([`DevStatsReply`]); in: u64 flags, 1 to zero
+/// them after reading (`device stats -z`).
+pub const DEV_STATS: u32 = ioc(READ | WRITE, 13, DEV_STATS_SIZE);
+/// Size of DEV_STATS's argument and answer.
+pub const DEV_STATS_SIZE: usize = 8 + MAX_DEVICES * 8 * 6;
+
+/// Where a mount's scrub stands.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ScrubStatus {
+    /// 0: none since the mount; 1: running; 2: finished; 3: failed; 4: finished, errors
+    /// uncorrectable.
+    pub state: u64,
+    /// When it started (seconds since the epoch).
+    pub started: u64,
+    /// Seconds it ran (so far).
+    pub duration: u64,
+    /// Per device: devid and the counters (`ScrubProgress` in field order).
+    pub devices: Vec<(u64, [u64; SCRUB_COUNTERS])>,
+}
+
+impl ScrubStatus {
+    /// The fixed-size answer.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut b = Vec::with_capacity(SCRUB_STATUS_SIZE);
+        for v in [self.state, self.started, self.duration, self.devices.len() as u64] {
+            b.extend_from_slice(&v.to_le_bytes());
+        }
+        for (devid, c) in self.devices.iter().take(MAX_DEVICES) {
+            b.extend_from_slice(&devid.to_le_bytes());
+            for v in c {
+                b.extend_from_slice(&v.to_le_bytes());
+            }
+        }
+        b.resize(SCRUB_STATUS_SIZE, 0);
+        b
+    }
+
+    /// Reads an answer back.
+    pub fn parse(b: &[u8]) -> ScrubStatus {
+        let n = (u64_at(b, 24) as usize).min(MAX_DEVICES);
+        let devices = (0..n)
+            .map(|i| {
+                let at = 32 + i * 8 * (1 + SCRUB_COUNTERS);
+                let mut c = [0u64; SCRUB_COUNTERS];
+                for (j, v) in c.iter_mut().enumerate() {
+                    *v = u64_at(b, at + 8 + j * 8);
+                }
+                (u64_at(b, at), c)
+            })
+            .collect();
+        ScrubStatus {
+            state: u64_at(b, 0),
+            started: u64_at(b, 8),
+            duration: u64_at(b, 16),
+            devices,
+        }
+    }
+}
+
+/// The devices' error counters: devid, then write, read, flush, corruption, generation.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DevStatsReply {
+    /// One entry per device, in devid order.
+    pub devices: Vec<(u64, [u64; 5])>,
+}
+
+impl DevStatsReply {
+    /// The fixed-size answer.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut b = Vec::with_capacity(DEV_STATS_SIZE);
+        b.extend_from_slice(&(self.devices.len() as u64).to_le_bytes());
+        for (devid, c) in self.devices.iter().take(MAX_DEVICES) {
+            b.extend_from_slice(&devid.to_le_bytes());
+            for v in c {
+                b.extend_from_slice(&v.to_le_bytes());
+            }
+        }
+        b.resize(DEV_STATS_SIZE, 0);
+        b
+    }
+
+    /// Reads an answer back.
+    pub fn parse(b: &[u8]) -> DevStatsReply {
+        let n = (u64_at(b, 0) as usize).min(MAX_DEVICES);
+        DevStatsReply {
+            devices: (0..n)
+                .map(|i| {
+                    let at = 8 + i * 48;
+                    let mut c = [0u64; 5];
+                    for (j, v) in c.iter_mut().enumerate() {
+                        *v = u64_at(b, at + 8 + j * 8);
+                    }
+                    (u64_at(b, at), c)
+                })
+                .collect(),
+        }
+    }
+}
+
+/// A scrub's counters in ScrubStatus order.
+pub fn scrub_counters(p: &oleo::ScrubProgress) -> [u64; SCRUB_COUNTERS] {
+    [
+        p.data_extents_scrubbed,
+        p.tree_extents_scrubbed,
+        p.data_bytes_scrubbed,
+        p.tree_bytes_scrubbed,
+        p.read_errors,
+        p.csum_errors,
+        p.verify_errors,
+        p.no_csum,
+        p.csum_discards,
+        p.super_errors,
+        p.malloc_errors,
+        p.uncorrectable_errors,
+        p.corrected_errors,
+        p.unverified_errors,
+        p.last_physical,
+    ]
+}
+
+/// Counters in ScrubStatus order back into a `ScrubProgress`.
+pub fn scrub_progress(c: &[u64; SCRUB_COUNTERS]) -> oleo::ScrubProgress {
+    oleo::ScrubProgress {
+        data_extents_scrubbed: c[0],
+        tree_extents_scrubbed: c[1],
+        data_bytes_scrubbed: c[2],
+        tree_bytes_scrubbed: c[3],
+        read_errors: c[4],
+        csum_errors: c[5],
+        verify_errors: c[6],
+        no_csum: c[7],
+        csum_discards: c[8],
+        super_errors: c[9],
+        malloc_errors: c[10],
+        uncorrectable_errors: c[11],
+        corrected_errors: c[12],
+        unverified_errors: c[13],
+        last_physical: c[14],
+    }
+}

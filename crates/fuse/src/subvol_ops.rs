@@ -6,6 +6,12 @@ use crate::subvol_ioctl as cmd;
 use crate::transport::{Errno, Request};
 use crate::{errno, OleoFuse};
 
+fn now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
 impl OleoFuse {
     /// True for the commands of `subvol_ioctl`.
     pub(crate) fn is_subvol_ioctl(c: u32) -> bool {
@@ -20,6 +26,9 @@ impl OleoFuse {
             cmd::GET_DEFAULT,
             cmd::EXTENTS,
             cmd::FS_USAGE,
+            cmd::SCRUB_START,
+            cmd::SCRUB_STATUS,
+            cmd::DEV_STATS,
         ]
         .contains(&c)
     }
@@ -143,8 +152,91 @@ impl OleoFuse {
                 }
                 Ok(cmd::FsUsagePage::of(&report.encode(), cmd::u64_arg(data)).to_bytes())
             }
+            cmd::SCRUB_START => {
+                let flags = cmd::u64_arg(data);
+                let limit = data.get(8..16).map_or(0, cmd::u64_arg);
+                self.start_scrub(flags & cmd::SCRUB_READONLY != 0, limit)?;
+                Ok(Vec::new())
+            }
+            cmd::SCRUB_STATUS => {
+                let mut st = self.scrub.lock().clone();
+                if st.state == 1 {
+                    st.duration = now().saturating_sub(st.started);
+                }
+                Ok(st.to_bytes())
+            }
+            cmd::DEV_STATS => {
+                let devices = self
+                    .fs
+                    .device_stats()
+                    .map_err(errno)?
+                    .into_iter()
+                    .map(|(d, v)| (d.devid, v))
+                    .collect();
+                if cmd::u64_arg(data) & 1 != 0 {
+                    self.mutate(|fs| fs.reset_device_stats())?;
+                }
+                Ok(cmd::DevStatsReply { devices }.to_bytes())
+            }
             _ => Err(Errno::ENOTTY),
         }
+    }
+
+    /// Runs a scrub in a thread of its own; its counters go to `self.scrub` as it goes. The
+    /// filesystem keeps serving: the scrub takes the lock shared, one batch at a time.
+    fn start_scrub(&self, readonly: bool, limit: u64) -> Result<(), Errno> {
+        let mut st = self.scrub.lock();
+        if st.state == 1 {
+            return Err(Errno(libc::EBUSY));
+        }
+        *st = cmd::ScrubStatus {
+            state: 1,
+            started: now(),
+            duration: 0,
+            devices: Vec::new(),
+        };
+        drop(st);
+        let fs = std::sync::Arc::clone(&self.fs);
+        let job = std::sync::Arc::clone(&self.scrub);
+        let opts = oleo::ScrubOptions {
+            readonly: readonly || !self.settings.writable,
+            rate_limit: (limit > 0).then_some(limit),
+        };
+        let spawned = std::thread::Builder::new()
+            .name("oleo-scrub".into())
+            .spawn(move || {
+                let show = |stats: &std::collections::BTreeMap<u64, oleo::ScrubProgress>| {
+                    stats
+                        .iter()
+                        .map(|(&d, p)| (d, cmd::scrub_counters(p)))
+                        .collect::<Vec<_>>()
+                };
+                let r = fs.scrub(&opts, &mut |stats| {
+                    let mut st = job.lock();
+                    st.devices = show(stats);
+                    st.duration = now().saturating_sub(st.started);
+                });
+                let mut st = job.lock();
+                st.duration = now().saturating_sub(st.started);
+                match r {
+                    Ok(stats) => {
+                        st.devices = show(&stats);
+                        let bad = stats.values().any(|p| p.uncorrectable_errors > 0);
+                        st.state = if bad { 4 } else { 2 };
+                        log::info!("scrub finished in {} s", st.duration);
+                    }
+                    Err(e) => {
+                        log::error!("scrub failed: {e}");
+                        st.state = 3;
+                    }
+                }
+            });
+        if let Err(e) = spawned {
+            self.scrub.lock().state = 3;
+            log::error!("cannot start the scrub thread: {e}");
+            return Err(Errno(libc::EAGAIN));
+        }
+        Ok(())
     }
 
     /// The kernel may hold `name` in `dir` as absent, `dir`'s size and times, and its

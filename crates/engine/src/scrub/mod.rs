@@ -402,7 +402,10 @@ impl FsCore {
                     false
                 }
             },
-            _ => false,
+            // Read-only: a sector a good copy could fix counts as corrected, as the
+            // kernel's `scrub -r` counts it.
+            Some(_) => true,
+            None => false,
         };
         let sector = u64::from(self.sb.sectorsize);
         self.count(stats, logical, len, m, |s, b| {
