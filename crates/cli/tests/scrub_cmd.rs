@@ -125,7 +125,7 @@ fn scrub_through_a_mount() {
     let m = oleo(&args);
     assert!(m.status.success(), "{}", text(&m));
     let mp = mnt.display().to_string();
-    let r = (|| {
+    let r = std::panic::catch_unwind(|| {
         let s = oleo(&["scrub", "start", "-B", &mp]);
         let t = text(&s);
         assert!(s.status.success(), "{t}");
@@ -161,10 +161,12 @@ fn scrub_through_a_mount() {
             std::thread::sleep(std::time::Duration::from_millis(50));
         }
         panic!("the background scrub did not finish");
-    })();
+    });
     let u = Command::new("umount").arg(&mnt).status().unwrap();
     assert!(u.success());
-    r;
+    if let Err(e) = r {
+        std::panic::resume_unwind(e);
+    }
     let check = md::offline_check(&images).unwrap();
     assert!(check.clean, "{}", check.output);
 }
