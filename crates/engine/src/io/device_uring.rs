@@ -13,6 +13,16 @@ use std::os::fd::RawFd;
 thread_local! {
     /// None until first used; Some(None) where rings cannot be set up.
     static RING: RefCell<Option<Option<IoUring>>> = const { RefCell::new(None) };
+    /// Ids of this thread's requests, to tell their completions apart.
+    static NEXT_ID: std::cell::Cell<u64> = const { std::cell::Cell::new(1) };
+}
+
+/// Errors of io_uring_enter after which the wait is simply tried again.
+fn retry(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EINTR | libc::EAGAIN | libc::EBUSY)
+    )
 }
 
 /// Runs one read (`write` false) or write of `len` bytes at `ptr` and file `offset` on
@@ -38,17 +48,47 @@ fn transfer(
             } else {
                 opcode::Read::new(types::Fd(fd), at, n).offset(off).build()
             };
+            let id = NEXT_ID.with(|n| {
+                let id = n.get();
+                n.set(id.wrapping_add(1));
+                id
+            });
+            let sqe = sqe.user_data(id);
             // SAFETY: the buffer outlives the request (we wait for it below).
             if unsafe { ring.submission().push(&sqe) }.is_err() {
                 return Some(Err(io::Error::other("io_uring submission queue full")));
             }
-            if let Err(e) = ring.submit_and_wait(1) {
-                return Some(Err(e));
-            }
-            let Some(cqe) = ring.completion().next() else {
-                return Some(Err(io::Error::other("io_uring completion missing")));
+            // Until this request's own completion is there: io_uring_enter returns once the
+            // request is submitted even when a signal cut its wait short, and the request
+            // still runs then (the buffer must outlive it); a completion of another id is
+            // not ours to take.
+            let result = loop {
+                match ring.submit_and_wait(1) {
+                    Ok(_) => {}
+                    Err(e) if retry(&e) => {}
+                    Err(e) => {
+                        if !ring.submission().is_empty() {
+                            // Never reached the kernel: nothing runs on the buffer.
+                            ring.submission().sync();
+                            *slot = Some(None);
+                            return Some(Err(e));
+                        }
+                    }
+                }
+                let mut mine = None;
+                for cqe in ring.completion() {
+                    if cqe.user_data() == id {
+                        mine = Some(cqe.result());
+                    }
+                }
+                if let Some(r) = mine {
+                    break r;
+                }
             };
-            match cqe.result() {
+            if result == -libc::EINTR || result == -libc::EAGAIN {
+                continue;
+            }
+            match result {
                 r if r < 0 => return Some(Err(io::Error::from_raw_os_error(-r))),
                 0 => {
                     return Some(Err(io::Error::new(
