@@ -1,15 +1,16 @@
-//! `oleo mkfs`: create a new btrfs on an image file or block device, with mkfs.btrfs's
-//! defaults, and print a summary like mkfs.btrfs does.
+//! `oleo mkfs`: create a new btrfs on one or several image files or block devices, with
+//! mkfs.btrfs's defaults and profiles, and print the summary mkfs.btrfs prints.
 
 use oleo::format::bytes::uuid_string;
+use oleo::format::items::block_group as bg;
 use oleo::format::CsumType;
 use oleo::mkfs::{self, MkfsOptions, MkfsReport, Profile};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 #[derive(clap::Args)]
 pub struct MkfsArgs {
-    /// Filesystem size (bytes, or with a K/M/G/T suffix). A missing file is created with
-    /// it, a shorter one extended; default: the file's or device's size.
+    /// Size of each device (bytes, or with a K/M/G/T suffix). A missing file is created
+    /// with it, a shorter one extended; default: each file's or device's size.
     #[arg(short = 'b', long = "size", value_name = "SIZE")]
     size: Option<String>,
     /// Checksum algorithm: crc32c, xxhash, sha256 or blake2.
@@ -25,12 +26,13 @@ pub struct MkfsArgs {
     /// skinny-metadata, extref, block-group-tree.
     #[arg(short = 'O', long = "features", value_name = "LIST")]
     features: Vec<String>,
-    /// Metadata profile: dup (default) or single.
-    #[arg(short = 'm', long = "metadata", default_value = "dup")]
-    metadata: String,
-    /// Data profile: single (default) or dup.
-    #[arg(short = 'd', long = "data", default_value = "single")]
-    data: String,
+    /// Metadata (and system) profile: single, dup, raid0, raid1, raid1c3, raid1c4, raid10,
+    /// raid5 or raid6. Default: dup on one device, raid1 on several.
+    #[arg(short = 'm', long = "metadata", value_name = "PROFILE")]
+    metadata: Option<String>,
+    /// Data profile, the same choice. Default: single.
+    #[arg(short = 'd', long = "data", value_name = "PROFILE")]
+    data: Option<String>,
     #[arg(short = 'L', long)]
     label: Option<String>,
     /// Filesystem UUID instead of a random one.
@@ -45,9 +47,10 @@ pub struct MkfsArgs {
     force: bool,
     /// Fill the new filesystem from this directory (files, directories, symlinks, hard
     /// links, devices, xattrs, holes). Without --size, a missing image is made big enough.
+    /// One device only, as with mkfs.btrfs.
     #[arg(short = 'r', long, value_name = "DIR")]
     rootdir: Option<PathBuf>,
-    /// Image file or block device (one: multi-device filesystems are not supported).
+    /// Image files or block devices: device ids 1, 2, ... in this order.
     #[arg(required = true, num_args = 1..)]
     targets: Vec<PathBuf>,
 }
@@ -88,24 +91,30 @@ fn parse_csum(s: &str) -> Result<CsumType, String> {
     })
 }
 
-fn parse_profile(s: &str) -> Result<Profile, String> {
-    match s.to_ascii_lowercase().as_str() {
-        "single" => Ok(Profile::Single),
-        "dup" => Ok(Profile::Dup),
-        other => Err(format!(
-            "profile `{other}` is not supported on one device (single, dup)"
-        )),
-    }
+fn parse_profile(s: &str, what: &str) -> Result<Profile, String> {
+    Profile::parse(s).ok_or_else(|| {
+        format!(
+            "unknown {what} profile {s} (single, dup, raid0, raid1, raid1c3, raid1c4, raid10, \
+             raid5, raid6)"
+        )
+    })
 }
 
 fn options(a: &MkfsArgs) -> Result<MkfsOptions, String> {
+    let defaults = MkfsOptions::for_devices(a.targets.len());
     let mut o = MkfsOptions {
         size: a.size.as_deref().map(parse_size).transpose()?,
         csum: parse_csum(&a.csum)?,
         nodesize: u32::try_from(parse_size(&a.nodesize)?).map_err(|e| e.to_string())?,
         sectorsize: u32::try_from(parse_size(&a.sectorsize)?).map_err(|e| e.to_string())?,
-        metadata_profile: parse_profile(&a.metadata)?,
-        data_profile: parse_profile(&a.data)?,
+        metadata_profile: match &a.metadata {
+            Some(m) => parse_profile(m, "metadata")?,
+            None => defaults.metadata_profile,
+        },
+        data_profile: match &a.data {
+            Some(d) => parse_profile(d, "data")?,
+            None => defaults.data_profile,
+        },
         label: a.label.clone(),
         fsid: a
             .uuid
@@ -117,7 +126,7 @@ fn options(a: &MkfsArgs) -> Result<MkfsOptions, String> {
         // SAFETY: getuid/getgid cannot fail.
         root_owner: unsafe { (libc::getuid(), libc::getgid()) },
         force: a.force,
-        ..MkfsOptions::default()
+        ..defaults
     };
     for list in &a.features {
         o.features.apply_list(list).map_err(|e| e.to_string())?;
@@ -125,79 +134,135 @@ fn options(a: &MkfsArgs) -> Result<MkfsOptions, String> {
     Ok(o)
 }
 
-fn mib(bytes: u64) -> String {
-    format!("{:.2}MiB", bytes as f64 / (1u64 << 20) as f64)
+/// A size as btrfs-progs prints it (`pretty_size`): binary units, two decimals.
+fn pretty_size(bytes: u64) -> String {
+    const UNITS: [&str; 7] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
+    let mut unit = 0;
+    let mut value = bytes as f64;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    format!("{value:.2}{}", UNITS[unit])
 }
 
-fn summary(r: &MkfsReport, target: &std::path::Path) -> String {
+/// mkfs.btrfs's "SSD detected": the first device is a block device whose queue says it
+/// does not rotate.
+fn ssd(path: &Path) -> bool {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let Ok(m) = std::fs::metadata(path) else {
+        return false;
+    };
+    if !m.file_type().is_block_device() {
+        return false;
+    }
+    let rdev = m.rdev();
+    let (major, minor) = (libc::major(rdev), libc::minor(rdev));
+    let base = PathBuf::from(format!("/sys/dev/block/{major}:{minor}"));
+    // A partition has no queue of its own: its disk's is one level up.
+    [
+        base.join("queue/rotational"),
+        base.join("../queue/rotational"),
+    ]
+    .iter()
+    .find_map(|p| std::fs::read_to_string(p).ok())
+    .is_some_and(|v| v.trim() == "0")
+}
+
+/// What mkfs.btrfs 6.2 prints once it is done, line for line (without its version banner
+/// and its note about the 5.15 defaults).
+fn summary(r: &MkfsReport, ssd: bool) -> String {
     let mut o = String::new();
-    let mut line = |k: &str, v: String| o.push_str(&format!("{k:<20}{v}\n"));
+    let mut line = |k: &str, v: &str| {
+        if k == "Devices:" {
+            // The heading of the device table: nothing after it.
+            o.push_str(&format!("{k}\n"));
+        } else {
+            o.push_str(&format!("{k:<20}{v}\n"));
+        }
+    };
     line(
         "Label:",
         if r.label.is_empty() {
-            "(null)".into()
+            "(null)"
         } else {
-            r.label.clone()
+            &r.label
         },
     );
-    line("UUID:", uuid_string(&r.fsid));
-    line("Node size:", r.nodesize.to_string());
-    line("Sector size:", r.sectorsize.to_string());
-    line("Filesystem size:", mib(r.total_bytes));
-    line("Block group profiles:", String::new());
-    for c in &r.chunks {
-        let desc = c.describe();
-        let (kind, profile) = desc.split_once('|').unwrap_or((&desc, ""));
-        let mut chars = kind.chars();
-        let kind: String = chars
-            .next()
-            .into_iter()
-            .chain(chars.flat_map(char::to_lowercase))
-            .collect();
-        line(
-            &format!("  {kind}:"),
-            format!(
-                "{profile:<12} {:>10}  at logical {} (physical {})",
-                mib(c.length),
-                c.logical,
-                c.stripes
-                    .iter()
-                    .map(u64::to_string)
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ),
+    line("UUID:", &uuid_string(&r.fsid));
+    line("Node size:", &r.nodesize.to_string());
+    line("Sector size:", &r.sectorsize.to_string());
+    line("Filesystem size:", &pretty_size(r.total_bytes));
+    line("Block group profiles:", "");
+    let total = |kind: u64| -> u64 {
+        r.chunks
+            .iter()
+            .filter(|c| c.flags & bg::TYPE_MASK == kind)
+            .map(|c| c.length)
+            .sum()
+    };
+    for (name, kind, profile, always) in [
+        ("Data", bg::DATA, r.data_profile, false),
+        ("Metadata", bg::METADATA, r.metadata_profile, false),
+        ("System", bg::SYSTEM, r.metadata_profile, true),
+    ] {
+        let bytes = total(kind);
+        if bytes > 0 || always {
+            line(
+                &format!("  {name}:"),
+                &format!("{:<8} {:>16}", profile.name(), pretty_size(bytes)),
+            );
+        }
+    }
+    line("SSD detected:", if ssd { "yes" } else { "no" });
+    line("Zoned device:", "no");
+    let (runtime, incompat): (Vec<&str>, Vec<&str>) = r
+        .features
+        .iter()
+        .partition(|&&f| f == "free-space-tree" || f == "quota");
+    line("Incompat features:", &incompat.join(", "));
+    line("Runtime features:", &runtime.join(", "));
+    line("Checksum:", r.csum.name());
+    line("Number of devices:", &r.devices.len().to_string());
+    line("Devices:", "");
+    o.push_str("   ID        SIZE  PATH\n");
+    for d in &r.devices {
+        o.push_str(&format!(
+            "  {:>3}  {:>10}  {}\n",
+            d.devid,
+            pretty_size(d.total_bytes),
+            d.path.display()
+        ));
+    }
+    o.push('\n');
+    if r.csum == CsumType::Sha256 {
+        o.push_str(
+            "NOTE: you may need to manually load kernel module implementing accelerated \
+             SHA256 in case\n      the generic implementation is built-in, before mount. \
+             Check lsmod or /proc/crypto\n\n",
         );
     }
-    line("Features:", r.features.join(", "));
-    line("Checksum:", r.csum.name().to_string());
-    line("Number of devices:", "1".into());
-    line(
-        "Devices:",
-        format!(
-            "1  {}  {}  (bytes used {})",
-            mib(r.total_bytes),
-            target.display(),
-            r.device_bytes_used
-        ),
-    );
     o
 }
 
 pub fn run(args: &MkfsArgs) -> Result<(), String> {
-    let [target] = &args.targets[..] else {
-        return Err(format!(
-            "{} devices given: oleo mkfs makes single-device filesystems only",
-            args.targets.len()
-        ));
-    };
+    if args.rootdir.is_some() && args.targets.len() > 1 {
+        // mkfs.btrfs's own limit; oleo also cannot open a multi-device filesystem for
+        // writing yet, which the copy needs.
+        return Err("the option -r is limited to a single device".into());
+    }
     let mut opts = options(args)?;
+    let target = &args.targets[0];
     let existed = target.exists();
     if let Some(src) = &args.rootdir {
         if opts.size.is_none() && !existed {
             opts.size = Some(crate::rootdir::size_for(src)?);
         }
     }
-    let report = mkfs::mkfs(target, &opts).map_err(|e| e.to_string())?;
+    let report = mkfs::mkfs_devices(&args.targets, &opts).map_err(|e| e.to_string())?;
+    for w in &report.warnings {
+        eprintln!("WARNING: {w}");
+    }
     if let Some(src) = &args.rootdir {
         if let Err(e) = crate::rootdir::fill(target, src, args.quiet) {
             if !existed {
@@ -208,7 +273,21 @@ pub fn run(args: &MkfsArgs) -> Result<(), String> {
         }
     }
     if !args.quiet {
-        print!("{}", summary(&report, target));
+        print!("{}", summary(&report, ssd(target)));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_print_as_progs_prints_them() {
+        assert_eq!(pretty_size(0), "0.00B");
+        assert_eq!(pretty_size(1 << 30), "1.00GiB");
+        assert_eq!(pretty_size(107347968), "102.38MiB");
+        assert_eq!(pretty_size(8 << 20), "8.00MiB");
+        assert_eq!(pretty_size(3 << 30), "3.00GiB");
+    }
 }

@@ -905,7 +905,12 @@ impl ScrubStatus {
     /// The fixed-size answer.
     pub fn to_bytes(&self) -> Vec<u8> {
         let mut b = Vec::with_capacity(SCRUB_STATUS_SIZE);
-        for v in [self.state, self.started, self.duration, self.devices.len() as u64] {
+        for v in [
+            self.state,
+            self.started,
+            self.duration,
+            self.devices.len() as u64,
+        ] {
             b.extend_from_slice(&v.to_le_bytes());
         }
         for (devid, c) in self.devices.iter().take(MAX_DEVICES) {

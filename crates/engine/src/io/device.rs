@@ -306,11 +306,7 @@ impl Device {
     }
 
     /// Records into `shared`, as device `devid` (see `recording`).
-    pub(crate) fn share_recording(
-        &mut self,
-        devid: u64,
-        shared: Recording,
-    ) {
+    pub(crate) fn share_recording(&mut self, devid: u64, shared: Recording) {
         self.recording = shared;
         self.rec_devid.store(devid, Ordering::Relaxed);
     }

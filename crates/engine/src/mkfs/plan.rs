@@ -87,13 +87,8 @@ pub(crate) fn plan(
     csum: CsumType,
     chunks: &[ChunkPlan],
     set: TreeSet,
-    device_size: u64,
 ) -> Result<Planned> {
     let ns = p.nodesize;
-    let dev_used: u64 = chunks
-        .iter()
-        .map(|c| c.stripe_size * c.stripes.len() as u64)
-        .sum();
     let sys = find_chunk(chunks, block_group::SYSTEM)?;
     let meta = find_chunk(chunks, block_group::METADATA)?;
     let rooted = rooted_trees(set);
@@ -103,11 +98,7 @@ pub(crate) fn plan(
         items: BTreeMap::new(),
         shapes: BTreeMap::new(),
     };
-    st.set(
-        objectid::CHUNK_TREE,
-        trees::chunk_tree(p, chunks, dev_used)?,
-        ns,
-    )?;
+    st.set(objectid::CHUNK_TREE, trees::chunk_tree(p, chunks)?, ns)?;
     st.set(objectid::DEV_TREE, trees::dev_tree(p, chunks), ns)?;
     st.set(
         objectid::FS_TREE,
@@ -138,7 +129,7 @@ pub(crate) fn plan(
 
     let mut settled = false;
     for _ in 0..32 {
-        let (addrs, infos) = allocate(&st, &order, sys, meta, ns, device_size)?;
+        let (addrs, infos) = allocate(&st, &order, sys, meta, ns)?;
         let bg = trees::block_group_items(chunks, &infos, ns);
         let extra = if set.block_group_tree { Vec::new() } else { bg };
         let ext = trees::extent_tree(p, &infos, &extra);
@@ -162,7 +153,7 @@ pub(crate) fn plan(
     }
     // Same shapes, same addresses; but now the first keys of the extent tree's own blocks
     // come from its final keys (they matter for non-skinny tree block records).
-    let (addrs, infos) = allocate(&st, &order, sys, meta, ns, device_size)?;
+    let (addrs, infos) = allocate(&st, &order, sys, meta, ns)?;
 
     // Fill in the values that depend on addresses; sizes (hence shapes) stay the same.
     let mut roots = BTreeMap::new();
@@ -254,12 +245,11 @@ fn allocate(
     sys: &ChunkPlan,
     meta: &ChunkPlan,
     nodesize: u32,
-    device_size: u64,
 ) -> Result<Allocation> {
     let mut addrs = BTreeMap::new();
     let mut infos = Vec::new();
-    let mut sys_alloc = BlockAllocator::new(sys, nodesize, device_size);
-    let mut meta_alloc = BlockAllocator::new(meta, nodesize, device_size);
+    let mut sys_alloc = BlockAllocator::new(sys, nodesize);
+    let mut meta_alloc = BlockAllocator::new(meta, nodesize);
     let all = std::iter::once(objectid::CHUNK_TREE).chain(order.iter().copied());
     for id in all {
         let shape = st.shape(id)?;

@@ -19,16 +19,27 @@ pub(crate) struct Params {
     pub nodesize: u32,
     pub sectorsize: u32,
     pub generation: u64,
-    pub total_bytes: u64,
     pub now: Timespec,
     pub fsid: [u8; 16],
-    pub dev_uuid: [u8; 16],
+    /// Every device, devid order.
+    pub devices: Vec<DeviceInfo>,
     pub chunk_tree_uuid: [u8; 16],
     /// The top-level subvolume's UUID (its ROOT_ITEM and the uuid tree).
     pub fs_tree_uuid: [u8; 16],
     pub skinny_metadata: bool,
     /// Owner of the top-level subvolume's root directory.
     pub root_owner: (u32, u32),
+}
+
+/// One device of the new filesystem: what its DEV_ITEM says.
+#[derive(Clone, Debug)]
+pub(crate) struct DeviceInfo {
+    pub devid: u64,
+    pub uuid: [u8; 16],
+    /// Its size in the filesystem.
+    pub total_bytes: u64,
+    /// Bytes of its dev extents.
+    pub bytes_used: u64,
 }
 
 /// Where a tree's root ended up and how big it is.
@@ -40,7 +51,6 @@ pub(crate) struct RootPlace {
 }
 
 const DIR_MODE: u32 = 0o040755;
-const DEVID: u64 = 1;
 
 fn sorted(map: BTreeMap<Key, Vec<u8>>) -> Items {
     map.into_iter().collect()
@@ -50,18 +60,25 @@ fn fmt_err(what: &str) -> impl Fn(oleo_format::FormatError) -> Error + '_ {
     move |e| Error::InvalidArgument(format!("{what}: {e}"))
 }
 
-pub(crate) fn dev_item(p: &Params, bytes_used: u64) -> DevItem {
+pub(crate) fn dev_item(p: &Params, d: &DeviceInfo) -> DevItem {
     DevItem {
-        devid: DEVID,
-        total_bytes: p.total_bytes,
-        bytes_used,
+        devid: d.devid,
+        total_bytes: d.total_bytes,
+        bytes_used: d.bytes_used,
         io_align: p.sectorsize,
         io_width: p.sectorsize,
         sector_size: p.sectorsize,
-        uuid: p.dev_uuid,
+        uuid: d.uuid,
         fsid: p.fsid,
         ..Default::default()
     }
+}
+
+fn dev_uuid(p: &Params, devid: u64) -> [u8; 16] {
+    p.devices
+        .iter()
+        .find(|d| d.devid == devid)
+        .map_or([0; 16], |d| d.uuid)
 }
 
 pub(crate) fn chunk_item(p: &Params, c: &ChunkPlan) -> ChunkItem {
@@ -74,26 +91,28 @@ pub(crate) fn chunk_item(p: &Params, c: &ChunkPlan) -> ChunkItem {
         io_width: super::layout::STRIPE_LEN as u32,
         sector_size: p.sectorsize,
         num_stripes: c.stripes.len() as u16,
-        sub_stripes: 1,
+        sub_stripes: super::layout::raid_attr(c.profile()).sub_stripes as u16,
         stripes: c
             .stripes
             .iter()
-            .map(|&offset| Stripe {
-                devid: DEVID,
-                offset,
-                dev_uuid: p.dev_uuid,
+            .map(|s| Stripe {
+                devid: s.devid,
+                offset: s.offset,
+                dev_uuid: dev_uuid(p, s.devid),
             })
             .collect(),
     }
 }
 
-/// Chunk tree: the device and every chunk.
-pub(crate) fn chunk_tree(p: &Params, chunks: &[ChunkPlan], dev_bytes_used: u64) -> Result<Items> {
+/// Chunk tree: every device and every chunk.
+pub(crate) fn chunk_tree(p: &Params, chunks: &[ChunkPlan]) -> Result<Items> {
     let mut m = BTreeMap::new();
-    m.insert(
-        Key::new(objectid::DEV_ITEMS, item::DEV_ITEM, DEVID),
-        dev_item(p, dev_bytes_used).to_bytes(),
-    );
+    for d in &p.devices {
+        m.insert(
+            Key::new(objectid::DEV_ITEMS, item::DEV_ITEM, d.devid),
+            dev_item(p, d).to_bytes(),
+        );
+    }
     for c in chunks {
         m.insert(
             Key::new(objectid::FIRST_CHUNK_TREE, item::CHUNK_ITEM, c.logical),
@@ -103,16 +122,18 @@ pub(crate) fn chunk_tree(p: &Params, chunks: &[ChunkPlan], dev_bytes_used: u64) 
     Ok(sorted(m))
 }
 
-/// Device tree: one dev extent per stripe, and zeroed device statistics.
+/// Device tree: one dev extent per stripe, and zeroed statistics for each device.
 pub(crate) fn dev_tree(p: &Params, chunks: &[ChunkPlan]) -> Items {
     let mut m = BTreeMap::new();
     // DEV_STATS: write, read, flush, corruption, generation errors.
-    m.insert(
-        Key::new(objectid::DEV_STATS, item::PERSISTENT_ITEM, DEVID),
-        vec![0u8; 5 * 8],
-    );
+    for d in &p.devices {
+        m.insert(
+            Key::new(objectid::DEV_STATS, item::PERSISTENT_ITEM, d.devid),
+            vec![0u8; 5 * 8],
+        );
+    }
     for c in chunks {
-        for &phys in &c.stripes {
+        for s in &c.stripes {
             let de = DevExtent {
                 chunk_tree: objectid::CHUNK_TREE,
                 chunk_objectid: objectid::FIRST_CHUNK_TREE,
@@ -120,7 +141,7 @@ pub(crate) fn dev_tree(p: &Params, chunks: &[ChunkPlan]) -> Items {
                 length: c.stripe_size,
                 chunk_tree_uuid: p.chunk_tree_uuid,
             };
-            m.insert(Key::new(DEVID, item::DEV_EXTENT, phys), de.to_bytes());
+            m.insert(Key::new(s.devid, item::DEV_EXTENT, s.offset), de.to_bytes());
         }
     }
     sorted(m)
