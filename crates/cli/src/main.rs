@@ -46,7 +46,7 @@ enum Command {
     },
     /// Print tree blocks and their items.
     DumpTree(dump_tree::DumpTreeArgs),
-    /// Create a new btrfs on an image file or block device.
+    /// Create a new btrfs on image files or block devices (several: a multi-device one).
     Mkfs(mkfs::MkfsArgs),
     /// Print a file's extents from the image, like `filefrag -v` (FUSE has no FIEMAP).
     Extents(extents::ExtentsArgs),
