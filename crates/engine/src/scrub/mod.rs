@@ -8,6 +8,7 @@
 //! filesystem keeps serving writes while it is scrubbed.
 
 use crate::error::{Error, Result};
+use crate::io::device::IoBuf;
 use crate::transaction::fs::FsCore;
 use oleo_format::items::block_group as bg;
 use oleo_format::items::ExtentItem;
@@ -109,6 +110,9 @@ pub(crate) type PerDevice = BTreeMap<u64, ScrubProgress>;
 /// An allocated extent of a block group: start, length, whether a tree block, its
 /// generation (tree blocks).
 pub(crate) type Extent = (u64, u64, bool, u64);
+
+/// One copy of a piece, read: its bytes and its bad sectors (None: unreadable).
+type Checked = (IoBuf, Option<Vec<usize>>);
 
 impl FsCore {
     /// Fresh counters for every present device, with its superblocks checked.
@@ -419,83 +423,135 @@ impl FsCore {
     }
 
     fn scrub_data(&self, bytenr: u64, len: u64, repair: bool, stats: &mut PerDevice) -> Result<()> {
-        // Pieces of at most 4 MiB keep memory flat for 128 MiB extents.
+        // Pieces of at most 4 MiB keep memory flat for 128 MiB extents; the next piece is
+        // read while this one is checked, and the copies of a piece are read at once (the
+        // kernel scrubs each device in a thread of its own), around the page cache.
         const PIECE: u64 = 4 << 20;
-        let sector = u64::from(self.sb.sectorsize);
-        let csum_type = self.sb.csum_type();
-        let mut at = bytenr;
-        while at < bytenr + len {
-            let n = PIECE.min(bytenr + len - at);
-            let sums = self.data_csums(at, at + n)?;
-            let copies = self.io.num_mirrors(at).max(1);
-            // A RAID5/6 row has one copy of data; its rebuilds are not copies to scrub.
-            let raid56 = self
-                .io
-                .chunks()
-                .profile(at)
-                .is_some_and(|p| p & (bg::RAID5 | bg::RAID6) != 0);
-            let copies = if raid56 { 1 } else { copies };
-            // Every copy read and verified at once (the kernel scrubs each device in a
-            // thread of its own), around the page cache.
-            let read_copy = |m: usize| -> (crate::io::device::IoBuf, Option<Vec<usize>>) {
-                let mut buf = crate::io::device::IoBuf::zeroed(n as usize);
-                if let Err(e) = self.io.read_logical_mode(at, &mut buf, m, true) {
-                    log::error!("scrub: data at logical {at} copy {m}: {e}");
-                    return (buf, None);
-                }
-                let b: Vec<usize> = sums
-                    .iter()
-                    .enumerate()
-                    .filter_map(|(i, c)| {
-                        let c = c.as_ref()?;
-                        let s = &buf[i * sector as usize..(i + 1) * sector as usize];
-                        (!csum_type.verify(s, c)).then_some(i)
-                    })
-                    .collect();
-                (buf, Some(b))
+        let pieces: Vec<(u64, u64)> = (bytenr..bytenr + len)
+            .step_by(PIECE as usize)
+            .map(|at| (at, PIECE.min(bytenr + len - at)))
+            .collect();
+        std::thread::scope(|s| -> Result<()> {
+            let start = |(at, n): (u64, u64)| -> Result<_> {
+                let sums = self.data_csums(at, at + n)?;
+                Ok(s.spawn(move || {
+                    let copies = self.scrub_copies(at);
+                    let read = |m: usize| self.read_copy(at, n, m, &sums);
+                    let results: Vec<Checked> = if copies == 1 {
+                        vec![read(0)]
+                    } else {
+                        std::thread::scope(|t| {
+                            let h: Vec<_> = (1..copies).map(|m| t.spawn(move || read(m))).collect();
+                            let mut out = vec![read(0)];
+                            out.extend(
+                                h.into_iter()
+                                    .map(|h| h.join().unwrap_or_else(|_| (IoBuf::zeroed(0), None))),
+                            );
+                            out
+                        })
+                    };
+                    (results, sums)
+                }))
             };
-            let results: Vec<_> = if copies == 1 {
-                vec![read_copy(0)]
-            } else {
-                std::thread::scope(|s| {
-                    let handles: Vec<_> =
-                        (1..copies).map(|m| s.spawn(move || read_copy(m))).collect();
-                    let mut out = vec![read_copy(0)];
-                    out.extend(handles.into_iter().map(|h| {
-                        h.join()
-                            .unwrap_or_else(|_| (crate::io::device::IoBuf::zeroed(0), None))
-                    }));
-                    out
-                })
-            };
-            let mut bufs = Vec::with_capacity(copies);
-            let mut bad: Vec<Option<Vec<usize>>> = Vec::with_capacity(copies);
-            for (m, (buf, b)) in results.into_iter().enumerate() {
-                if let Some(b) = &b {
-                    for &i in b {
-                        self.io.note_bad_copy(
-                            at + i as u64 * sector,
-                            sector,
-                            m,
-                            crate::io::devices::DevStat::Corruption,
-                        );
-                    }
-                    if !b.is_empty() {
-                        log::error!(
-                            "scrub: data checksum mismatch at logical {} copy {m} ({} sectors)",
-                            at + b[0] as u64 * sector,
-                            b.len()
-                        );
-                    }
+            let mut pending = Some(start(pieces[0])?);
+            for (k, &(at, n)) in pieces.iter().enumerate() {
+                let (results, sums) = pending
+                    .take()
+                    .expect("a read per piece")
+                    .join()
+                    .map_err(|_| Error::Io(std::io::Error::other("a scrub read panicked")))?;
+                if let Some(&next) = pieces.get(k + 1) {
+                    pending = Some(start(next)?);
                 }
-                bufs.push(buf);
-                bad.push(b);
+                self.settle_piece(at, n, results, &sums, repair, stats);
             }
-            let no_csum = sums.iter().filter(|c| c.is_none()).count() as u64;
-            // The good bytes, sector by sector, from any copy that has them.
-            let nsec = (n / sector) as usize;
-            let mut good = vec![0u8; n as usize];
-            let mut covered = vec![false; nsec];
+            Ok(())
+        })
+    }
+
+    /// How many copies of the data at `at` a scrub reads: a RAID5/6 row has one (its
+    /// rebuilds are not copies to scrub).
+    fn scrub_copies(&self, at: u64) -> usize {
+        if self.is_raid56(at) {
+            1
+        } else {
+            self.io.num_mirrors(at).max(1)
+        }
+    }
+
+    fn is_raid56(&self, at: u64) -> bool {
+        self.io
+            .chunks()
+            .profile(at)
+            .is_some_and(|p| p & (bg::RAID5 | bg::RAID6) != 0)
+    }
+
+    /// Copy `m` of `[at, at+n)` read and checked against `sums`: the bytes and the bad
+    /// sectors (None: unreadable).
+    fn read_copy(&self, at: u64, n: u64, m: usize, sums: &[Option<Vec<u8>>]) -> Checked {
+        let sector = self.sb.sectorsize as usize;
+        let csum_type = self.sb.csum_type();
+        let mut buf = IoBuf::zeroed(n as usize);
+        if let Err(e) = self.io.read_logical_mode(at, &mut buf, m, true) {
+            log::error!("scrub: data at logical {at} copy {m}: {e}");
+            return (buf, None);
+        }
+        let b: Vec<usize> = sums
+            .iter()
+            .enumerate()
+            .filter_map(|(i, c)| {
+                let c = c.as_ref()?;
+                (!csum_type.verify(&buf[i * sector..(i + 1) * sector], c)).then_some(i)
+            })
+            .collect();
+        (buf, Some(b))
+    }
+
+    /// Counts a piece's copies and repairs the bad ones from the good sectors of others.
+    fn settle_piece(
+        &self,
+        at: u64,
+        n: u64,
+        results: Vec<Checked>,
+        sums: &[Option<Vec<u8>>],
+        repair: bool,
+        stats: &mut PerDevice,
+    ) {
+        let sector = u64::from(self.sb.sectorsize);
+        let raid56 = self.is_raid56(at);
+        let mut bufs = Vec::with_capacity(results.len());
+        let mut bad: Vec<Option<Vec<usize>>> = Vec::with_capacity(results.len());
+        for (m, (buf, b)) in results.into_iter().enumerate() {
+            if let Some(b) = &b {
+                for &i in b {
+                    self.io.note_bad_copy(
+                        at + i as u64 * sector,
+                        sector,
+                        m,
+                        crate::io::devices::DevStat::Corruption,
+                    );
+                }
+                if !b.is_empty() {
+                    log::error!(
+                        "scrub: data checksum mismatch at logical {} copy {m} ({} sectors)",
+                        at + b[0] as u64 * sector,
+                        b.len()
+                    );
+                }
+            }
+            bufs.push(buf);
+            bad.push(b);
+        }
+        let no_csum = sums.iter().filter(|c| c.is_none()).count() as u64;
+        let nsec = (n / sector) as usize;
+        let clean = bad.iter().all(|b| b.as_ref().is_some_and(|b| b.is_empty()));
+        // The good bytes, sector by sector, from any copy that has them (only needed
+        // when some copy is bad).
+        let mut good = Vec::new();
+        let mut covered = vec![!clean; nsec];
+        if !clean {
+            good = vec![0u8; n as usize];
+            covered.fill(false);
             for (m, b) in bad.iter().enumerate() {
                 let Some(b) = b else { continue };
                 for (i, c) in covered.iter_mut().enumerate() {
@@ -506,39 +562,37 @@ impl FsCore {
                     }
                 }
             }
-            for (m, b) in bad.iter().enumerate() {
-                self.count(stats, at, n, m, |s, bytes| {
-                    s.data_bytes_scrubbed += bytes;
-                    s.no_csum += no_csum.min(bytes / sector);
-                });
-                let bad_sectors: Vec<usize> = match b {
-                    None => {
-                        self.count(stats, at, n, m, |s, b| s.read_errors += b / sector);
-                        (0..nsec).collect()
-                    }
-                    Some(b) if b.is_empty() => continue,
-                    Some(b) => {
-                        let k = b.len() as u64;
-                        self.count(stats, at, n, m, |s, bytes| {
-                            s.csum_errors += k.min(bytes / sector)
-                        });
-                        b.clone()
-                    }
-                };
-                let all_good = bad_sectors.iter().all(|&i| covered[i]);
-                let good = all_good.then_some(good.as_slice());
-                self.settle(
-                    stats,
-                    at,
-                    n,
-                    m,
-                    bad_sectors.len() as u64,
-                    good,
-                    repair && !raid56,
-                );
-            }
-            at += n;
         }
-        Ok(())
+        for (m, b) in bad.iter().enumerate() {
+            self.count(stats, at, n, m, |s, bytes| {
+                s.data_bytes_scrubbed += bytes;
+                s.no_csum += no_csum.min(bytes / sector);
+            });
+            let bad_sectors: Vec<usize> = match b {
+                None => {
+                    self.count(stats, at, n, m, |s, b| s.read_errors += b / sector);
+                    (0..nsec).collect()
+                }
+                Some(b) if b.is_empty() => continue,
+                Some(b) => {
+                    let k = b.len() as u64;
+                    self.count(stats, at, n, m, |s, bytes| {
+                        s.csum_errors += k.min(bytes / sector)
+                    });
+                    b.clone()
+                }
+            };
+            let all_good = bad_sectors.iter().all(|&i| covered[i]);
+            let good = all_good.then_some(good.as_slice());
+            self.settle(
+                stats,
+                at,
+                n,
+                m,
+                bad_sectors.len() as u64,
+                good,
+                repair && !raid56,
+            );
+        }
     }
 }
