@@ -57,6 +57,8 @@ def parse_args(argv):
     ap.add_argument("--report", metavar="DIR", help="only rebuild report.md and plots from DIR/results.jsonl")
     ap.add_argument("--dry-run", action="store_true", help="print the plan and exit")
     a = ap.parse_args(argv)
+    # Absolute: some workloads run the binary from another directory.
+    a.oleo = os.path.abspath(a.oleo)
     if a.quick:
         a.scale = "quick"
     for attr, names in (("workloads", W.NAMES), ("targets", T.NAMES)):
