@@ -127,18 +127,14 @@ impl Filesystem {
         let mut read_bytes = 0u64;
         for (start, length, flags) in groups {
             let extents = {
-                let core = self.core.read();
-                let closed = core.superblock().generation;
-                core.pipe.wait_durable(closed)?;
+                let core = self.durable_core()?;
                 core.allocated_extents(start, length, flags)?
             };
             let mut i = 0;
             while i < extents.len() {
                 {
-                    let core = self.core.read();
                     // Every closed commit on disk; none closes while this lock is held.
-                    let closed = core.superblock().generation;
-                    core.pipe.wait_durable(closed)?;
+                    let core = self.durable_core()?;
                     let mut bytes = 0;
                     while i < extents.len() && bytes < BATCH_BYTES {
                         let ext = extents[i];
@@ -161,6 +157,28 @@ impl Filesystem {
         }
         self.persist_device_stats()?;
         Ok(stats)
+    }
+
+    /// The core held shared once every closed commit is on disk. The wait is done without
+    /// the lock (a writer queued behind it would hold readers back for a commit's IO);
+    /// if a commit closed meanwhile, again.
+    fn durable_core(
+        &self,
+    ) -> Result<parking_lot::RwLockReadGuard<'_, crate::transaction::fs::FsCore>> {
+        loop {
+            let (closed, pipe) = {
+                let core = self.core.read();
+                (
+                    core.superblock().generation,
+                    std::sync::Arc::clone(&core.pipe),
+                )
+            };
+            pipe.wait_durable(closed)?;
+            let core = self.core.read();
+            if core.superblock().generation == closed {
+                return Ok(core);
+            }
+        }
     }
 
     /// Commits the devices' error counters if they changed (a commit writes them; reads
