@@ -3,6 +3,7 @@
 //! device set (`--image`, repeated for each device: in the foreground, its result kept in
 //! a status file per filesystem uuid for `status`), with progress on a terminal.
 
+use oleo::format::bytes::uuid_string;
 use oleo::{Filesystem, OpenOptions, ScrubOptions, ScrubProgress};
 use std::collections::BTreeMap;
 use std::io::{IsTerminal, Write};
@@ -88,7 +89,7 @@ fn record_of(
             )
     };
     Record {
-        fsid: uuid(&usage.fsid),
+        fsid: uuid_string(&usage.fsid),
         started: st.started as i64,
         duration: st.duration,
         status: match st.state {
@@ -228,7 +229,7 @@ pub fn run(args: &ScrubArgs) -> Result<(), String> {
                     println!(
                         "scrub started on {}, fsid {} (in the server of the mount)",
                         path.display(),
-                        uuid(&usage.fsid)
+                        uuid_string(&usage.fsid)
                     );
                 }
                 return Ok(());
@@ -325,7 +326,7 @@ fn start(
     }
     .map_err(show)?;
     let sb = fs.superblock();
-    let fsid = uuid(&sb.fsid);
+    let fsid = uuid_string(&sb.fsid);
     let paths: BTreeMap<u64, String> = fs
         .devices()
         .map_err(show)?
@@ -489,18 +490,6 @@ fn ctime(t: i64) -> String {
     String::from_utf8_lossy(&buf[..n]).into_owned()
 }
 
-fn uuid(u: &[u8; 16]) -> String {
-    let h: String = u.iter().map(|b| format!("{b:02x}")).collect();
-    format!(
-        "{}-{}-{}-{}-{}",
-        &h[..8],
-        &h[8..12],
-        &h[12..16],
-        &h[16..20],
-        &h[20..]
-    )
-}
-
 fn fsid_of(image: &Path) -> Result<String, String> {
     let mut f = std::fs::File::open(image).map_err(|e| format!("{}: {e}", image.display()))?;
     let mut buf = vec![0u8; oleo::format::superblock::SUPER_INFO_SIZE];
@@ -512,7 +501,7 @@ fn fsid_of(image: &Path) -> Result<String, String> {
     .map_err(|e| format!("{}: {e}", image.display()))?;
     let sb = oleo::format::Superblock::parse(&buf)
         .map_err(|e| format!("{}: not a btrfs filesystem: {e}", image.display()))?;
-    Ok(uuid(&sb.fsid))
+    Ok(uuid_string(&sb.fsid))
 }
 
 /// Where the result of the last scrub of `fsid` is kept.

@@ -5,6 +5,7 @@
 
 use crate::error::{Error, Result};
 use crate::io::device::Device;
+use oleo_format::bytes::uuid_string;
 use oleo_format::items::DevItem;
 use oleo_format::superblock::{self, Superblock, SUPER_INFO_SIZE};
 use parking_lot::Mutex;
@@ -42,18 +43,6 @@ pub(crate) enum DevStat {
     Flush = 2,
     Corruption = 3,
     Generation = 4,
-}
-
-fn uuid_str(u: &[u8; 16]) -> String {
-    let h: String = u.iter().map(|b| format!("{b:02x}")).collect();
-    format!(
-        "{}-{}-{}-{}-{}",
-        &h[..8],
-        &h[8..12],
-        &h[12..16],
-        &h[16..20],
-        &h[20..]
-    )
 }
 
 impl DeviceSet {
@@ -99,8 +88,8 @@ impl DeviceSet {
                 return Err(Error::Unusable(format!(
                     "{}: belongs to filesystem {}, not to {} (the filesystem of {})",
                     path.display(),
-                    uuid_str(&sb.fsid),
-                    uuid_str(&want),
+                    uuid_string(&sb.fsid),
+                    uuid_string(&want),
                     first.display()
                 )));
             }
@@ -408,9 +397,4 @@ pub(crate) fn read_superblock(device: &Device) -> Result<Superblock> {
         "no valid btrfs superblock: {}",
         first_err.unwrap_or_else(|| "device too small".into())
     )))
-}
-
-/// A uuid as btrfs prints it.
-pub(crate) fn format_uuid(u: &[u8; 16]) -> String {
-    uuid_str(u)
 }

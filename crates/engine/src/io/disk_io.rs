@@ -569,25 +569,17 @@ impl DiskIo {
         }
     }
 
-    /// Checks one raw copy of tree block `bytenr` (a scrub's read): Err((true, why)) for a
-    /// wrong header (bytenr, fsid, generation), Err((false, why)) for a checksum mismatch.
-    pub(crate) fn check_tree_copy(
-        &self,
-        buf: &[u8],
-        bytenr: u64,
-        generation: u64,
-    ) -> std::result::Result<(), (bool, String)> {
+    /// Checks one raw copy of tree block `bytenr` (a scrub's read): why it is bad, if it is
+    /// (checksum, bytenr, fsid, generation).
+    pub(crate) fn check_tree_copy(&self, buf: &[u8], bytenr: u64, generation: u64) -> Result<()> {
         let expect = Expect {
             bytenr,
             level: None,
             generation: (generation > 0).then_some(generation),
             first_key: None,
         };
-        match check_tree_block(buf, &self.ctx.read(), &expect) {
-            Ok(()) => Ok(()),
-            Err(e @ oleo_format::FormatError::ChecksumMismatch) => Err((false, e.to_string())),
-            Err(e) => Err((true, e.to_string())),
-        }
+        check_tree_block(buf, &self.ctx.read(), &expect)
+            .map_err(|e| Error::corrupt(bytenr, e.to_string()))
     }
 
     /// A verified tree block. Tries every copy; a bad copy is logged with its address and

@@ -346,7 +346,7 @@ impl FsCore {
                         good.get_or_insert(buf);
                         Verdict::Good
                     }
-                    Err((_, why)) => {
+                    Err(why) => {
                         log::error!("scrub: tree block {bytenr} copy {m}: {why}");
                         // The kernel's scrub counts bad tree blocks in its report
                         // only, not in the device's error counters.

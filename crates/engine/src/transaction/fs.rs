@@ -605,7 +605,7 @@ fn check_devices(io: &mut DiskIo, chunk_root: &TreeRoot, options: &OpenOptions) 
         if !options.degraded {
             return Err(Error::Unusable(format!(
                 "device {devid} (uuid {}) of the filesystem is missing: give it (-o device=PATH), or mount with -o degraded",
-                crate::io::devices::format_uuid(uuid)
+                oleo_format::bytes::uuid_string(uuid)
             )));
         }
         let ids: Vec<u64> = missing.iter().map(|(d, _)| *d).collect();
