@@ -642,24 +642,36 @@ class RaidSeqRead(MultiDevice):
     O_DIRECT: the file is read over and over for the whole runtime, and a buffered pass
     after the first would come from the page cache; oleo reads its image files with
     O_DIRECT for a caller's O_DIRECT reads, the kernel through direct-IO loop devices,
-    so every pass reaches the disk on both."""
+    so every pass reaches the disk on both. Two depths: one read at a time (psync, what
+    `cp` or `dd` does: each read waits for the last, so a FUSE round trip adds to every
+    read), and eight in flight (libaio, what a database or `fio` does)."""
     name, variant_name = "raid-seq-read", "profile"
+    DEPTHS = {"": 1, "-qd8": 8}
     metrics = [Metric("read_MiB_s", "read MiB/s")]
     goal = ("oleo", "read_MiB_s", 1.0)    # issue 31: at least the kernel's
 
     def variants(self):
-        return list(RAID_MKFS)
+        return [p + d for d in self.DEPTHS for p in RAID_MKFS]
 
-    def multi_dataset(self, profile):
-        return multi_dataset(profile, self.p.raid_file_mib)
+    @staticmethod
+    def split(variant):
+        """(profile, depth) of a variant: `raid0`, `raid1-qd8`."""
+        profile, _, depth = variant.partition("-")
+        return profile, RaidSeqRead.DEPTHS["-" + depth if depth else ""]
+
+    def multi_dataset(self, variant):
+        return multi_dataset(self.split(variant)[0], self.p.raid_file_mib)
 
     def describe(self):
         return {"file_MiB": self.p.raid_file_mib, "runtime_s": self.p.raid_runtime_s,
-                "bs": "1M", "direct": 1, "devices": 2, "metadata": "raid1", "cache": "cold"}
+                "bs": "1M", "direct": 1, "devices": 2, "metadata": "raid1", "cache": "cold",
+                "depth": "1 (psync); -qd8: 8 (libaio)"}
 
     def run(self, ctx, m, profile):
+        depth = self.split(profile)[1]
         t = self.fio(ctx, m, {
-            "rw": "read", "bs": "1M", "ioengine": "psync", "direct": 1,
+            "rw": "read", "bs": "1M", "direct": 1,
+            "ioengine": "psync" if depth == 1 else "libaio", "iodepth": depth,
             "filename": os.path.join(m.path, "data", "seq.bin"),
             "size": f"{self.p.raid_file_mib}M", "time_based": True,
             "runtime": self.p.raid_runtime_s,

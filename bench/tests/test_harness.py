@@ -610,8 +610,10 @@ def test_multi_device_params_and_targets():
     assert (full.raid_file_mib, full.raid_runtime_s, full.scrub_data_mib) == (1024, 20, 1024)
     assert (quick.raid_file_mib, quick.raid_runtime_s, quick.scrub_data_mib) == (64, 2, 128)
     rsr, scrub = W.RaidSeqRead(quick), W.Scrub(quick)
-    assert rsr.variants() == ["raid0", "raid1"]
+    assert rsr.variants() == ["raid0", "raid1", "raid0-qd8", "raid1-qd8"]
     assert rsr.multi_dataset("raid0")[3] == ["-d", "raid0", "-m", "raid1"]
+    assert rsr.multi_dataset("raid1-qd8")[3] == ["-d", "raid1", "-m", "raid1"]
+    assert rsr.split("raid1-qd8") == ("raid1", 8) and rsr.split("raid0") == ("raid0", 1)
     assert rsr.multi_dataset("raid1")[3] == scrub.multi_dataset(None)[3] == ["-d", "raid1", "-m", "raid1"]
     # at full scale scrub and raid1 reads share one data set
     assert W.RaidSeqRead(full).multi_dataset("raid1") == W.Scrub(full).multi_dataset(None)

@@ -67,7 +67,12 @@ impl CsumType {
     pub fn compute(self, data: &[u8]) -> [u8; CSUM_FIELD_SIZE] {
         let mut out = [0u8; CSUM_FIELD_SIZE];
         match self {
-            CsumType::Crc32c => out[..4].copy_from_slice(&crc32c::crc32c(data).to_le_bytes()),
+            // crc-fast: folds with VPCLMULQDQ where the CPU has it (several times the
+            // crc32 instruction's speed on a data sector).
+            CsumType::Crc32c => out[..4].copy_from_slice(
+                &(crc_fast::checksum(crc_fast::CrcAlgorithm::Crc32Iscsi, data) as u32)
+                    .to_le_bytes(),
+            ),
             CsumType::Xxhash64 => {
                 out[..8].copy_from_slice(&xxhash_rust::xxh64::xxh64(data, 0).to_le_bytes())
             }
@@ -115,6 +120,16 @@ mod tests {
     #[test]
     fn crc32c_check_value() {
         assert_eq!(crc32c::crc32c(b"123456789"), 0xE306_9283);
+        let c = CsumType::Crc32c.compute(b"123456789");
+        assert_eq!(c[..4], 0xE306_9283u32.to_le_bytes());
+        let long: Vec<u8> = (0..10_000u32).map(|i| (i * 31 + 7) as u8).collect();
+        for n in [0, 1, 15, 64, 255, 4096, 10_000] {
+            let d = &long[..n];
+            assert_eq!(
+                CsumType::Crc32c.compute(d)[..4],
+                crc32c::crc32c(d).to_le_bytes()
+            );
+        }
     }
 
     #[test]

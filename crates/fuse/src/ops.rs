@@ -208,7 +208,7 @@ impl Handler for OleoFuse {
                 reply,
                 |(fh, f), r| r.opened(fh, f),
             ),
-            Op::Read(arg) => answer(self.read(node, &arg), reply, |d, r| r.data_owned(d)),
+            Op::Read(arg) => self.read(node, &arg, reply),
             Op::Write { arg, data } => self.write(req, node, &arg, data, reply),
             Op::Statfs => answer(self.statfs(), reply, |s, r| r.statfs(&s)),
             Op::Release(arg) => {
@@ -647,14 +647,17 @@ impl OleoFuse {
         }
     }
 
-    fn read(&self, node: u64, arg: &abi::ReadIn) -> Result<Vec<u8>, Errno> {
-        let id = self.id(node)?;
-        let r = if is_o_direct(arg.fh) {
-            self.fs.read_direct(id, arg.offset, arg.size)
-        } else {
-            self.fs.read(id, arg.offset, arg.size)
+    fn read(&self, node: u64, arg: &abi::ReadIn, reply: Reply<'_>) {
+        let id = match self.id(node) {
+            Ok(id) => id,
+            Err(e) => return reply.error(e),
         };
-        r.map_err(errno)
+        let uncached = is_o_direct(arg.fh);
+        reply.data_into(arg.size as usize, |buf| {
+            self.fs
+                .read_into(id, arg.offset, buf, uncached)
+                .map_err(errno)
+        });
     }
 
     fn write(&self, req: &Request, node: u64, arg: &abi::WriteIn, data: &[u8], reply: Reply<'_>) {

@@ -280,12 +280,28 @@ impl ReadPlan {
     /// Does the reads the plan describes; needs no filesystem lock.
     pub(crate) fn execute(self) -> Result<Vec<u8>> {
         let mut out = vec![0u8; self.len];
+        self.execute_into(&mut out)?;
+        Ok(out)
+    }
+
+    /// `execute` into `out` (at least the plan's length); returns the length. Whole
+    /// sectors of plain extents are read straight into `out`, the rest staged.
+    pub(crate) fn execute_into(self, out: &mut [u8]) -> Result<usize> {
+        let out = &mut out[..self.len];
+        let mut covered = 0;
         for p in &self.pieces {
+            // Bytes no piece covers read as zeros (the caller's buffer may hold anything).
+            out[covered..p.at].fill(0);
+            covered = p.at + p.len;
             let dst = &mut out[p.at..p.at + p.len];
             match &p.source {
                 Source::Ready(bytes) => dst.copy_from_slice(bytes),
+                Source::Disk(r) if r.logical == r.start && (r.end - r.start) as usize == p.len => {
+                    self.read_verified(r, dst)?;
+                }
                 Source::Disk(r) => {
-                    let buf = self.read_verified(r)?;
+                    let mut buf = crate::io::device::IoBuf::zeroed((r.end - r.start) as usize);
+                    self.read_verified(r, &mut buf)?;
                     let skip = (r.logical - r.start) as usize;
                     dst.copy_from_slice(&buf[skip..skip + p.len]);
                 }
@@ -300,7 +316,8 @@ impl ReadPlan {
                 }
             }
         }
-        Ok(out)
+        out[covered..].fill(0);
+        Ok(self.len)
     }
 
     /// A compressed extent decoded, kept in the extent cache.
@@ -308,7 +325,8 @@ impl ReadPlan {
         if let Some(d) = self.extents.get(&raw.logical) {
             return Ok(d);
         }
-        let buf = self.read_verified(raw)?;
+        let mut buf = crate::io::device::IoBuf::zeroed((raw.end - raw.start) as usize);
+        self.read_verified(raw, &mut buf)?;
         let plain =
             decompress(compression, &buf, ram as usize, self.sector as usize).map_err(|e| {
                 Error::corrupt(
@@ -326,17 +344,22 @@ impl ReadPlan {
     /// asked of the other copies in turn (for RAID5/6: rebuilt from parity, its row's
     /// other strips read as they are), as the kernel's read repair does sector by sector.
     /// Copies found bad are rewritten from the good bytes.
-    fn read_verified(&self, r: &DataRead) -> Result<crate::io::device::IoBuf> {
+    fn read_verified(&self, r: &DataRead, buf: &mut [u8]) -> Result<()> {
         let sector = self.sector as usize;
         let len = (r.end - r.start) as usize;
+        debug_assert_eq!(buf.len(), len);
         let nsec = len / sector;
-        // Aligned, so an uncached read lands in it directly.
-        let mut buf = crate::io::device::IoBuf::zeroed(len);
         let order = self.io.mirror_order(r.start, len as u64);
         // Which copy each sector came from; None: not read yet.
         let mut from: Vec<Option<usize>> = vec![None; nsec];
         let mut io_err = None;
-        match self.io.read_spread(r.start, &mut buf, self.uncached) {
+        let sector_ok =
+            |bytes: &[u8], i: usize| sector_ok_in(bytes, r.csums.get(i), self.csum_type);
+        // Each sector's checksum verdict, taken as its piece arrives (None: not yet).
+        let mut verdict: Vec<Option<bool>> = vec![None; nsec];
+        let mut check =
+            |at: usize, bytes: &[u8]| judge(&mut verdict, at, bytes, sector, &sector_ok);
+        match self.io.read_spread(r.start, buf, self.uncached, &mut check) {
             Ok(Some(parts)) => {
                 for (at, l, m) in parts {
                     for f in &mut from[at / sector..(at + l) / sector] {
@@ -344,30 +367,33 @@ impl ReadPlan {
                     }
                 }
             }
-            _ => match self
-                .io
-                .read_logical_mode(r.start, &mut buf, order[0], self.uncached)
-            {
-                Ok(()) => from.iter_mut().for_each(|f| *f = Some(order[0])),
-                Err(e) => {
-                    log::error!("data at logical {} copy {}: {e}", r.start, order[0]);
-                    io_err = Some(e);
+            _ => {
+                verdict.iter_mut().for_each(|v| *v = None);
+                let mut check =
+                    |at: usize, bytes: &[u8]| judge(&mut verdict, at, bytes, sector, &sector_ok);
+                match self.io.read_logical_checked(
+                    r.start,
+                    buf,
+                    order[0],
+                    self.uncached,
+                    &mut check,
+                ) {
+                    Ok(()) => from.iter_mut().for_each(|f| *f = Some(order[0])),
+                    Err(e) => {
+                        log::error!("data at logical {} copy {}: {e}", r.start, order[0]);
+                        io_err = Some(e);
+                    }
                 }
-            },
+            }
         }
-        let sector_ok = |buf: &[u8], i: usize| {
-            r.csums
-                .get(i)
-                .and_then(|c| c.as_ref())
-                .is_none_or(|c| self.csum_type.verify(&buf[i * sector..(i + 1) * sector], c))
-        };
         // Sectors still wanted, with the copies already tried for each.
         let mut tried: Vec<Vec<usize>> = vec![Vec::new(); nsec];
         let mut bad_copies: Vec<(usize, usize)> = Vec::new(); // (sector, copy)
         let mut want: Vec<usize> = Vec::new();
         for i in 0..nsec {
+            let good = || verdict[i].unwrap_or_else(|| sector_ok(&buf[i * sector..][..sector], i));
             match from[i] {
-                Some(_) if sector_ok(&buf, i) => {}
+                Some(_) if good() => {}
                 Some(m) => {
                     self.note_bad(r, i, m);
                     tried[i].push(m);
@@ -409,8 +435,8 @@ impl ReadPlan {
             }
         }
         if want.is_empty() {
-            self.repair(r, &buf, &bad_copies);
-            return Ok(buf);
+            self.repair(r, buf, &bad_copies);
+            return Ok(());
         }
         let first_bad = want[0];
         if bad_copies.iter().all(|&(i, _)| i != first_bad) {
@@ -427,6 +453,22 @@ impl ReadPlan {
         };
         log::error!("{err}");
         Err(err)
+    }
+}
+
+/// Records the verdict of `ok` on each whole sector of `bytes`, which sit at `at` of the
+/// read (a sector cut at either end is judged after the read, from the whole buffer).
+fn judge(
+    verdict: &mut [Option<bool>],
+    at: usize,
+    bytes: &[u8],
+    sector: usize,
+    ok: &dyn Fn(&[u8], usize) -> bool,
+) {
+    let (first, end) = (at.div_ceil(sector), (at + bytes.len()) / sector);
+    for (i, v) in verdict.iter_mut().enumerate().take(end).skip(first) {
+        let o = i * sector - at;
+        *v = Some(ok(&bytes[o..o + sector], i));
     }
 }
 

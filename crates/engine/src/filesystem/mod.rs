@@ -259,12 +259,36 @@ impl Filesystem {
     }
 
     fn read_mode(&self, id: InodeId, offset: u64, size: u32, uncached: bool) -> Result<Vec<u8>> {
+        self.plan(id, offset, size, uncached)?.execute()
+    }
+
+    fn plan(
+        &self,
+        id: InodeId,
+        offset: u64,
+        size: u32,
+        uncached: bool,
+    ) -> Result<crate::data::file_read::ReadPlan> {
         let mut plan = self.lookup_op(|core| {
             let pin = core.pipe.pin_read(core.running_transid());
             core.plan_read(id, offset, size, Some(pin))
         })?;
         plan.uncached = uncached;
-        plan.execute()
+        Ok(plan)
+    }
+
+    /// Reads up to `buf.len()` bytes at `offset` into `buf`, straight from the devices
+    /// where the range is whole sectors (the FUSE server hands its reply buffer); returns
+    /// how many (fewer at the end of the file). `uncached` as for `read_direct`.
+    pub fn read_into(
+        &self,
+        id: InodeId,
+        offset: u64,
+        buf: &mut [u8],
+        uncached: bool,
+    ) -> Result<usize> {
+        let size = u32::try_from(buf.len()).unwrap_or(u32::MAX);
+        self.plan(id, offset, size, uncached)?.execute_into(buf)
     }
 
     /// Visits every block of a tree (inspection tools). `f` runs under the shared lock:

@@ -125,6 +125,7 @@ impl Filesystem {
         };
         let started = std::time::Instant::now();
         let mut read_bytes = 0u64;
+        let bufs = crate::scrub::ScrubBuffers::default();
         for (start, length, flags) in groups {
             let extents = {
                 let core = self.durable_core()?;
@@ -140,7 +141,7 @@ impl Filesystem {
                         let ext = extents[i];
                         i += 1;
                         if core.scrub_still_allocated(ext)? {
-                            core.scrub_extent(ext, start, flags, repair, &mut stats)?;
+                            core.scrub_extent(ext, start, flags, repair, &mut stats, &bufs)?;
                             bytes += ext.1;
                         }
                     }

@@ -31,6 +31,23 @@ pub(crate) struct DeviceSet {
     stats: Mutex<(BTreeMap<u64, DevStats>, bool)>,
 }
 
+/// Where part of a device read goes: its offset in the caller's whole buffer, and the bytes.
+pub(crate) type ReadPart<'a> = (usize, &'a mut [u8]);
+
+/// One read of a batch: the bytes at `physical` of device `devid`, back to back there,
+/// going to `parts` in order.
+pub(crate) struct DevRead<'a> {
+    pub devid: u64,
+    pub physical: u64,
+    pub parts: Vec<ReadPart<'a>>,
+}
+
+impl DevRead<'_> {
+    pub(crate) fn len(&self) -> u64 {
+        self.parts.iter().map(|(_, p)| p.len() as u64).sum()
+    }
+}
+
 /// A device's error counters, in the order of the DEV_STATS item (the kernel's
 /// btrfs_dev_stat_values): write, read, flush, corruption, generation.
 pub type DevStats = [u64; 5];
@@ -218,6 +235,59 @@ impl DeviceSet {
             self.bump(devid, DevStat::Read);
         }
         r
+    }
+
+    /// Runs `reads` all at once (see `DiskIo::plan_reads`), `done` seeing each read's
+    /// parts as soon as they are in; the first error is returned after every read has
+    /// ended, each one logged and counted.
+    pub(crate) fn read_batch(
+        &self,
+        reads: &mut [DevRead<'_>],
+        uncached: bool,
+        done: &mut dyn FnMut(&[ReadPart<'_>]),
+    ) -> Result<()> {
+        let mut plan = Vec::with_capacity(reads.len());
+        for r in reads.iter_mut() {
+            let dev = self.get(r.devid).ok_or_else(|| missing_err(r.devid))?;
+            let fd = dev.read_fd(
+                r.parts.iter().map(|(_, p)| p.len()),
+                r.parts.iter().map(|(_, p)| p.as_ptr() as u64),
+                r.physical,
+                uncached,
+            )?;
+            let iov = r
+                .parts
+                .iter_mut()
+                .map(|(_, p)| libc::iovec {
+                    iov_base: p.as_mut_ptr().cast(),
+                    iov_len: p.len(),
+                })
+                .collect();
+            plan.push(crate::io::device_uring::VecRead {
+                fd,
+                offset: r.physical,
+                iov,
+            });
+        }
+        // SAFETY: the iovecs point into `reads`' slices, borrowed mutably until we return;
+        // a read's slices are looked at only once it has ended.
+        let results =
+            unsafe { crate::io::device_uring::read_batch(&plan, &mut |i| done(&reads[i].parts)) };
+        let mut first = Ok(());
+        for (r, res) in reads.iter().zip(results) {
+            if let Err(e) = res {
+                log::error!(
+                    "device {}: read error at physical {}: {e}",
+                    r.devid,
+                    r.physical
+                );
+                self.bump(r.devid, DevStat::Read);
+                if first.is_ok() {
+                    first = Err(Error::Io(e));
+                }
+            }
+        }
+        first
     }
 
     /// Writes `buf` at `physical` of device `devid`.

@@ -5,7 +5,7 @@
 
 use crate::error::{Error, Result, TreeMiss};
 use crate::io::device::Device;
-use crate::io::devices::{DevStat, DeviceSet};
+use crate::io::devices::{DevRead, DevStat, DeviceSet};
 use crate::io::volumes::{ChunkMap, RowPiece};
 use oleo_format::items::block_group as bg;
 use oleo_format::key::Key;
@@ -210,38 +210,110 @@ impl DiskIo {
         mirror: usize,
         uncached: bool,
     ) -> Result<()> {
+        self.read_logical_checked(logical, buf, mirror, uncached, &mut |_, _| {})
+    }
+
+    /// `read_logical_mode`, with `check(offset in buf, bytes)` run on each piece as soon as
+    /// it is in, while the rest is still being read (checksums overlap the IO, as in the
+    /// kernel's end_io). Every byte of `buf` passes through `check` once on success.
+    pub fn read_logical_checked(
+        &self,
+        logical: u64,
+        buf: &mut [u8],
+        mirror: usize,
+        uncached: bool,
+        check: &mut dyn FnMut(usize, &[u8]),
+    ) -> Result<()> {
         let raid56 = self
             .chunks
             .read()
             .profile(logical)
             .is_some_and(|p| p & (bg::RAID5 | bg::RAID6) != 0);
         if raid56 {
-            return self.read_raid56(logical, buf, mirror, uncached);
+            self.read_raid56(logical, buf, mirror, uncached)?;
+            check(0, buf);
+            return Ok(());
         }
+        let mut reads = Vec::new();
+        self.plan_reads(logical, buf, 0, mirror, &mut reads)?;
+        self.devices.read_batch(&mut reads, uncached, &mut |parts| {
+            parts.iter().for_each(|(at, p)| check(*at, p))
+        })
+    }
+
+    /// Adds the device reads that fill `buf` (at `base` in the caller's whole buffer) with
+    /// copy `mirror` of `logical..` to `out`: a device's strips that lie back to back
+    /// (RAID0/10) in one read, so a read spanning strips reads each device at once (the
+    /// kernel's bios go out together too), straight into `buf`, in reads of at most
+    /// `PIECE` so that the first are checked while the rest come. A stripe on a missing
+    /// device comes from another copy of the same stripe (RAID10 with a device of each
+    /// pair gone still reads every stripe).
+    fn plan_reads<'a>(
+        &self,
+        logical: u64,
+        buf: &'a mut [u8],
+        base: usize,
+        mirror: usize,
+        out: &mut Vec<DevRead<'a>>,
+    ) -> Result<()> {
+        const PIECE: u64 = 128 << 10;
         let mut pieces = self.chunks.read().map(logical, buf.len() as u64, mirror)?;
         if pieces.iter().any(|p| self.devices.is_missing(p.devid)) {
-            // A stripe on a missing device comes from another copy of the same stripe
-            // (RAID10 with a device of each pair gone still reads every stripe).
             self.substitute_missing(logical, &mut pieces, mirror)?;
         }
-        if let [piece] = pieces.as_slice() {
-            return self
-                .devices
-                .read(piece.devid, buf, piece.physical, uncached);
+        let first = out.len();
+        let mut rest = buf;
+        let mut at = base;
+        for p in pieces {
+            if p.len > rest.len() as u64 {
+                return Err(Error::corrupt(
+                    logical,
+                    "chunk map covers more than the read",
+                ));
+            }
+            let mut done = 0u64;
+            while done < p.len {
+                let physical = p.physical + done;
+                let run = out[first..].iter_mut().find(|r| {
+                    r.devid == p.devid && r.physical + r.len() == physical && r.len() < PIECE
+                });
+                let room = run.as_ref().map_or(PIECE, |r| PIECE - r.len());
+                let take = room.min(p.len - done);
+                let (dst, tail) = std::mem::take(&mut rest).split_at_mut(take as usize);
+                rest = tail;
+                match run {
+                    Some(r) => r.parts.push((at, dst)),
+                    None => out.push(DevRead {
+                        devid: p.devid,
+                        physical,
+                        parts: vec![(at, dst)],
+                    }),
+                }
+                at += take as usize;
+                done += take;
+            }
         }
-        self.read_striped(&pieces, buf, uncached)
+        if !rest.is_empty() {
+            return Err(Error::corrupt(
+                logical,
+                "chunk map covers less than the read",
+            ));
+        }
+        Ok(())
     }
 
     /// Reads a large range of a mirrored chunk (RAID1, RAID1C3/4, RAID10) from several
     /// copies at once, a part from each present copy, so that one reader gets the devices'
-    /// summed speed. Returns which copy each part came from: (offset in `buf`, length,
-    /// copy). None: not worth it or not possible (small, one copy present); the caller
-    /// reads as usual. Any part that fails to read fails the whole.
+    /// summed speed; `check` as for `read_logical_checked`. Returns which copy each part
+    /// came from: (offset in `buf`, length, copy). None: not worth it or not possible
+    /// (small, one copy present); the caller reads as usual. Any part that fails to read
+    /// fails the whole.
     pub fn read_spread(
         &self,
         logical: u64,
         buf: &mut [u8],
         uncached: bool,
+        check: &mut dyn FnMut(usize, &[u8]),
     ) -> Result<Option<Vec<(usize, usize, usize)>>> {
         const MIN: usize = 256 << 10;
         let sector = self.ctx.read().sectorsize as usize;
@@ -274,25 +346,14 @@ impl DiskIo {
             .zip(present.iter().copied())
             .map(|(at, m)| (at, part.min(len - at), m))
             .collect();
-        let results: Vec<Result<()>> = std::thread::scope(|s| {
-            let mut chunks = buf.chunks_mut(part).zip(parts.iter());
-            let (first, &(_, _, first_m)) = chunks.next().expect("at least one part");
-            let handles: Vec<_> = chunks
-                .map(|(dst, &(at, _, m))| {
-                    s.spawn(move || self.read_logical_mode(logical + at as u64, dst, m, uncached))
-                })
-                .collect();
-            let mut out = vec![self.read_logical_mode(logical, first, first_m, uncached)];
-            for h in handles {
-                out.push(h.join().unwrap_or_else(|_| {
-                    Err(Error::Io(std::io::Error::other("a spread read panicked")))
-                }));
-            }
-            out
-        });
-        for r in results {
-            r?;
+        let mut reads = Vec::new();
+        for (dst, &(at, _, m)) in buf.chunks_mut(part).zip(parts.iter()) {
+            self.plan_reads(logical + at as u64, dst, at, m, &mut reads)?;
         }
+        self.devices
+            .read_batch(&mut reads, uncached, &mut |parts| {
+                parts.iter().for_each(|(at, p)| check(*at, p))
+            })?;
         Ok(Some(parts))
     }
 
@@ -319,64 +380,6 @@ impl DiskIo {
                 }
             }
             at += p.len;
-        }
-        Ok(())
-    }
-
-    /// A read that spans strips (RAID0, RAID10): the strips of each device are physically
-    /// back to back, so each device gets one read, and the devices are read at once (the
-    /// kernel's bios go out together too); then the strips go to their places in `buf`.
-    fn read_striped(
-        &self,
-        pieces: &[crate::io::volumes::PhysRange],
-        buf: &mut [u8],
-        uncached: bool,
-    ) -> Result<()> {
-        // (devid, physical start, length, [(offset in buf, offset in run, length)])
-        type Run = (u64, u64, u64, Vec<(usize, usize, usize)>);
-        let mut runs: Vec<Run> = Vec::new();
-        let mut at = 0usize;
-        for p in pieces {
-            let len = p.len as usize;
-            match runs
-                .iter_mut()
-                .find(|r| r.0 == p.devid && r.1 + r.2 == p.physical)
-            {
-                Some(r) => {
-                    r.3.push((at, r.2 as usize, len));
-                    r.2 += p.len;
-                }
-                None => runs.push((p.devid, p.physical, p.len, vec![(at, 0, len)])),
-            }
-            at += len;
-        }
-        let read_run = |r: &Run| -> Result<crate::io::device::IoBuf> {
-            let mut tmp = crate::io::device::IoBuf::zeroed(r.2 as usize);
-            self.devices.read(r.0, &mut tmp, r.1, uncached)?;
-            Ok(tmp)
-        };
-        let bufs: Vec<Result<crate::io::device::IoBuf>> = if runs.len() == 1 {
-            vec![read_run(&runs[0])]
-        } else {
-            std::thread::scope(|s| {
-                let handles: Vec<_> = runs[1..]
-                    .iter()
-                    .map(|r| s.spawn(move || read_run(r)))
-                    .collect();
-                let mut out = vec![read_run(&runs[0])];
-                for h in handles {
-                    out.push(h.join().unwrap_or_else(|_| {
-                        Err(Error::Io(std::io::Error::other("a striped read panicked")))
-                    }));
-                }
-                out
-            })
-        };
-        for (r, tmp) in runs.iter().zip(bufs) {
-            let tmp = tmp?;
-            for &(dst, src, len) in &r.3 {
-                buf[dst..dst + len].copy_from_slice(&tmp[src..src + len]);
-            }
         }
         Ok(())
     }

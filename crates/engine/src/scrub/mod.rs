@@ -111,6 +111,29 @@ pub(crate) type PerDevice = BTreeMap<u64, ScrubProgress>;
 /// generation (tree blocks).
 pub(crate) type Extent = (u64, u64, bool, u64);
 
+/// Read buffers of one scrub, reused from piece to piece and extent to extent (a fresh
+/// 4 MiB one each time would be faulted in and cleared by the kernel each time).
+#[derive(Default)]
+pub(crate) struct ScrubBuffers(parking_lot::Mutex<Vec<IoBuf>>);
+
+/// The size of a scrub read (per copy): large enough to keep a device busy, small enough
+/// to keep memory flat for 128 MiB extents.
+const PIECE: u64 = 4 << 20;
+
+impl ScrubBuffers {
+    fn take(&self) -> IoBuf {
+        self.0
+            .lock()
+            .pop()
+            .unwrap_or_else(|| IoBuf::huge(PIECE as usize))
+    }
+
+    fn give(&self, bufs: Vec<IoBuf>) {
+        let whole = bufs.into_iter().filter(|b| b.len() == PIECE as usize);
+        self.0.lock().extend(whole);
+    }
+}
+
 /// One copy of a piece, read: its bytes and its bad sectors (None: unreadable).
 type Checked = (IoBuf, Option<Vec<usize>>);
 
@@ -144,12 +167,13 @@ impl FsCore {
         flags: u64,
         repair: bool,
         stats: &mut PerDevice,
+        bufs: &ScrubBuffers,
     ) -> Result<()> {
         if tree {
             self.scrub_tree_block(bytenr, len, generation, repair, stats);
             return Ok(());
         }
-        self.scrub_data(bytenr, len, repair, stats)?;
+        self.scrub_data(bytenr, len, repair, stats, bufs)?;
         // The kernel scrubs in 64 KiB stripes and counts an extent once in each stripe it
         // touches, for each copy.
         const STRIPE: u64 = 64 * 1024;
@@ -422,11 +446,18 @@ impl FsCore {
         });
     }
 
-    fn scrub_data(&self, bytenr: u64, len: u64, repair: bool, stats: &mut PerDevice) -> Result<()> {
-        // Pieces of at most 4 MiB keep memory flat for 128 MiB extents; the next piece is
-        // read while this one is checked, and the copies of a piece are read at once (the
-        // kernel scrubs each device in a thread of its own), around the page cache.
-        const PIECE: u64 = 4 << 20;
+    fn scrub_data(
+        &self,
+        bytenr: u64,
+        len: u64,
+        repair: bool,
+        stats: &mut PerDevice,
+        pool: &ScrubBuffers,
+    ) -> Result<()> {
+        // Pieces of at most PIECE; the next pieces are
+        // read while this one is settled, and the copies of a piece are read at once (the
+        // kernel scrubs each device in a thread of its own), around the page cache, each
+        // checked as it comes.
         let pieces: Vec<(u64, u64)> = (bytenr..bytenr + len)
             .step_by(PIECE as usize)
             .map(|at| (at, PIECE.min(bytenr + len - at)))
@@ -436,7 +467,7 @@ impl FsCore {
                 let sums = self.data_csums(at, at + n)?;
                 Ok(s.spawn(move || {
                     let copies = self.scrub_copies(at);
-                    let read = |m: usize| self.read_copy(at, n, m, &sums);
+                    let read = |m: usize| self.read_copy(at, n, m, &sums, pool.take());
                     let results: Vec<Checked> = if copies == 1 {
                         vec![read(0)]
                     } else {
@@ -453,17 +484,23 @@ impl FsCore {
                     (results, sums)
                 }))
             };
-            let mut pending = Some(start(pieces[0])?);
+            // Two pieces in flight while one is settled, so a device's queue never drains.
+            const AHEAD: usize = 2;
+            let mut pending = std::collections::VecDeque::new();
+            for &p in pieces.iter().take(AHEAD) {
+                pending.push_back(start(p)?);
+            }
             for (k, &(at, n)) in pieces.iter().enumerate() {
                 let (results, sums) = pending
-                    .take()
+                    .pop_front()
                     .expect("a read per piece")
                     .join()
                     .map_err(|_| Error::Io(std::io::Error::other("a scrub read panicked")))?;
-                if let Some(&next) = pieces.get(k + 1) {
-                    pending = Some(start(next)?);
+                if let Some(&next) = pieces.get(k + AHEAD) {
+                    pending.push_back(start(next)?);
                 }
-                self.settle_piece(at, n, results, &sums, repair, stats);
+                let bufs = self.settle_piece(at, n, results, &sums, repair, stats);
+                pool.give(bufs);
             }
             Ok(())
         })
@@ -486,28 +523,43 @@ impl FsCore {
             .is_some_and(|p| p & (bg::RAID5 | bg::RAID6) != 0)
     }
 
-    /// Copy `m` of `[at, at+n)` read and checked against `sums`: the bytes and the bad
-    /// sectors (None: unreadable).
-    fn read_copy(&self, at: u64, n: u64, m: usize, sums: &[Option<Vec<u8>>]) -> Checked {
+    /// Copy `m` of `[at, at+n)` read into the start of `buf` and checked against `sums`
+    /// (each piece of the read as it comes): the buffer and the bad sectors (None:
+    /// unreadable).
+    fn read_copy(
+        &self,
+        at: u64,
+        n: u64,
+        m: usize,
+        sums: &[Option<Vec<u8>>],
+        mut buf: IoBuf,
+    ) -> Checked {
         let sector = self.sb.sectorsize as usize;
         let csum_type = self.sb.csum_type();
-        let mut buf = IoBuf::zeroed(n as usize);
-        if let Err(e) = self.io.read_logical_mode(at, &mut buf, m, true) {
+        let mut bad = Vec::new();
+        let mut check = |off: usize, bytes: &[u8]| {
+            for (k, s) in bytes.chunks_exact(sector).enumerate() {
+                let i = off / sector + k;
+                if let Some(Some(c)) = sums.get(i) {
+                    if !csum_type.verify(s, c) {
+                        bad.push(i);
+                    }
+                }
+            }
+        };
+        let r = self
+            .io
+            .read_logical_checked(at, &mut buf[..n as usize], m, true, &mut check);
+        if let Err(e) = r {
             log::error!("scrub: data at logical {at} copy {m}: {e}");
             return (buf, None);
         }
-        let b: Vec<usize> = sums
-            .iter()
-            .enumerate()
-            .filter_map(|(i, c)| {
-                let c = c.as_ref()?;
-                (!csum_type.verify(&buf[i * sector..(i + 1) * sector], c)).then_some(i)
-            })
-            .collect();
-        (buf, Some(b))
+        bad.sort_unstable();
+        (buf, Some(bad))
     }
 
-    /// Counts a piece's copies and repairs the bad ones from the good sectors of others.
+    /// Counts a piece's copies and repairs the bad ones from the good sectors of others;
+    /// gives the copies' buffers back.
     fn settle_piece(
         &self,
         at: u64,
@@ -516,7 +568,7 @@ impl FsCore {
         sums: &[Option<Vec<u8>>],
         repair: bool,
         stats: &mut PerDevice,
-    ) {
+    ) -> Vec<IoBuf> {
         let sector = u64::from(self.sb.sectorsize);
         let raid56 = self.is_raid56(at);
         let mut bufs = Vec::with_capacity(results.len());
@@ -594,5 +646,6 @@ impl FsCore {
                 repair && !raid56,
             );
         }
+        bufs
     }
 }

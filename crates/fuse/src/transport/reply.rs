@@ -65,11 +65,22 @@ impl Channel {
 pub(crate) struct Staged {
     pub error: i32,
     pub body: Vec<u8>,
+    /// Some(n): the body is the first n bytes of the entry's payload buffer, written there
+    /// by the handler (`Reply::data_into`), and `body` is unused.
+    pub in_place: Option<usize>,
 }
 
 enum Sink<'a> {
     Device(&'a Channel),
-    Ring(&'a RefCell<Staged>),
+    /// The staged reply, and the entry's payload buffer when the request left it free
+    /// (it carried no payload of its own).
+    Ring(&'a RefCell<Staged>, Option<&'a mut [u8]>),
+}
+
+thread_local! {
+    /// A reply body `data_into` fills for a request that came through the device: kept
+    /// from one request to the next, so a large READ faults in no fresh pages.
+    static SCRATCH: RefCell<oleo::device::IoBuf> = RefCell::new(oleo::device::IoBuf::zeroed(0));
 }
 
 /// The answer to one request; sending consumes it. One dropped unsent answers EIO, so the
@@ -89,15 +100,21 @@ impl<'a> Reply<'a> {
         }
     }
 
-    /// A reply kept in `staged` (which starts as an EIO answer).
-    pub(crate) fn staged(staged: &'a RefCell<Staged>, unique: u64) -> Reply<'a> {
+    /// A reply kept in `staged` (which starts as an EIO answer); `payload`: the entry's
+    /// payload buffer, when free for the body.
+    pub(crate) fn staged(
+        staged: &'a RefCell<Staged>,
+        unique: u64,
+        payload: Option<&'a mut [u8]>,
+    ) -> Reply<'a> {
         {
             let mut s = staged.borrow_mut();
             s.error = libc::EIO;
             s.body.clear();
+            s.in_place = None;
         }
         Reply {
-            sink: Sink::Ring(staged),
+            sink: Sink::Ring(staged, payload),
             unique,
             sent: false,
         }
@@ -107,9 +124,10 @@ impl<'a> Reply<'a> {
         self.sent = true;
         let ch = match self.sink {
             Sink::Device(ch) => ch,
-            Sink::Ring(staged) => {
+            Sink::Ring(staged, _) => {
                 let mut s = staged.borrow_mut();
                 s.error = error;
+                s.in_place = None;
                 s.body.clear();
                 body.iter().for_each(|b| s.body.extend_from_slice(b));
                 return;
@@ -151,14 +169,50 @@ impl<'a> Reply<'a> {
 
     /// `data`, taken over: a ring entry's reply then keeps it without a copy.
     pub fn data_owned(mut self, data: Vec<u8>) {
-        if let Sink::Ring(staged) = self.sink {
+        if let Sink::Ring(staged, _) = self.sink {
             self.sent = true;
             let mut s = staged.borrow_mut();
             s.error = 0;
+            s.in_place = None;
             s.body = data;
             return;
         }
         self.send(0, &[&data])
+    }
+
+    /// Success with the first n bytes of a buffer of `size` that `fill` writes and counts
+    /// (READ): a ring entry's own payload buffer when it is free, so the data goes from
+    /// the devices to the kernel without a copy here; else a buffer kept per thread.
+    pub fn data_into(mut self, size: usize, fill: impl FnOnce(&mut [u8]) -> Result<usize, Errno>) {
+        if let Sink::Ring(staged, Some(payload)) = &mut self.sink {
+            if payload.len() >= size {
+                let r = fill(&mut payload[..size]);
+                self.sent = true;
+                let mut s = staged.borrow_mut();
+                s.body.clear();
+                match r {
+                    Ok(n) => {
+                        s.error = 0;
+                        s.in_place = Some(n.min(size));
+                    }
+                    Err(e) => {
+                        s.error = e.0;
+                        s.in_place = None;
+                    }
+                }
+                return;
+            }
+        }
+        SCRATCH.with(|cell| {
+            let mut buf = cell.borrow_mut();
+            if buf.len() < size {
+                *buf = oleo::device::IoBuf::huge(size);
+            }
+            match fill(&mut buf[..size]) {
+                Ok(n) => self.send(0, &[&buf[..n.min(size)]]),
+                Err(e) => self.error(e),
+            }
+        })
     }
 
     /// A LOOKUP, MKNOD, MKDIR, SYMLINK or LINK answer: the entry.

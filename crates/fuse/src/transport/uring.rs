@@ -172,7 +172,7 @@ fn serve_queue<H: Handler>(
     // The payload starts on a page boundary, so O_DIRECT data goes to the device from
     // where the kernel put it (the engine copies unaligned buffers first).
     let base = ALIGN - PREFIX;
-    let mut buf = oleo::device::IoBuf::zeroed(ALIGN + payload_len);
+    let mut buf = oleo::device::IoBuf::huge(ALIGN + payload_len);
     let staged = RefCell::new(Staged::default());
     let mut ring = new_ring()?;
     let iov = [
@@ -266,10 +266,17 @@ fn answer<H: Handler>(
     let start = PREFIX - op_len - hsz;
     buf[start..start + hsz].copy_from_slice(&headers[..hsz]);
     buf[start + hsz..PREFIX].copy_from_slice(&headers[u::IN_OUT_SZ..u::IN_OUT_SZ + op_len]);
-    match parse(&buf[start..PREFIX + payload]) {
+    // A request without a payload (READ) leaves the payload buffer free for its reply.
+    let (request, free) = if payload == 0 {
+        let (head, rest) = buf.split_at_mut(PREFIX);
+        (&head[start..], Some(rest))
+    } else {
+        (&buf[start..PREFIX + payload], None)
+    };
+    match parse(request) {
         Ok((req, op)) => {
             // DESTROY's answer goes out like any other; the kernel then ends the ring.
-            gate.serve(handler, &req, op, Reply::staged(staged, req.unique));
+            gate.serve(handler, &req, op, Reply::staged(staged, req.unique, free));
         }
         Err(_) => {
             log::warn!("malformed FUSE request from a ring entry ({} bytes)", h.len);
@@ -283,25 +290,30 @@ fn answer<H: Handler>(
 /// and the body's length where the kernel reads it.
 fn reply_into(staged: &RefCell<Staged>, unique: u64, headers: &mut [u8], payload: &mut [u8]) {
     let s = staged.borrow();
-    let (error, body) = if s.body.len() <= payload.len() {
-        (s.error, &s.body[..])
-    } else {
-        log::error!(
-            "FUSE reply of {} bytes does not fit a ring entry",
-            s.body.len()
-        );
-        (libc::EIO, &[][..])
+    let (error, len) = match s.in_place {
+        Some(n) if n <= payload.len() => (s.error, n),
+        Some(_) => (libc::EIO, 0),
+        None if s.body.len() <= payload.len() => {
+            payload[..s.body.len()].copy_from_slice(&s.body);
+            (s.error, s.body.len())
+        }
+        None => {
+            log::error!(
+                "FUSE reply of {} bytes does not fit a ring entry",
+                s.body.len()
+            );
+            (libc::EIO, 0)
+        }
     };
-    payload[..body.len()].copy_from_slice(body);
     let h = OutHeader {
-        len: (size_of::<OutHeader>() + body.len()) as u32,
+        len: (size_of::<OutHeader>() + len) as u32,
         error: -error,
         unique,
     };
     headers[..size_of::<OutHeader>()].copy_from_slice(h.as_bytes());
     let ent = &mut headers[u::IN_OUT_SZ + u::OP_IN_SZ..u::HEADERS_SZ];
     let mut e = u::EntInOut::read_from_bytes(ent).unwrap_or_default();
-    e.payload_sz = body.len() as u32;
+    e.payload_sz = len as u32;
     ent.copy_from_slice(e.as_bytes());
 }
 
