@@ -12,6 +12,7 @@ mod mkfs;
 mod mount;
 mod on_mount;
 mod property;
+mod receive;
 mod rootdir;
 mod scrub;
 mod stop;
@@ -63,6 +64,8 @@ enum Command {
     Scrub(scrub::ScrubArgs),
     /// Device error counters (`btrfs device stats`), on an unmounted image or device set.
     Device(device::DeviceArgs),
+    /// Read a send stream (`btrfs receive`); for now only `--dump`, which prints it.
+    Receive(receive::ReceiveArgs),
 }
 
 fn main() -> ExitCode {
@@ -92,6 +95,7 @@ fn main() -> ExitCode {
         Command::Property(a) => property::run(&a),
         Command::Filesystem(a) => filesystem::run(&a),
         Command::Scrub(a) => scrub::run(&a),
+        Command::Receive(a) => receive::run(&a),
         Command::Device(a) => match device::run(&a) {
             Ok(true) => return ExitCode::from(64),
             Ok(false) => Ok(()),

@@ -115,6 +115,7 @@ pub mod items;
 pub mod key;
 pub mod leaf_builder;
 pub mod raid56;
+pub mod send_stream;
 pub mod superblock;
 pub mod tree_block;
 pub mod tree_mut;
