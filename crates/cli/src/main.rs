@@ -64,7 +64,7 @@ enum Command {
     Scrub(scrub::ScrubArgs),
     /// Device error counters (`btrfs device stats`), on an unmounted image or device set.
     Device(device::DeviceArgs),
-    /// Read a send stream (`btrfs receive`); for now only `--dump`, which prints it.
+    /// Apply a send stream to an image (`btrfs receive`), or print it with `--dump`.
     Receive(receive::ReceiveArgs),
 }
 

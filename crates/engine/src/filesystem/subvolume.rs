@@ -178,3 +178,43 @@ impl Filesystem {
         self.sync().map(drop)
     }
 }
+
+impl Filesystem {
+    /// Records where subvolume `id` was received from, as the kernel's
+    /// BTRFS_IOC_SET_RECEIVED_SUBVOL does for `btrfs receive` at a stream's END:
+    /// received_uuid `uuid` (the sent subvolume's), `stransid` and `stime` (its ctransid and
+    /// send time; btrfs-progs passes a zero stime), rtransid and rtime this transaction and
+    /// now; the uuid tree's RECEIVED_SUBVOL item moves with the uuid. Commits. Refused
+    /// (`Error::ReadOnly`) on a read-only subvolume, as the kernel refuses. Returns
+    /// (rtransid, rtime).
+    pub fn set_received_subvol(
+        &self,
+        id: u64,
+        uuid: &[u8; 16],
+        stransid: u64,
+        stime: crate::Timespec,
+    ) -> Result<(u64, crate::Timespec)> {
+        self.subvolume_readonly(id)?;
+        let stime = oleo_format::items::Timespec {
+            sec: stime.sec,
+            nsec: stime.nsec,
+        };
+        let rtime = crate::now();
+        let rtransid = self.core_mut().write_op(Reserve::items(3), |t| {
+            t.set_received(id, uuid, stransid, stime, rtime)
+        })?;
+        self.sync()?;
+        let rtime = crate::Timespec {
+            sec: rtime.sec,
+            nsec: rtime.nsec,
+        };
+        Ok((rtransid, rtime))
+    }
+
+    /// Live subvolumes whose own uuid (or, with `received`, received_uuid) is `uuid`, as
+    /// (id, transid) in id order. The transid is the one a send stream names the subvolume
+    /// by: its ctransid, or for a received uuid its stransid.
+    pub fn subvolumes_by_uuid(&self, uuid: &[u8; 16], received: bool) -> Result<Vec<(u64, u64)>> {
+        self.core_read().subvolumes_by_uuid(uuid, received)
+    }
+}

@@ -6,6 +6,7 @@ pub(crate) mod default;
 pub(crate) mod delete;
 pub(crate) mod drop;
 pub(crate) mod readonly;
+pub(crate) mod received;
 pub(crate) mod uuid_tree;
 
 use crate::ctree::{for_each_in_range, lookup};

@@ -1,40 +1,12 @@
-//! `oleo receive --dump [-f FILE]`: print a send stream's commands one per line, byte for
-//! byte as btrfs-progs 6.2's `btrfs receive --dump` does (its quirks included), after
-//! checking every command (crc, attributes, paths). Receiving into a directory or an image
-//! is not implemented yet.
+//! `oleo receive --dump`: print a send stream's commands one per line, byte for byte as
+//! btrfs-progs 6.2's `btrfs receive --dump` does (its quirks included), after checking every
+//! command (crc, attributes, paths).
 
 use oleo_format::send_stream::{Command, StreamReader, Timespec};
 use std::io::{BufWriter, Read, Write};
-use std::path::PathBuf;
 
-#[derive(clap::Args)]
-pub struct ReceiveArgs {
-    /// Print the stream's commands, one line each, as `btrfs receive --dump` does.
-    #[arg(long)]
-    dump: bool,
-    /// Read the stream from FILE instead of standard input.
-    #[arg(short = 'f', value_name = "FILE")]
-    file: Option<PathBuf>,
-    /// Where to receive the subvolumes (not implemented yet).
-    target: Option<PathBuf>,
-}
-
-pub fn run(a: &ReceiveArgs) -> Result<(), String> {
-    if !a.dump {
-        return Err(
-            "receiving into a directory or an image is not implemented yet (only --dump is)".into(),
-        );
-    }
-    if let Some(t) = &a.target {
-        return Err(format!("--dump takes no destination ({})", t.display()));
-    }
-    let (input, name): (Box<dyn Read>, String) = match &a.file {
-        Some(f) => {
-            let file = std::fs::File::open(f).map_err(|e| format!("{}: {e}", f.display()))?;
-            (Box::new(file), format!("{}: ", f.display()))
-        }
-        None => (Box::new(std::io::stdin().lock()), String::new()),
-    };
+/// Prints the stream read from `input` (`name` prefixes errors, "" for standard input).
+pub fn run(input: Box<dyn Read>, name: &str) -> Result<(), String> {
     let out = BufWriter::with_capacity(64 << 10, std::io::stdout().lock());
     let mut d = Dump {
         out,
