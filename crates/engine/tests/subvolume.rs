@@ -1070,3 +1070,64 @@ fn a_damaged_dead_tree_costs_no_other_change() {
         b"written before the cleaner ran"
     );
 }
+
+/// A subvolume's ROOT_ITEM ctransid, as btrfs-progs reads it from the image.
+fn ctransid(image: &Path, id: u64) -> u64 {
+    let out = kernel_out(
+        Command::new("btrfs")
+            .args(["inspect-internal", "dump-tree", "-t", "1"])
+            .arg(image),
+    );
+    let head = format!("({id} ROOT_ITEM ");
+    let item = out
+        .split("\titem ")
+        .find(|i| i.contains(&head))
+        .unwrap_or_else(|| panic!("no ROOT_ITEM of {id} in:\n{out}"));
+    let at = item.find("ctransid ").expect("ctransid printed") + "ctransid ".len();
+    item[at..]
+        .split_whitespace()
+        .next()
+        .and_then(|n| n.parse().ok())
+        .expect("a number after ctransid")
+}
+
+/// ctransid moves when an inode of the subvolume changes, never because the subvolume was
+/// snapshotted (the kernel's btrfs_update_root_times): send streams name a parent by its
+/// ctransid, and receive looks it up by it.
+#[test]
+fn a_snapshot_leaves_its_sources_ctransid() {
+    let Some((_tmp, image)) = setup("ctransid", 256) else {
+        return;
+    };
+    let fs = open_rw(&image);
+    let top = resolve(&fs, "");
+    let sub = fs.create_subvolume(top, b"sub", 0, 0).expect("create sub");
+    let sub_dir = InodeId {
+        subvol: sub,
+        ino: 256,
+    };
+    put_file(&fs, sub_dir, "f", &pattern(1, 10_000));
+    fs.sync().expect("sync");
+    fs.snapshot(sub, top, b"snap1", true).expect("snapshot");
+    fs.sync().expect("sync");
+    drop(fs);
+    let before = ctransid(&image, sub);
+    let fs = open_rw(&image);
+    let top = resolve(&fs, "");
+    fs.snapshot(sub, top, b"snap2", true).expect("snapshot");
+    fs.sync().expect("sync");
+    drop(fs);
+    assert_eq!(
+        ctransid(&image, sub),
+        before,
+        "a snapshot moved its source's ctransid"
+    );
+    let fs = open_rw(&image);
+    put_file(&fs, sub_dir, "g", b"new");
+    fs.sync().expect("sync");
+    drop(fs);
+    assert!(
+        ctransid(&image, sub) > before,
+        "a new file did not move ctransid"
+    );
+}

@@ -64,6 +64,7 @@ impl Transaction<'_> {
     pub(crate) fn write_inode(&mut self, id: InodeId, inode: &mut InodeItem) -> Result<()> {
         inode.transid = self.transid;
         inode.sequence = inode.sequence.wrapping_add(1);
+        self.inodes_changed.insert(id.subvol);
         self.filesystem().inodes.remove(&id);
         self.queue_inode(id, inode)
     }
@@ -74,6 +75,7 @@ impl Transaction<'_> {
             Key::new(id.ino, item::INODE_ITEM, 0),
             &inode.to_bytes(),
         )?;
+        self.inodes_changed.insert(id.subvol);
         self.cache_new_inode(id, inode);
         Ok(())
     }
@@ -107,6 +109,7 @@ impl Transaction<'_> {
                 (Key::new(id.ino, item::INODE_REF, parent), &reference),
             ],
         )?;
+        self.inodes_changed.insert(id.subvol);
         self.cache_new_inode(id, inode);
         Ok(())
     }

@@ -124,6 +124,10 @@ pub struct TxnState {
     pub(crate) data_budget: Option<u64>,
     /// Incompat feature bits this transaction's changes need in the superblock.
     pub(crate) incompat_needed: u64,
+    /// Subvolumes an inode of which was created or changed in T: their ctransid and ctime
+    /// move (the kernel's btrfs_update_root_times); a tree changed otherwise, such as a
+    /// snapshot's source, keeps them (send streams name a parent by its ctransid).
+    pub(crate) inodes_changed: std::collections::BTreeSet<u64>,
 }
 
 impl TxnState {
@@ -342,6 +346,7 @@ impl TxnState {
             last_snapshots: BTreeMap::new(),
             log: Default::default(),
             delayed: Default::default(),
+            inodes_changed: Default::default(),
             bookkeeping_blocks,
             data_budget: None,
             incompat_needed: 0,
@@ -664,7 +669,8 @@ impl<'a> Transaction<'a> {
             .collect();
         let now = now();
         for &(id, r, key, delta) in &todo {
-            let subvolume = crate::transaction::changes::is_subvolume(id);
+            let subvolume =
+                crate::transaction::changes::is_subvolume(id) && self.inodes_changed.contains(&id);
             let transid = self.transid;
             let ok = self
                 .update_item(objectid::ROOT_TREE, &key, |b| {
@@ -680,7 +686,7 @@ impl<'a> Transaction<'a> {
                     ri.bytenr = r.bytenr;
                     ri.level = r.level;
                     ri.bytes_used = ri.bytes_used.saturating_add_signed(delta);
-                    // A subvolume's content changed in this transaction.
+                    // An inode of this subvolume changed in this transaction.
                     if subvolume {
                         ri.ctransid = transid;
                         ri.ctime = Timespec {
