@@ -15,6 +15,7 @@ mod property;
 mod receive;
 mod rootdir;
 mod scrub;
+mod send;
 mod stop;
 mod subvolume;
 mod units;
@@ -66,6 +67,8 @@ enum Command {
     Device(device::DeviceArgs),
     /// Apply a send stream to an image (`btrfs receive`), or print it with `--dump`.
     Receive(receive::ReceiveArgs),
+    /// Write a send stream of a read-only snapshot of an image (`btrfs send`, full only).
+    Send(send::SendArgs),
 }
 
 fn main() -> ExitCode {
@@ -96,6 +99,7 @@ fn main() -> ExitCode {
         Command::Filesystem(a) => filesystem::run(&a),
         Command::Scrub(a) => scrub::run(&a),
         Command::Receive(a) => receive::run(&a),
+        Command::Send(a) => send::run(&a),
         Command::Device(a) => match device::run(&a) {
             Ok(true) => return ExitCode::from(64),
             Ok(false) => Ok(()),

@@ -126,6 +126,7 @@ impl FsCore {
                 uuid: ri.uuid,
                 parent_uuid: ri.parent_uuid,
                 generation: ri.generation,
+                ctransid: ri.ctransid,
                 readonly: ri.flags & ROOT_SUBVOL_RDONLY != 0,
                 received_uuid: ri.received_uuid,
                 otransid: ri.otransid,

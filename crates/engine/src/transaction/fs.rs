@@ -145,6 +145,9 @@ pub struct SubvolumeInfo {
     pub parent_uuid: [u8; 16],
     /// The transaction that last changed its tree (ROOT_ITEM generation).
     pub generation: u64,
+    /// The transaction that last changed its files (ROOT_ITEM ctransid): what a send
+    /// stream names the subvolume's state by.
+    pub ctransid: u64,
     /// A read-only subvolume (BTRFS_ROOT_SUBVOL_RDONLY): every change is refused.
     pub readonly: bool,
     /// What `btrfs subvolume show` prints besides: the uuid it was received as, the

@@ -1,0 +1,438 @@
+//! `oleo send`: `btrfs send` of a read-only snapshot of an image or device nothing has
+//! mounted. Only full streams for now: incremental sends (`-p`) and clone sources (`-c`)
+//! are refused.
+//!
+//! The stream creates each inode at its final path, parents first (a depth-first walk of
+//! the snapshot), and sends, per inode as the kernel does: its xattrs, its data (WRITEs of
+//! at most the kernel's read size, holes skipped, a TRUNCATE when the file ends in a hole),
+//! then CHOWN, CHMOD (not for symlinks) and UTIMES; a directory's come after its entries,
+//! whose creation changed its times. Hard links after the first name are LINKs.
+//! Preallocated ranges are sent as zeros in protocol 1 and as FALLOCATE in protocol 2.
+//! Extents shared inside the snapshot (reflinks) are sent as plain writes.
+
+use crate::subvolume::{open, shown, subvolume_at};
+use oleo::format::send_stream::{Command, StreamWriter, Timespec};
+use oleo::{Attr, FileKind, Filesystem, InodeId};
+use std::collections::HashMap;
+use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
+
+/// The kernel's BTRFS_SEND_READ_SIZE: the most data one WRITE carries in protocol 1 (its
+/// 64 KiB command buffer less room for the other attributes).
+const READ_SIZE_V1: usize = 48 * 1024;
+/// In protocol 2 the kernel's buffer is 16 KiB plus BTRFS_MAX_COMPRESSED (128 KiB), and a
+/// WRITE carries the buffer less those 16 KiB.
+const READ_SIZE_V2: usize = 128 * 1024;
+/// The longest path (with its NUL) a receiver's system calls take.
+const PATH_MAX: usize = 4096;
+/// How much file data one library read asks for.
+const BIG_READ: u64 = 4 << 20;
+/// The xattr that writes and chown clear on the receiver: sent again after them, as the
+/// kernel does.
+const CAPABILITY: &[u8] = b"security.capability";
+/// A directory's default ACL: sent after its entries, which it would otherwise pass on to
+/// (the kernel makes each inode in the subvolume's root first, where only the root's
+/// default ACL is inherited; oleo makes them in place).
+const DEFAULT_ACL: &[u8] = b"system.posix_acl_default";
+
+/// Which xattrs of an inode to send.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Xattrs {
+    /// All but the ones sent last.
+    First,
+    /// Those sent after the entries, writes and chown: security.capability, and a
+    /// directory's default ACL.
+    Last,
+}
+
+#[derive(clap::Args)]
+pub struct SendArgs {
+    /// Image file or block device (not mounted) that holds the snapshot.
+    #[arg(long, value_name = "IMAGE")]
+    image: PathBuf,
+    /// Write the stream to FILE instead of standard output.
+    #[arg(short = 'f', value_name = "FILE")]
+    file: Option<PathBuf>,
+    /// Send protocol version: 1 (every receiver) or 2.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=2))]
+    proto: u32,
+    /// Incremental send from a parent snapshot (not implemented yet).
+    #[arg(short = 'p', value_name = "PARENT")]
+    parent: Option<String>,
+    /// Clone sources (not implemented yet).
+    #[arg(short = 'c', value_name = "CLONE_SRC")]
+    clone_src: Vec<String>,
+    /// Print nothing but errors (accepted for btrfs's -q; oleo prints nothing else).
+    #[arg(short = 'q', long)]
+    quiet: bool,
+    /// The read-only snapshot to send, a path inside IMAGE from its top level.
+    #[arg(value_name = "SNAPSHOT_PATH")]
+    snapshot: String,
+}
+
+pub fn run(a: &SendArgs) -> Result<(), String> {
+    if let Some(p) = &a.parent {
+        return Err(format!(
+            "incremental send (-p {}) is not implemented yet",
+            shown(p)
+        ));
+    }
+    if let Some(c) = a.clone_src.first() {
+        return Err(format!(
+            "clone sources (-c {}) are not implemented yet",
+            shown(c)
+        ));
+    }
+    let _ = a.quiet;
+    if a.file.is_none() && std::io::stdout().is_terminal() {
+        return Err("not dumping send stream into a terminal, redirect it into a file".into());
+    }
+    let fs = open(&a.image, true)?;
+    let subvol = subvolume_at(&fs, &a.snapshot)?;
+    let info = fs
+        .list_subvolumes()
+        .map_err(|e| e.to_string())?
+        .into_iter()
+        .find(|s| s.id == subvol)
+        .ok_or_else(|| format!("subvolume {subvol} is not listed"))?;
+    if !info.readonly {
+        return Err(format!("subvolume {} is not read-only", shown(&a.snapshot)));
+    }
+    let root = fs
+        .resolve_path(fs.root(), a.snapshot.trim_matches('/').as_bytes())
+        .map_err(|e| format!("{}: {e}", shown(&a.snapshot)))?;
+    // The stream file is made only once the snapshot is known to be sendable; a send
+    // that fails takes it away again, as nobody should receive half a stream.
+    let out: Box<dyn Write> = match &a.file {
+        Some(f) => Box::new(
+            std::fs::File::create(f).map_err(|e| format!("cannot create {}: {e}", f.display()))?,
+        ),
+        None => Box::new(std::io::stdout().lock()),
+    };
+    let uuid = if info.received_uuid != [0; 16] {
+        info.received_uuid
+    } else {
+        info.uuid
+    };
+    let subvol_cmd = Command::Subvol {
+        path: info.name,
+        uuid,
+        ctransid: info.ctransid,
+    };
+    let sent = send(&fs, subvol, root, subvol_cmd, a.proto, out);
+    if let (Err(_), Some(f)) = (&sent, &a.file) {
+        let _ = std::fs::remove_file(f);
+    }
+    sent
+}
+
+/// Writes the whole stream of the subvolume whose root directory is `root` to `out`.
+fn send(
+    fs: &Filesystem,
+    subvol: u64,
+    root: InodeId,
+    subvol_cmd: Command,
+    proto: u32,
+    out: Box<dyn Write>,
+) -> Result<(), String> {
+    let out = std::io::BufWriter::with_capacity(1 << 20, out);
+    let w = StreamWriter::new(out, proto).map_err(|e| format!("writing the stream: {e}"))?;
+    let mut s = Sender {
+        fs,
+        w,
+        subvol,
+        links: HashMap::new(),
+        read_size: if proto == 1 {
+            READ_SIZE_V1
+        } else {
+            READ_SIZE_V2
+        },
+    };
+    s.cmd(&subvol_cmd)?;
+    s.directory(root, Vec::new())?;
+    s.cmd(&Command::End)?;
+    let mut out =
+        s.w.into_inner()
+            .into_inner()
+            .map_err(|e| format!("writing the stream: {}", e.error()))?;
+    out.flush().map_err(|e| format!("writing the stream: {e}"))
+}
+
+/// The state of one send: the stream and the inodes already sent under another name.
+struct Sender<'a, W: Write> {
+    fs: &'a Filesystem,
+    w: StreamWriter<W>,
+    /// The snapshot's tree id: entries of nested subvolumes are left out, as the kernel
+    /// leaves them.
+    subvol: u64,
+    /// Inodes with several names: the path each was first sent at.
+    links: HashMap<u64, Vec<u8>>,
+    /// The most data per WRITE.
+    read_size: usize,
+}
+
+fn show(path: &[u8]) -> String {
+    format!("/{}", String::from_utf8_lossy(path))
+}
+
+fn child(dir: &[u8], name: &[u8]) -> Vec<u8> {
+    let mut p = Vec::with_capacity(dir.len() + 1 + name.len());
+    if !dir.is_empty() {
+        p.extend_from_slice(dir);
+        p.push(b'/');
+    }
+    p.extend_from_slice(name);
+    p
+}
+
+fn time(t: oleo::Timespec) -> Timespec {
+    Timespec {
+        sec: t.sec as u64,
+        nsec: t.nsec,
+    }
+}
+
+/// A userspace dev_t as the kernel's new_encode_dev writes it into the stream.
+fn encode_dev(rdev: u64) -> u64 {
+    let major = libc::major(rdev as libc::dev_t) as u64;
+    let minor = libc::minor(rdev as libc::dev_t) as u64;
+    (minor & 0xff) | (major << 8) | ((minor & !0xff) << 12)
+}
+
+impl<W: Write> Sender<'_, W> {
+    fn cmd(&mut self, c: &Command) -> Result<(), String> {
+        self.w
+            .write_command(c)
+            .map_err(|e| format!("writing the stream: {e}"))
+    }
+
+    fn attr(&self, id: InodeId, path: &[u8]) -> Result<Attr, String> {
+        self.fs
+            .getattr(id)
+            .map_err(|e| format!("{}: {e}", show(path)))
+    }
+
+    /// Directory `id` at `path` ("" for the snapshot's root, which the stream's SUBVOL
+    /// makes): created, its xattrs, its entries, then its owner, mode and times.
+    fn directory(&mut self, id: InodeId, path: Vec<u8>) -> Result<(), String> {
+        let attr = self.attr(id, &path)?;
+        if !path.is_empty() {
+            self.cmd(&Command::Mkdir {
+                path: path.clone(),
+                ino: id.ino,
+            })?;
+        }
+        self.xattrs(id, &path, Xattrs::First)?;
+        let mut entries = Vec::new();
+        self.fs
+            .readdir(id, 0, &mut |e| {
+                if e.name != b"." && e.name != b".." {
+                    entries.push(e);
+                }
+                true
+            })
+            .map_err(|e| format!("{}: {e}", show(&path)))?;
+        for e in entries {
+            // A subvolume's entry (in a snapshot, an empty directory standing in for it)
+            // is no inode of this tree: the kernel sends nothing for it.
+            if e.id.subvol != self.subvol
+                || e.id.ino == oleo::format::key::objectid::EMPTY_SUBVOL_DIR
+            {
+                continue;
+            }
+            let p = child(&path, &e.name);
+            // Receivers make each path with one system call: longer ones cannot be made
+            // (and the walk's depth stays bounded).
+            if p.len() >= PATH_MAX {
+                return Err(format!(
+                    "{}...: a path of {} bytes, longer than a receiver can make",
+                    show(&p[..64]),
+                    p.len()
+                ));
+            }
+            if e.kind == FileKind::Dir {
+                self.directory(e.id, p)?;
+            } else {
+                self.non_directory(e.id, p)?;
+            }
+        }
+        self.finish(id, &path, &attr)
+    }
+
+    fn non_directory(&mut self, id: InodeId, path: Vec<u8>) -> Result<(), String> {
+        if let Some(first) = self.links.get(&id.ino) {
+            let link = first.clone();
+            return self.cmd(&Command::Link { path, link });
+        }
+        let attr = self.attr(id, &path)?;
+        if attr.nlink > 1 {
+            self.links.insert(id.ino, path.clone());
+        }
+        let ino = id.ino;
+        let p = path.clone();
+        let mode = u64::from(attr.mode);
+        let create = match attr.kind {
+            FileKind::File => Command::Mkfile { path: p, ino },
+            FileKind::Symlink => {
+                let target = self
+                    .fs
+                    .readlink(id)
+                    .map_err(|e| format!("{}: {e}", show(&path)))?;
+                Command::Symlink {
+                    path: p,
+                    ino,
+                    target,
+                }
+            }
+            FileKind::CharDev | FileKind::BlockDev => Command::Mknod {
+                path: p,
+                ino,
+                mode,
+                rdev: encode_dev(attr.rdev),
+            },
+            FileKind::Fifo => Command::Mkfifo {
+                path: p,
+                ino,
+                mode: Some(mode),
+                rdev: Some(0),
+            },
+            FileKind::Socket => Command::Mksock {
+                path: p,
+                ino,
+                mode: Some(mode),
+                rdev: Some(0),
+            },
+            FileKind::Dir => {
+                return Err(format!(
+                    "{}: its directory entry does not say it is a directory",
+                    show(&path)
+                ))
+            }
+        };
+        self.cmd(&create)?;
+        self.xattrs(id, &path, Xattrs::First)?;
+        if attr.kind == FileKind::File {
+            self.data(id, &path, attr.size)?;
+        }
+        self.finish(id, &path, &attr)
+    }
+
+    /// SET_XATTR for each xattr of `which` part. security.capability goes in both: the
+    /// writes and chown that come between clear it on the receiver.
+    fn xattrs(&mut self, id: InodeId, path: &[u8], which: Xattrs) -> Result<(), String> {
+        let err = |e: oleo::Error| format!("{}: xattrs: {e}", show(path));
+        let names = self.fs.listxattr(id).map_err(err)?;
+        for name in names {
+            let last = name == CAPABILITY || name == DEFAULT_ACL;
+            let first = name != DEFAULT_ACL;
+            if !(match which {
+                Xattrs::First => first,
+                Xattrs::Last => last,
+            }) {
+                continue;
+            }
+            let data = match self.fs.getxattr(id, &name) {
+                Ok(d) => d,
+                Err(oleo::Error::NoXattr) => continue,
+                Err(e) => return Err(err(e)),
+            };
+            self.cmd(&Command::SetXattr {
+                path: path.to_vec(),
+                name,
+                data,
+            })?;
+        }
+        Ok(())
+    }
+
+    /// The file's data: WRITEs of what its extents hold, zeros or FALLOCATE for
+    /// preallocated ranges, nothing for holes; a TRUNCATE when the last range sent does
+    /// not end at the size.
+    fn data(&mut self, id: InodeId, path: &[u8], size: u64) -> Result<(), String> {
+        let err = |e: oleo::Error| format!("{}: {e}", show(path));
+        let extents = self.fs.file_extents(id).map_err(err)?;
+        let mut end_sent = 0u64;
+        for x in extents {
+            let start = x.file_offset.max(end_sent);
+            let end = x.file_offset.saturating_add(x.len).min(size);
+            if start >= end {
+                continue;
+            }
+            if x.prealloc {
+                if self.w.version() >= 2 {
+                    self.cmd(&Command::Fallocate {
+                        path: path.to_vec(),
+                        mode: 0,
+                        offset: start,
+                        len: end - start,
+                    })?;
+                } else {
+                    let zeros = vec![0u8; self.read_size];
+                    let mut off = start;
+                    while off < end {
+                        let n = (end - off).min(self.read_size as u64) as usize;
+                        self.cmd(&Command::Write {
+                            path: path.to_vec(),
+                            offset: off,
+                            data: zeros[..n].to_vec(),
+                        })?;
+                        off += n as u64;
+                    }
+                }
+                end_sent = end;
+                continue;
+            }
+            let mut off = start;
+            while off < end {
+                let want = (end - off).min(BIG_READ) as u32;
+                let buf = self.fs.read(id, off, want).map_err(err)?;
+                if buf.is_empty() {
+                    return Err(format!(
+                        "{}: no data at offset {off} of a {size}-byte file",
+                        show(path)
+                    ));
+                }
+                for (i, chunk) in buf.chunks(self.read_size).enumerate() {
+                    self.cmd(&Command::Write {
+                        path: path.to_vec(),
+                        offset: off + (i * self.read_size) as u64,
+                        data: chunk.to_vec(),
+                    })?;
+                }
+                off += buf.len() as u64;
+            }
+            end_sent = off;
+        }
+        if end_sent != size {
+            self.cmd(&Command::Truncate {
+                path: path.to_vec(),
+                size,
+            })?;
+        }
+        Ok(())
+    }
+
+    /// CHOWN, CHMOD (not for symlinks), the last xattrs, UTIMES.
+    fn finish(&mut self, id: InodeId, path: &[u8], attr: &Attr) -> Result<(), String> {
+        self.cmd(&Command::Chown {
+            path: path.to_vec(),
+            uid: u64::from(attr.uid),
+            gid: u64::from(attr.gid),
+        })?;
+        if attr.kind != FileKind::Symlink {
+            self.cmd(&Command::Chmod {
+                path: path.to_vec(),
+                mode: u64::from(attr.mode & 0o7777),
+            })?;
+        }
+        self.xattrs(id, path, Xattrs::Last)?;
+        let otime = (self.w.version() >= 2).then(|| time(attr.crtime));
+        self.cmd(&Command::Utimes {
+            path: path.to_vec(),
+            atime: time(attr.atime),
+            mtime: time(attr.mtime),
+            ctime: time(attr.ctime),
+            otime,
+        })
+    }
+}
