@@ -8,9 +8,8 @@
 //! failure under CI=true).
 
 use oleo_format::send_stream::{crc32c_raw, Command, StreamReader, StreamWriter};
-use oleo_testkit::cmd::run;
-use oleo_testkit::env::{find_in_path, skip};
-use oleo_testkit::{empty_image, require_root, KernelMount, TempDir};
+use oleo_testkit::cmd::{btrfs_in, require_tools, sh_ok};
+use oleo_testkit::{empty_image, KernelMount, TempDir};
 use std::path::{Path, PathBuf};
 use std::process::{Command as Cmd, Output};
 
@@ -94,25 +93,6 @@ fallocate -o 2M -l 1M prealloc
 touch -d '@1234567890' odd/*
 "#;
 
-fn sh(dir: &Path, script: &str) {
-    let out = Cmd::new("sh")
-        .arg("-c")
-        .arg(script)
-        .current_dir(dir)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "script failed in {}: {}",
-        dir.display(),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-fn btrfs(args: &[&str], at: &Path) {
-    run(Cmd::new("btrfs").args(args).current_dir(at)).unwrap();
-}
-
 /// Makes the image and the streams; returns their paths by name. The kernel mount is gone
 /// when it returns (and on any panic, by the guards).
 fn make_streams(dir: &TempDir) -> Vec<(String, PathBuf)> {
@@ -120,15 +100,15 @@ fn make_streams(dir: &TempDir) -> Vec<(String, PathBuf)> {
     empty_image(&img, 512, &[]).unwrap();
     let k = KernelMount::mount(&img, &dir.join("mnt"), &["rw", "noatime"]).unwrap();
     let m = k.path().to_path_buf();
-    btrfs(&["subvolume", "create", "vol"], &m);
+    btrfs_in(&["subvolume", "create", "vol"], &m);
     let vol = m.join("vol");
-    sh(&vol, POPULATE);
+    sh_ok(&vol, POPULATE);
     let sock = std::os::unix::net::UnixListener::bind(vol.join("sock")).unwrap();
     drop(sock);
-    btrfs(&["subvolume", "snapshot", "-r", "vol", "snap1"], &m);
-    sh(&vol, CHANGE);
+    btrfs_in(&["subvolume", "snapshot", "-r", "vol", "snap1"], &m);
+    sh_ok(&vol, CHANGE);
     std::os::unix::net::UnixListener::bind(vol.join("sock2")).unwrap();
-    btrfs(&["subvolume", "snapshot", "-r", "vol", "snap2"], &m);
+    btrfs_in(&["subvolume", "snapshot", "-r", "vol", "snap2"], &m);
     let out = dir.subdir("streams").unwrap();
     let s = |n: &str| out.join(n).display().to_string();
     let sends: &[(&str, &[&str])] = &[
@@ -149,7 +129,7 @@ fn make_streams(dir: &TempDir) -> Vec<(String, PathBuf)> {
         let f = s(name);
         let mut a = vec!["send", "-q", "-f", f.as_str()];
         a.extend_from_slice(args);
-        btrfs(&a, &m);
+        btrfs_in(&a, &m);
         v.push((name.to_string(), out.join(name)));
     }
     k.unmount().unwrap();
@@ -195,24 +175,13 @@ fn first_difference(ours: &[u8], theirs: &[u8]) -> Option<String> {
     None
 }
 
-fn tools_present(what: &str) -> bool {
-    if !require_root(what) {
-        return false;
-    }
-    for t in ["setfattr", "fallocate", "mknod", "mkfifo"] {
-        if find_in_path(t).is_none() {
-            return skip(
-                what,
-                &format!("needs `{t}` (apt-get install attr util-linux)"),
-            );
-        }
-    }
-    true
-}
-
 #[test]
 fn dump_matches_btrfs_receive_dump() {
-    if !tools_present("dump_matches_btrfs_receive_dump") {
+    if !require_tools(
+        "dump_matches_btrfs_receive_dump",
+        &["setfattr", "fallocate", "mknod", "mkfifo"],
+        "attr util-linux",
+    ) {
         return;
     }
     let dir = TempDir::new("receive-dump").unwrap();
@@ -322,7 +291,11 @@ fn recrc(bytes: &mut [u8], at: usize, len: usize) {
 
 #[test]
 fn damaged_streams_are_refused() {
-    if !tools_present("damaged_streams_are_refused") {
+    if !require_tools(
+        "damaged_streams_are_refused",
+        &["setfattr", "fallocate", "mknod", "mkfifo"],
+        "attr util-linux",
+    ) {
         return;
     }
     let dir = TempDir::new("receive-dump-bad").unwrap();

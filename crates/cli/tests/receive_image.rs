@@ -9,12 +9,11 @@
 //! Needs root, loop devices, kernel btrfs, btrfs-progs, setfattr and FUSE (a skip
 //! elsewhere, a failure under CI=true).
 
-use oleo_testkit::cmd::run;
-use oleo_testkit::env::{find_in_path, skip};
+use oleo_testkit::cmd::{btrfs_in, require_tools, sh_ok};
 use oleo_testkit::manifest::display_path;
 use oleo_testkit::{
-    btrfs_check, empty_image, oleo_mkfs, require_fuse, require_root, Entry, KernelMount, Manifest,
-    OleoMount, TempDir,
+    btrfs_check, empty_image, oleo_mkfs, require_fuse, Entry, KernelMount, Manifest, OleoMount,
+    TempDir,
 };
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -103,29 +102,9 @@ fallocate -o 2M -l 1M prealloc
 touch -d '@1234567890' odd/*
 "#;
 
-fn sh(dir: &Path, script: &str) {
-    let out = Cmd::new("sh")
-        .arg("-c")
-        .arg(script)
-        .current_dir(dir)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "script failed in {}: {}",
-        dir.display(),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-fn btrfs(args: &[&str], at: &Path) -> String {
-    let out = run(Cmd::new("btrfs").args(args).current_dir(at)).unwrap();
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
 /// A field of `btrfs subvolume show`, e.g. "Received UUID".
 fn show_field(mount: &Path, subvol: &str, field: &str) -> String {
-    let text = btrfs(&["subvolume", "show", subvol], mount);
+    let text = btrfs_in(&["subvolume", "show", subvol], mount);
     text.lines()
         .find_map(|l| l.trim().strip_prefix(&format!("{field}:")))
         .unwrap_or_else(|| panic!("no {field} in `btrfs subvolume show {subvol}`:\n{text}"))
@@ -157,14 +136,14 @@ fn make_source(dir: &TempDir) -> Source {
     empty_image(&img, 512, &[]).unwrap();
     let k = KernelMount::mount(&img, &dir.join("source"), &["rw", "noatime"]).unwrap();
     let m = k.path().to_path_buf();
-    btrfs(&["subvolume", "create", "vol"], &m);
+    btrfs_in(&["subvolume", "create", "vol"], &m);
     let vol = m.join("vol");
-    sh(&vol, POPULATE);
+    sh_ok(&vol, POPULATE);
     drop(std::os::unix::net::UnixListener::bind(vol.join("sock")).unwrap());
-    btrfs(&["subvolume", "snapshot", "-r", "vol", "snap1"], &m);
-    sh(&vol, CHANGE);
+    btrfs_in(&["subvolume", "snapshot", "-r", "vol", "snap1"], &m);
+    sh_ok(&vol, CHANGE);
     drop(std::os::unix::net::UnixListener::bind(vol.join("sock2")).unwrap());
-    btrfs(&["subvolume", "snapshot", "-r", "vol", "snap2"], &m);
+    btrfs_in(&["subvolume", "snapshot", "-r", "vol", "snap2"], &m);
     let out = dir.subdir("streams").unwrap();
     let mut streams = BTreeMap::new();
     for (name, args) in SENDS {
@@ -172,7 +151,7 @@ fn make_source(dir: &TempDir) -> Source {
         let fs = f.display().to_string();
         let mut a = vec!["send", "-q", "-f", fs.as_str()];
         a.extend_from_slice(args);
-        btrfs(&a, &m);
+        btrfs_in(&a, &m);
         streams.insert(*name, f);
     }
     let mut snaps = BTreeMap::new();
@@ -214,23 +193,11 @@ fn check_clean(image: &Path, when: &str) {
     }
 }
 
-/// Paths sharing an inode with `p` (its hard-link group), by the side's inode identity.
-fn links(m: &Manifest) -> BTreeMap<&Vec<u8>, BTreeSet<&Vec<u8>>> {
-    let mut by_inode: BTreeMap<(u64, u64), BTreeSet<&Vec<u8>>> = BTreeMap::new();
-    for (p, e) in &m.entries {
-        by_inode.entry((e.dev, e.ino)).or_default().insert(p);
-    }
-    m.entries
-        .iter()
-        .map(|(p, e)| (p, by_inode[&(e.dev, e.ino)].clone()))
-        .collect()
-}
-
 /// What a received tree must share with the sent one: everything a stream carries
 /// (ctime, inode numbers and block counts are the receiver's own).
 fn differences(want: &Manifest, got: &Manifest) -> Vec<String> {
     let mut out = Vec::new();
-    let (wl, gl) = (links(want), links(got));
+    let (wl, gl) = (want.link_groups(), got.link_groups());
     let paths: BTreeSet<&Vec<u8>> = want.entries.keys().chain(got.entries.keys()).collect();
     for p in paths {
         let path = display_path(p);
@@ -287,25 +254,14 @@ fn assert_same(src: &Source, snap: &str, root: &Path, how: &str) {
     assert!(d.is_empty(), "{snap} through {how}:\n{}", d.join("\n"));
 }
 
-fn tools_present(what: &str) -> bool {
-    if !require_root(what) {
-        return false;
-    }
-    for t in ["setfattr", "setfacl", "fallocate", "mknod", "mkfifo"] {
-        if find_in_path(t).is_none() {
-            return skip(
-                what,
-                &format!("needs `{t}` (apt-get install attr acl util-linux)"),
-            );
-        }
-    }
-    true
-}
-
 #[test]
 fn received_streams_match_the_kernels_snapshots() {
     let what = "received_streams_match_the_kernels_snapshots";
-    if !tools_present(what) {
+    if !require_tools(
+        what,
+        &["setfattr", "setfacl", "fallocate", "mknod", "mkfifo"],
+        "attr acl util-linux",
+    ) {
         return;
     }
     // Without FUSE (a skip elsewhere, a failure under CI) only the kernel looks.
@@ -394,7 +350,11 @@ fn received_streams_match_the_kernels_snapshots() {
 #[test]
 fn refused_and_cut_streams_leave_the_image_consistent() {
     let what = "refused_and_cut_streams_leave_the_image_consistent";
-    if !tools_present(what) {
+    if !require_tools(
+        what,
+        &["setfattr", "setfacl", "fallocate", "mknod", "mkfifo"],
+        "attr acl util-linux",
+    ) {
         return;
     }
     let dir = TempDir::new("receive-image-bad").unwrap();

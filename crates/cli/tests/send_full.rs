@@ -8,11 +8,11 @@
 //! Needs root, loop devices, kernel btrfs, btrfs-progs, setfattr, setfacl and fallocate (a
 //! skip elsewhere, a failure under CI=true).
 
-use oleo_testkit::cmd::run;
+use oleo_testkit::cmd::{btrfs_in, require_tools, sh_ok};
 use oleo_testkit::env::{find_in_path, skip};
 use oleo_testkit::manifest::display_path;
 use oleo_testkit::{empty_image, oleo_mkfs, require_root, Entry, KernelMount, Manifest, TempDir};
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::{Command as Cmd, Output};
 
@@ -79,26 +79,6 @@ touch -d '@1234567890' odd/*
 touch -d '@1111111111.75' deep/a/b
 "#;
 
-fn sh(dir: &Path, script: &str) {
-    let out = Cmd::new("sh")
-        .arg("-c")
-        .arg(script)
-        .current_dir(dir)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "script failed in {}: {}",
-        dir.display(),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-fn btrfs(args: &[&str], at: &Path) -> String {
-    let out = run(Cmd::new("btrfs").args(args).current_dir(at)).unwrap();
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
 fn oleo(args: &[&str]) -> Output {
     Cmd::new(OLEO).args(args).output().unwrap()
 }
@@ -111,18 +91,6 @@ fn oleo_ok(args: &[&str]) -> Output {
         String::from_utf8_lossy(&o.stderr)
     );
     o
-}
-
-/// Paths sharing an inode with each path (its hard-link group).
-fn link_groups(m: &Manifest) -> BTreeMap<&Vec<u8>, BTreeSet<&Vec<u8>>> {
-    let mut by_inode: BTreeMap<(u64, u64), BTreeSet<&Vec<u8>>> = BTreeMap::new();
-    for (p, e) in &m.entries {
-        by_inode.entry((e.dev, e.ino)).or_default().insert(p);
-    }
-    m.entries
-        .iter()
-        .map(|(p, e)| (p, by_inode[&(e.dev, e.ino)].clone()))
-        .collect()
 }
 
 /// What a stream carries of an entry (ctime, inode numbers and blocks are the receiver's).
@@ -152,7 +120,7 @@ fn sent_part(e: &Entry) -> String {
 
 fn assert_same(want: &Manifest, root: &Path, how: &str) {
     let got = Manifest::capture(root).unwrap();
-    let (wl, gl) = (link_groups(want), link_groups(&got));
+    let (wl, gl) = (want.link_groups(), &got.link_groups());
     let mut diffs = Vec::new();
     let paths: BTreeSet<&Vec<u8>> = want.entries.keys().chain(got.entries.keys()).collect();
     for p in paths {
@@ -174,28 +142,6 @@ fn assert_same(want: &Manifest, root: &Path, how: &str) {
     assert!(diffs.is_empty(), "{how}:\n{}", diffs.join("\n"));
 }
 
-fn tools_present(what: &str) -> bool {
-    if !require_root(what) {
-        return false;
-    }
-    for t in [
-        "btrfs",
-        "setfattr",
-        "setfacl",
-        "fallocate",
-        "mknod",
-        "mkfifo",
-    ] {
-        if find_in_path(t).is_none() {
-            return skip(
-                what,
-                &format!("needs `{t}` (apt-get install btrfs-progs attr acl util-linux)"),
-            );
-        }
-    }
-    true
-}
-
 /// The source image: subvolume `vol` populated, `snap` its read-only snapshot; returns
 /// the image and what the kernel shows in `snap`.
 fn make_source(dir: &TempDir) -> (PathBuf, Manifest) {
@@ -203,18 +149,18 @@ fn make_source(dir: &TempDir) -> (PathBuf, Manifest) {
     empty_image(&img, 512, &[]).unwrap();
     let k = KernelMount::mount(&img, &dir.join("source"), &["rw", "noatime"]).unwrap();
     let m = k.path().to_path_buf();
-    btrfs(&["subvolume", "create", "vol"], &m);
+    btrfs_in(&["subvolume", "create", "vol"], &m);
     let vol = m.join("vol");
-    sh(&vol, POPULATE);
+    sh_ok(&vol, POPULATE);
     drop(std::os::unix::net::UnixListener::bind(vol.join("sock")).unwrap());
     drop(std::os::unix::net::UnixListener::bind(vol.join("odd/sock in odd")).unwrap());
     // A nested subvolume: a snapshot shows an empty directory in its place, which the
     // kernel does not send.
     std::fs::create_dir(vol.join("holder")).unwrap();
-    btrfs(&["subvolume", "create", "vol/holder/nested"], &m);
+    btrfs_in(&["subvolume", "create", "vol/holder/nested"], &m);
     std::fs::write(vol.join("holder/nested/inside"), b"not sent").unwrap();
-    sh(&vol, "touch -d '@1200000000' holder");
-    btrfs(&["subvolume", "snapshot", "-r", "vol", "snap"], &m);
+    sh_ok(&vol, "touch -d '@1200000000' holder");
+    btrfs_in(&["subvolume", "snapshot", "-r", "vol", "snap"], &m);
     let mut manifest = Manifest::capture(&m.join("snap")).unwrap();
     assert!(
         manifest
@@ -233,7 +179,18 @@ fn make_source(dir: &TempDir) -> (PathBuf, Manifest) {
 #[test]
 fn full_sends_are_received_as_the_snapshot() {
     let what = "full_sends_are_received_as_the_snapshot";
-    if !tools_present(what) {
+    if !require_tools(
+        what,
+        &[
+            "btrfs",
+            "setfattr",
+            "setfacl",
+            "fallocate",
+            "mknod",
+            "mkfifo",
+        ],
+        "btrfs-progs attr acl util-linux",
+    ) {
         return;
     }
     let dir = TempDir::new("send-full").unwrap();
@@ -248,7 +205,7 @@ fn full_sends_are_received_as_the_snapshot() {
         ]);
 
         // btrfs receive --dump reads it; v1 WRITEs stay within the kernel's 48 KiB.
-        let dump = btrfs(&["receive", "--dump", "-f", &stream_s], &dir.join("."));
+        let dump = btrfs_in(&["receive", "--dump", "-f", &stream_s], &dir.join("."));
         assert!(dump.contains("subvol"), "v{proto} dump: {dump}");
         let mut writes = 0;
         for l in dump.lines().filter(|l| l.starts_with("write")) {
@@ -275,7 +232,7 @@ fn full_sends_are_received_as_the_snapshot() {
         let dst = dir.join(format!("kernel.v{proto}.img"));
         empty_image(&dst, 512, &[]).unwrap();
         let k = KernelMount::mount(&dst, &dir.join(format!("kdst{proto}")), &["noatime"]).unwrap();
-        btrfs(
+        btrfs_in(
             &["receive", "-f", &stream_s, &k.path().display().to_string()],
             k.path(),
         );
@@ -324,9 +281,9 @@ fn writable_subvolumes_and_incremental_sends_are_refused() {
     let img = dir.join("s.img");
     empty_image(&img, 256, &[]).unwrap();
     let k = KernelMount::mount(&img, &dir.join("m"), &["rw"]).unwrap();
-    btrfs(&["subvolume", "create", "vol"], k.path());
+    btrfs_in(&["subvolume", "create", "vol"], k.path());
     std::fs::write(k.path().join("vol/f"), b"x").unwrap();
-    btrfs(&["subvolume", "snapshot", "-r", "vol", "snap"], k.path());
+    btrfs_in(&["subvolume", "snapshot", "-r", "vol", "snap"], k.path());
     k.unmount().unwrap();
     let img_s = img.display().to_string();
     let out = dir.join("out");
@@ -359,7 +316,7 @@ fn writable_subvolumes_and_incremental_sends_are_refused() {
     let dst = dir.join("d.img");
     empty_image(&dst, 256, &[]).unwrap();
     let k = KernelMount::mount(&dst, &dir.join("d"), &["rw"]).unwrap();
-    btrfs(
+    btrfs_in(
         &["receive", "-f", &out_s, &k.path().display().to_string()],
         k.path(),
     );

@@ -106,3 +106,40 @@ pub fn sh(dir: &std::path::Path, script: &str) -> (bool, String) {
         String::from_utf8_lossy(&out.stdout).trim().to_string(),
     )
 }
+
+/// Runs `script` with sh in `dir`; panics with its stderr when it fails.
+pub fn sh_ok(dir: &std::path::Path, script: &str) {
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg(script)
+        .current_dir(dir)
+        .output()
+        .expect("sh");
+    assert!(
+        out.status.success(),
+        "script failed in {}: {}",
+        dir.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// `btrfs ARGS` run in `at`; its stdout, or a panic with its output when it fails.
+pub fn btrfs_in(args: &[&str], at: &std::path::Path) -> String {
+    let out = run(Command::new("btrfs").args(args).current_dir(at))
+        .unwrap_or_else(|e| panic!("btrfs {args:?}: {e}"));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// For a test that needs root and `tools` (named with the packages that have them in
+/// `packages`): false, after a skip message (a failure under CI=true), when one is missing.
+pub fn require_tools(what: &str, tools: &[&str], packages: &str) -> bool {
+    if !crate::env::require_root(what) {
+        return false;
+    }
+    for t in tools {
+        if crate::env::find_in_path(t).is_none() {
+            return crate::env::skip(what, &format!("needs `{t}` (apt-get install {packages})"));
+        }
+    }
+    true
+}

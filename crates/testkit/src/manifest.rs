@@ -435,6 +435,19 @@ impl Entry {
 }
 
 impl Manifest {
+    /// Each path with every path naming the same inode (hard links), itself included.
+    pub fn link_groups(&self) -> BTreeMap<&Vec<u8>, std::collections::BTreeSet<&Vec<u8>>> {
+        let mut by_inode: BTreeMap<(u64, u64), std::collections::BTreeSet<&Vec<u8>>> =
+            BTreeMap::new();
+        for (p, e) in &self.entries {
+            by_inode.entry((e.dev, e.ino)).or_default().insert(p);
+        }
+        self.entries
+            .iter()
+            .map(|(p, e)| (p, by_inode[&(e.dev, e.ino)].clone()))
+            .collect()
+    }
+
     /// Walks everything under `root` (which is included, as path ""). Symlinks are not
     /// followed; subvolumes, snapshots and their placeholder directories are descended into
     /// like any directory. Problems with single paths are recorded in their entries (so a
