@@ -291,8 +291,11 @@ impl ReadPlan {
         let mut covered = 0;
         for p in &self.pieces {
             // Bytes no piece covers read as zeros (the caller's buffer may hold anything).
-            out[covered..p.at].fill(0);
-            covered = p.at + p.len;
+            // Pieces come in file order; a hostile image's may overlap.
+            if covered < p.at {
+                out[covered..p.at].fill(0);
+            }
+            covered = covered.max(p.at + p.len);
             let dst = &mut out[p.at..p.at + p.len];
             match &p.source {
                 Source::Ready(bytes) => dst.copy_from_slice(bytes),
