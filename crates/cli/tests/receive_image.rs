@@ -10,12 +10,10 @@
 //! elsewhere, a failure under CI=true).
 
 use oleo_testkit::cmd::{btrfs_in, require_tools, sh_ok};
-use oleo_testkit::manifest::display_path;
 use oleo_testkit::{
-    btrfs_check, empty_image, oleo_mkfs, require_fuse, Entry, KernelMount, Manifest, OleoMount,
-    TempDir,
+    btrfs_check, empty_image, oleo_mkfs, require_fuse, KernelMount, Manifest, OleoMount, TempDir,
 };
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command as Cmd, Output};
 
@@ -193,64 +191,9 @@ fn check_clean(image: &Path, when: &str) {
     }
 }
 
-/// What a received tree must share with the sent one: everything a stream carries
-/// (ctime, inode numbers and block counts are the receiver's own).
-fn differences(want: &Manifest, got: &Manifest) -> Vec<String> {
-    let mut out = Vec::new();
-    let (wl, gl) = (want.link_groups(), got.link_groups());
-    let paths: BTreeSet<&Vec<u8>> = want.entries.keys().chain(got.entries.keys()).collect();
-    for p in paths {
-        let path = display_path(p);
-        let (Some(w), Some(g)) = (want.entries.get(p), got.entries.get(p)) else {
-            let side = if want.entries.contains_key(p) {
-                "sent"
-            } else {
-                "received"
-            };
-            out.push(format!("{path}: only in the {side} tree"));
-            continue;
-        };
-        let show = |e: &Entry| {
-            let xattrs: Vec<String> = e
-                .xattrs
-                .iter()
-                .map(|(k, v)| format!("{}={}", k.escape_ascii(), v.escape_ascii()))
-                .collect();
-            format!(
-                "{:?} mode {:o} owner {}:{} size {} rdev {:#x} nlink {} mtime {} atime {} \
-                 sha {:?} target {:?} xattrs {xattrs:?} errors {:?}",
-                e.kind,
-                e.mode,
-                e.uid,
-                e.gid,
-                e.size,
-                e.rdev,
-                e.nlink,
-                e.mtime,
-                e.atime,
-                e.sha256,
-                e.target.as_ref().map(|t| t.escape_ascii().to_string()),
-                e.errors
-            )
-        };
-        let (ws, gs) = (show(w), show(g));
-        if ws != gs {
-            out.push(format!("{path}:\n  sent:     {ws}\n  received: {gs}"));
-        }
-        if wl[p] != gl[p] {
-            out.push(format!(
-                "{path}: hard links {:?} sent, {:?} received",
-                wl[p].iter().map(|x| display_path(x)).collect::<Vec<_>>(),
-                gl[p].iter().map(|x| display_path(x)).collect::<Vec<_>>()
-            ));
-        }
-    }
-    out
-}
-
 fn assert_same(src: &Source, snap: &str, root: &Path, how: &str) {
     let got = Manifest::capture(root).unwrap();
-    let d = differences(&src.snaps[snap].1, &got);
+    let d = src.snaps[snap].1.sent_differences(&got);
     assert!(d.is_empty(), "{snap} through {how}:\n{}", d.join("\n"));
 }
 
@@ -269,7 +212,7 @@ fn received_streams_match_the_kernels_snapshots() {
     let dir = TempDir::new("receive-image").unwrap();
     let src = make_source(&dir);
     // The comparison sees what changed between the snapshots.
-    let changed = differences(&src.snaps["snap1"].1, &src.snaps["snap2"].1);
+    let changed = src.snaps["snap1"].1.sent_differences(&src.snaps["snap2"].1);
     assert!(
         changed.len() > 10,
         "snap1 and snap2 compare equal: {changed:?}"

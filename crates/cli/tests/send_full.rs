@@ -10,9 +10,7 @@
 
 use oleo_testkit::cmd::{btrfs_in, require_tools, sh_ok};
 use oleo_testkit::env::{find_in_path, skip};
-use oleo_testkit::manifest::display_path;
-use oleo_testkit::{empty_image, oleo_mkfs, require_root, Entry, KernelMount, Manifest, TempDir};
-use std::collections::BTreeSet;
+use oleo_testkit::{empty_image, oleo_mkfs, require_root, KernelMount, Manifest, TempDir};
 use std::path::{Path, PathBuf};
 use std::process::{Command as Cmd, Output};
 
@@ -93,52 +91,9 @@ fn oleo_ok(args: &[&str]) -> Output {
     o
 }
 
-/// What a stream carries of an entry (ctime, inode numbers and blocks are the receiver's).
-fn sent_part(e: &Entry) -> String {
-    let xattrs: Vec<String> = e
-        .xattrs
-        .iter()
-        .map(|(k, v)| format!("{}={}", k.escape_ascii(), v.escape_ascii()))
-        .collect();
-    format!(
-        "{:?} mode {:o} owner {}:{} size {} rdev {:#x} nlink {} mtime {} atime {} sha {:?} \
-         target {:?} xattrs {xattrs:?} errors {:?}",
-        e.kind,
-        e.mode,
-        e.uid,
-        e.gid,
-        e.size,
-        e.rdev,
-        e.nlink,
-        e.mtime,
-        e.atime,
-        e.sha256,
-        e.target.as_ref().map(|t| t.escape_ascii().to_string()),
-        e.errors
-    )
-}
-
 fn assert_same(want: &Manifest, root: &Path, how: &str) {
     let got = Manifest::capture(root).unwrap();
-    let (wl, gl) = (want.link_groups(), &got.link_groups());
-    let mut diffs = Vec::new();
-    let paths: BTreeSet<&Vec<u8>> = want.entries.keys().chain(got.entries.keys()).collect();
-    for p in paths {
-        let path = display_path(p);
-        match (want.entries.get(p), got.entries.get(p)) {
-            (Some(w), Some(g)) => {
-                let (ws, gs) = (sent_part(w), sent_part(g));
-                if ws != gs {
-                    diffs.push(format!("{path}:\n  sent:     {ws}\n  received: {gs}"));
-                }
-                if wl[p] != gl[p] {
-                    diffs.push(format!("{path}: hard links differ"));
-                }
-            }
-            (Some(_), None) => diffs.push(format!("{path}: not received")),
-            _ => diffs.push(format!("{path}: received, never sent")),
-        }
-    }
+    let diffs = want.sent_differences(&got);
     assert!(diffs.is_empty(), "{how}:\n{}", diffs.join("\n"));
 }
 

@@ -448,6 +448,64 @@ impl Manifest {
             .collect()
     }
 
+    /// What a tree received from a send stream of `self` differs in, a line per path:
+    /// everything a stream carries (type, mode, owner, size, rdev, link count and hard-link
+    /// groups, times but ctime, content, symlink target, xattrs); inode numbers, ctime and
+    /// block counts are the receiver's own.
+    pub fn sent_differences(&self, got: &Manifest) -> Vec<String> {
+        fn sent_part(e: &Entry) -> String {
+            let xattrs: Vec<String> = e
+                .xattrs
+                .iter()
+                .map(|(k, v)| format!("{}={}", k.escape_ascii(), v.escape_ascii()))
+                .collect();
+            format!(
+                "{:?} mode {:o} owner {}:{} size {} rdev {:#x} nlink {} mtime {} atime {} \
+                 sha {:?} target {:?} xattrs {xattrs:?} errors {:?}",
+                e.kind,
+                e.mode,
+                e.uid,
+                e.gid,
+                e.size,
+                e.rdev,
+                e.nlink,
+                e.mtime,
+                e.atime,
+                e.sha256,
+                e.target.as_ref().map(|t| t.escape_ascii().to_string()),
+                e.errors
+            )
+        }
+        let (wl, gl) = (self.link_groups(), got.link_groups());
+        let paths: std::collections::BTreeSet<&Vec<u8>> =
+            self.entries.keys().chain(got.entries.keys()).collect();
+        let mut out = Vec::new();
+        for p in paths {
+            let path = display_path(p);
+            let (Some(w), Some(g)) = (self.entries.get(p), got.entries.get(p)) else {
+                let side = if self.entries.contains_key(p) {
+                    "sent"
+                } else {
+                    "received"
+                };
+                out.push(format!("{path}: only in the {side} tree"));
+                continue;
+            };
+            let (ws, gs) = (sent_part(w), sent_part(g));
+            if ws != gs {
+                out.push(format!("{path}:\n  sent:     {ws}\n  received: {gs}"));
+            }
+            if wl[p] != gl[p] {
+                out.push(format!(
+                    "{path}: hard links {:?} sent, {:?} received",
+                    wl[p].iter().map(|x| display_path(x)).collect::<Vec<_>>(),
+                    gl[p].iter().map(|x| display_path(x)).collect::<Vec<_>>()
+                ));
+            }
+        }
+        out
+    }
+
     /// Walks everything under `root` (which is included, as path ""). Symlinks are not
     /// followed; subvolumes, snapshots and their placeholder directories are descended into
     /// like any directory. Problems with single paths are recorded in their entries (so a
