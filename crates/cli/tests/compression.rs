@@ -69,7 +69,9 @@ fn session(dir: &Path, src: &Path) -> Vec<(String, bool, String)> {
         "setfattr -x btrfs.compression pd && lsattr -d pd | cut -c1-22".into(),
         "touch cn && chattr +C cn && setfattr -n btrfs.compression -v zstd cn".into(),
         format!("dd if=text of=pover {DD} && sync && dd if={s}/noise of=pover bs=4096 seek=10 count=3 conv=notrunc 2>/dev/null && md5sum pover"),
-        format!("dd if=text of=ptrunc {DD} && sync && truncate -s 69632 ptrunc && md5sum ptrunc"),
+        // One write of one extent's worth: a truncation keeps the whole first extent, and
+        // where writeback (the kernel's, under load) cut a longer file is not ours to test.
+        "dd if=text of=ptrunc bs=128k count=1 status=none && sync && truncate -s 69632 ptrunc && md5sum ptrunc".into(),
         // FICLONE does not pass FUSE: cp clones through copy_file_range.
         "cp --reflink=auto text refl && dd if=zeros of=refl bs=4096 seek=40 count=2 conv=notrunc 2>/dev/null && md5sum refl text".into(),
         // Appends on 128 KiB boundaries, of data that compresses: the kernel cuts extents
