@@ -10,6 +10,9 @@
 //! Preallocated ranges are sent as zeros in protocol 1 and as FALLOCATE in protocol 2.
 //! Extents shared inside the snapshot (reflinks) are sent as plain writes.
 
+mod data;
+mod full;
+
 use crate::subvolume::{open, shown, subvolume_at};
 use oleo::format::send_stream::{Command, StreamWriter, Timespec};
 use oleo::{Attr, FileKind, Filesystem, InodeId};
@@ -212,111 +215,6 @@ impl<W: Write> Sender<'_, W> {
             .map_err(|e| format!("{}: {e}", show(path)))
     }
 
-    /// Directory `id` at `path` ("" for the snapshot's root, which the stream's SUBVOL
-    /// makes): created, its xattrs, its entries, then its owner, mode and times.
-    fn directory(&mut self, id: InodeId, path: Vec<u8>) -> Result<(), String> {
-        let attr = self.attr(id, &path)?;
-        if !path.is_empty() {
-            self.cmd(&Command::Mkdir {
-                path: path.clone(),
-                ino: id.ino,
-            })?;
-        }
-        self.xattrs(id, &path, Xattrs::First)?;
-        let mut entries = Vec::new();
-        self.fs
-            .readdir(id, 0, &mut |e| {
-                if e.name != b"." && e.name != b".." {
-                    entries.push(e);
-                }
-                true
-            })
-            .map_err(|e| format!("{}: {e}", show(&path)))?;
-        for e in entries {
-            // A subvolume's entry (in a snapshot, an empty directory standing in for it)
-            // is no inode of this tree: the kernel sends nothing for it.
-            if e.id.subvol != self.subvol
-                || e.id.ino == oleo::format::key::objectid::EMPTY_SUBVOL_DIR
-            {
-                continue;
-            }
-            let p = child(&path, &e.name);
-            // Receivers make each path with one system call: longer ones cannot be made
-            // (and the walk's depth stays bounded).
-            if p.len() >= PATH_MAX {
-                return Err(format!(
-                    "{}...: a path of {} bytes, longer than a receiver can make",
-                    show(&p[..64]),
-                    p.len()
-                ));
-            }
-            if e.kind == FileKind::Dir {
-                self.directory(e.id, p)?;
-            } else {
-                self.non_directory(e.id, p)?;
-            }
-        }
-        self.finish(id, &path, &attr)
-    }
-
-    fn non_directory(&mut self, id: InodeId, path: Vec<u8>) -> Result<(), String> {
-        if let Some(first) = self.links.get(&id.ino) {
-            let link = first.clone();
-            return self.cmd(&Command::Link { path, link });
-        }
-        let attr = self.attr(id, &path)?;
-        if attr.nlink > 1 {
-            self.links.insert(id.ino, path.clone());
-        }
-        let ino = id.ino;
-        let p = path.clone();
-        let mode = u64::from(attr.mode);
-        let create = match attr.kind {
-            FileKind::File => Command::Mkfile { path: p, ino },
-            FileKind::Symlink => {
-                let target = self
-                    .fs
-                    .readlink(id)
-                    .map_err(|e| format!("{}: {e}", show(&path)))?;
-                Command::Symlink {
-                    path: p,
-                    ino,
-                    target,
-                }
-            }
-            FileKind::CharDev | FileKind::BlockDev => Command::Mknod {
-                path: p,
-                ino,
-                mode,
-                rdev: encode_dev(attr.rdev),
-            },
-            FileKind::Fifo => Command::Mkfifo {
-                path: p,
-                ino,
-                mode: Some(mode),
-                rdev: Some(0),
-            },
-            FileKind::Socket => Command::Mksock {
-                path: p,
-                ino,
-                mode: Some(mode),
-                rdev: Some(0),
-            },
-            FileKind::Dir => {
-                return Err(format!(
-                    "{}: its directory entry does not say it is a directory",
-                    show(&path)
-                ))
-            }
-        };
-        self.cmd(&create)?;
-        self.xattrs(id, &path, Xattrs::First)?;
-        if attr.kind == FileKind::File {
-            self.data(id, &path, attr.size)?;
-        }
-        self.finish(id, &path, &attr)
-    }
-
     /// SET_XATTR for each xattr of `which` part. security.capability goes in both: the
     /// writes and chown that come between clear it on the receiver.
     fn xattrs(&mut self, id: InodeId, path: &[u8], which: Xattrs) -> Result<(), String> {
@@ -340,73 +238,6 @@ impl<W: Write> Sender<'_, W> {
                 path: path.to_vec(),
                 name,
                 data,
-            })?;
-        }
-        Ok(())
-    }
-
-    /// The file's data: WRITEs of what its extents hold, zeros or FALLOCATE for
-    /// preallocated ranges, nothing for holes; a TRUNCATE when the last range sent does
-    /// not end at the size.
-    fn data(&mut self, id: InodeId, path: &[u8], size: u64) -> Result<(), String> {
-        let err = |e: oleo::Error| format!("{}: {e}", show(path));
-        let extents = self.fs.file_extents(id).map_err(err)?;
-        let mut end_sent = 0u64;
-        for x in extents {
-            let start = x.file_offset.max(end_sent);
-            let end = x.file_offset.saturating_add(x.len).min(size);
-            if start >= end {
-                continue;
-            }
-            if x.prealloc {
-                if self.w.version() >= 2 {
-                    self.cmd(&Command::Fallocate {
-                        path: path.to_vec(),
-                        mode: 0,
-                        offset: start,
-                        len: end - start,
-                    })?;
-                } else {
-                    let zeros = vec![0u8; self.read_size];
-                    let mut off = start;
-                    while off < end {
-                        let n = (end - off).min(self.read_size as u64) as usize;
-                        self.cmd(&Command::Write {
-                            path: path.to_vec(),
-                            offset: off,
-                            data: zeros[..n].to_vec(),
-                        })?;
-                        off += n as u64;
-                    }
-                }
-                end_sent = end;
-                continue;
-            }
-            let mut off = start;
-            while off < end {
-                let want = (end - off).min(BIG_READ) as u32;
-                let buf = self.fs.read(id, off, want).map_err(err)?;
-                if buf.is_empty() {
-                    return Err(format!(
-                        "{}: no data at offset {off} of a {size}-byte file",
-                        show(path)
-                    ));
-                }
-                for (i, chunk) in buf.chunks(self.read_size).enumerate() {
-                    self.cmd(&Command::Write {
-                        path: path.to_vec(),
-                        offset: off + (i * self.read_size) as u64,
-                        data: chunk.to_vec(),
-                    })?;
-                }
-                off += buf.len() as u64;
-            }
-            end_sent = off;
-        }
-        if end_sent != size {
-            self.cmd(&Command::Truncate {
-                path: path.to_vec(),
-                size,
             })?;
         }
         Ok(())

@@ -1,0 +1,113 @@
+//! A full stream: every inode of the snapshot made at its final path, parents first.
+
+use super::{child, encode_dev, show, Sender, Xattrs, PATH_MAX};
+use oleo::format::send_stream::Command;
+use oleo::{FileKind, InodeId};
+use std::io::Write;
+
+impl<W: Write> Sender<'_, W> {
+    /// Directory `id` at `path` ("" for the snapshot's root, which the stream's SUBVOL
+    /// makes): created, its xattrs, its entries, then its owner, mode and times.
+    pub(super) fn directory(&mut self, id: InodeId, path: Vec<u8>) -> Result<(), String> {
+        let attr = self.attr(id, &path)?;
+        if !path.is_empty() {
+            self.cmd(&Command::Mkdir {
+                path: path.clone(),
+                ino: id.ino,
+            })?;
+        }
+        self.xattrs(id, &path, Xattrs::First)?;
+        let mut entries = Vec::new();
+        self.fs
+            .readdir(id, 0, &mut |e| {
+                if e.name != b"." && e.name != b".." {
+                    entries.push(e);
+                }
+                true
+            })
+            .map_err(|e| format!("{}: {e}", show(&path)))?;
+        for e in entries {
+            // A subvolume's entry (in a snapshot, an empty directory standing in for it)
+            // is no inode of this tree: the kernel sends nothing for it.
+            if e.id.subvol != self.subvol
+                || e.id.ino == oleo::format::key::objectid::EMPTY_SUBVOL_DIR
+            {
+                continue;
+            }
+            let p = child(&path, &e.name);
+            // Receivers make each path with one system call: longer ones cannot be made
+            // (and the walk's depth stays bounded).
+            if p.len() >= PATH_MAX {
+                return Err(format!(
+                    "{}...: a path of {} bytes, longer than a receiver can make",
+                    show(&p[..64]),
+                    p.len()
+                ));
+            }
+            if e.kind == FileKind::Dir {
+                self.directory(e.id, p)?;
+            } else {
+                self.non_directory(e.id, p)?;
+            }
+        }
+        self.finish(id, &path, &attr)
+    }
+
+    pub(super) fn non_directory(&mut self, id: InodeId, path: Vec<u8>) -> Result<(), String> {
+        if let Some(first) = self.links.get(&id.ino) {
+            let link = first.clone();
+            return self.cmd(&Command::Link { path, link });
+        }
+        let attr = self.attr(id, &path)?;
+        if attr.nlink > 1 {
+            self.links.insert(id.ino, path.clone());
+        }
+        let ino = id.ino;
+        let p = path.clone();
+        let mode = u64::from(attr.mode);
+        let create = match attr.kind {
+            FileKind::File => Command::Mkfile { path: p, ino },
+            FileKind::Symlink => {
+                let target = self
+                    .fs
+                    .readlink(id)
+                    .map_err(|e| format!("{}: {e}", show(&path)))?;
+                Command::Symlink {
+                    path: p,
+                    ino,
+                    target,
+                }
+            }
+            FileKind::CharDev | FileKind::BlockDev => Command::Mknod {
+                path: p,
+                ino,
+                mode,
+                rdev: encode_dev(attr.rdev),
+            },
+            FileKind::Fifo => Command::Mkfifo {
+                path: p,
+                ino,
+                mode: Some(mode),
+                rdev: Some(0),
+            },
+            FileKind::Socket => Command::Mksock {
+                path: p,
+                ino,
+                mode: Some(mode),
+                rdev: Some(0),
+            },
+            FileKind::Dir => {
+                return Err(format!(
+                    "{}: its directory entry does not say it is a directory",
+                    show(&path)
+                ))
+            }
+        };
+        self.cmd(&create)?;
+        self.xattrs(id, &path, Xattrs::First)?;
+        if attr.kind == FileKind::File {
+            self.data(id, &path, attr.size)?;
+        }
+        self.finish(id, &path, &attr)
+    }
+}
