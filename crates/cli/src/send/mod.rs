@@ -74,24 +74,74 @@ pub struct SendArgs {
 }
 
 pub fn run(a: &SendArgs) -> Result<(), String> {
-    if let Some(p) = &a.parent {
-        return Err(format!(
-            "incremental send (-p {}) is not implemented yet",
-            shown(p)
-        ));
-    }
-    if let Some(c) = a.clone_src.first() {
-        return Err(format!(
-            "clone sources (-c {}) are not implemented yet",
-            shown(c)
-        ));
-    }
     let _ = a.quiet;
     if a.file.is_none() && std::io::stdout().is_terminal() {
         return Err("not dumping send stream into a terminal, redirect it into a file".into());
     }
     let fs = open(&a.image, true)?;
-    let subvol = subvolume_at(&fs, &a.snapshot)?;
+    let opts = StreamOptions {
+        snapshots: vec![a.snapshot.clone()],
+        parent: a.parent.clone(),
+        clone_sources: a.clone_src.clone(),
+        proto: a.proto,
+        compressed: false,
+    };
+    check(&fs, &opts)?;
+    // The stream file is made only once the snapshot is known to be sendable; a send
+    // that fails takes it away again, as nobody should receive half a stream.
+    let mut out: Box<dyn Write> = match &a.file {
+        Some(f) => Box::new(
+            std::fs::File::create(f).map_err(|e| format!("cannot create {}: {e}", f.display()))?,
+        ),
+        None => Box::new(std::io::stdout().lock()),
+    };
+    let sent = stream(&fs, &opts, &mut out);
+    if let (Err(_), Some(f)) = (&sent, &a.file) {
+        let _ = std::fs::remove_file(f);
+    }
+    sent
+}
+
+/// What one `btrfs send` sends: the options that shape the stream. Paths are from the
+/// filesystem's top level.
+pub struct StreamOptions {
+    /// The read-only snapshots, one after the other in one stream.
+    pub snapshots: Vec<String>,
+    /// `-p`: the snapshot the receiver has, for an incremental stream.
+    pub parent: Option<String>,
+    /// `-c`: snapshots the receiver has, whose extents the stream may clone.
+    pub clone_sources: Vec<String>,
+    /// The protocol version, 1 or 2.
+    pub proto: u32,
+    /// `--compressed-data` (protocol 2): compressed extents as ENCODED_WRITEs.
+    pub compressed: bool,
+}
+
+/// Refuses what cannot be sent before anything is written: snapshots that are missing or
+/// writable, and options not implemented.
+pub fn check(fs: &Filesystem, o: &StreamOptions) -> Result<(), String> {
+    if let Some(p) = &o.parent {
+        return Err(format!(
+            "incremental send (-p {}) is not implemented yet",
+            shown(p)
+        ));
+    }
+    if let Some(c) = o.clone_sources.first() {
+        return Err(format!(
+            "clone sources (-c {}) are not implemented yet",
+            shown(c)
+        ));
+    }
+    for s in &o.snapshots {
+        snapshot(fs, s)?;
+    }
+    Ok(())
+}
+
+/// The subvolume at `path`, its root directory and its SUBVOL command; an error if it
+/// is not a read-only subvolume.
+fn snapshot(fs: &Filesystem, path: &str) -> Result<(u64, InodeId, Command), String> {
+    let subvol = subvolume_at(fs, path)?;
     let info = fs
         .list_subvolumes()
         .map_err(|e| e.to_string())?
@@ -99,34 +149,38 @@ pub fn run(a: &SendArgs) -> Result<(), String> {
         .find(|s| s.id == subvol)
         .ok_or_else(|| format!("subvolume {subvol} is not listed"))?;
     if !info.readonly {
-        return Err(format!("subvolume {} is not read-only", shown(&a.snapshot)));
+        return Err(format!("subvolume {} is not read-only", shown(path)));
     }
     let root = fs
-        .resolve_path(fs.root(), a.snapshot.trim_matches('/').as_bytes())
-        .map_err(|e| format!("{}: {e}", shown(&a.snapshot)))?;
-    // The stream file is made only once the snapshot is known to be sendable; a send
-    // that fails takes it away again, as nobody should receive half a stream.
-    let out: Box<dyn Write> = match &a.file {
-        Some(f) => Box::new(
-            std::fs::File::create(f).map_err(|e| format!("cannot create {}: {e}", f.display()))?,
-        ),
-        None => Box::new(std::io::stdout().lock()),
-    };
+        .resolve_path(fs.root(), path.trim_matches('/').as_bytes())
+        .map_err(|e| format!("{}: {e}", shown(path)))?;
     let uuid = if info.received_uuid != [0; 16] {
         info.received_uuid
     } else {
         info.uuid
     };
-    let subvol_cmd = Command::Subvol {
+    let cmd = Command::Subvol {
         path: info.name,
         uuid,
         ctransid: info.ctransid,
     };
-    let sent = send(&fs, subvol, root, subvol_cmd, a.proto, out);
-    if let (Err(_), Some(f)) = (&sent, &a.file) {
-        let _ = std::fs::remove_file(f);
+    Ok((subvol, root, cmd))
+}
+
+/// Writes the stream `o` describes to `out` (`check` first).
+pub fn stream(fs: &Filesystem, o: &StreamOptions, out: &mut dyn Write) -> Result<(), String> {
+    check(fs, o)?;
+    if o.compressed && o.proto < 2 {
+        return Err("--compressed-data needs --proto 2".into());
     }
-    sent
+    let Some(first) = o.snapshots.first() else {
+        return Err("no snapshot to send".into());
+    };
+    if o.snapshots.len() > 1 {
+        return Err("sending several snapshots in one stream is not implemented yet".into());
+    }
+    let (subvol, root, cmd) = snapshot(fs, first)?;
+    send(fs, subvol, root, cmd, o.proto, out)
 }
 
 /// Writes the whole stream of the subvolume whose root directory is `root` to `out`.
@@ -136,7 +190,7 @@ fn send(
     root: InodeId,
     subvol_cmd: Command,
     proto: u32,
-    out: Box<dyn Write>,
+    out: &mut dyn Write,
 ) -> Result<(), String> {
     let out = std::io::BufWriter::with_capacity(1 << 20, out);
     let w = StreamWriter::new(out, proto).map_err(|e| format!("writing the stream: {e}"))?;
@@ -154,7 +208,7 @@ fn send(
     s.cmd(&subvol_cmd)?;
     s.directory(root, Vec::new())?;
     s.cmd(&Command::End)?;
-    let mut out =
+    let out =
         s.w.into_inner()
             .into_inner()
             .map_err(|e| format!("writing the stream: {}", e.error()))?;
