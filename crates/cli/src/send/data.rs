@@ -11,12 +11,34 @@ impl<W: Write> Sender<'_, W> {
     /// preallocated ranges, nothing for holes; a TRUNCATE when the last range sent does
     /// not end at the size.
     pub(super) fn data(&mut self, id: InodeId, path: &[u8], size: u64) -> Result<(), String> {
+        let end_sent = self.data_range(id, path, 0, size, size)?;
+        if end_sent != size {
+            self.cmd(&Command::Truncate {
+                path: path.to_vec(),
+                size,
+            })?;
+        }
+        Ok(())
+    }
+
+    /// The data of `[from, to)` of a file of `size` bytes, as `data` sends it, without the
+    /// TRUNCATE: holes in it are skipped (the receiver must already have them as holes or
+    /// zeros). Returns the end of the last range sent (`from` if none).
+    pub(super) fn data_range(
+        &mut self,
+        id: InodeId,
+        path: &[u8],
+        from: u64,
+        to: u64,
+        size: u64,
+    ) -> Result<u64, String> {
         let err = |e: oleo::Error| format!("{}: {e}", show(path));
         let extents = self.fs.file_extents(id).map_err(err)?;
-        let mut end_sent = 0u64;
+        let to = to.min(size);
+        let mut end_sent = from;
         for x in extents {
             let start = x.file_offset.max(end_sent);
-            let end = x.file_offset.saturating_add(x.len).min(size);
+            let end = x.file_offset.saturating_add(x.len).min(to);
             if start >= end {
                 continue;
             }
@@ -65,12 +87,6 @@ impl<W: Write> Sender<'_, W> {
             }
             end_sent = off;
         }
-        if end_sent != size {
-            self.cmd(&Command::Truncate {
-                path: path.to_vec(),
-                size,
-            })?;
-        }
-        Ok(())
+        Ok(end_sent)
     }
 }

@@ -170,6 +170,18 @@ pub struct ExtentInfo {
     pub prealloc: bool,
     /// How the extent's data is compressed on disk (`None` for plain data).
     pub compression: Compression,
+    /// The item's disk extent: where it starts (0 for inline data) and how long it is on
+    /// disk. Two ranges are the same data when these and `extent_offset` match.
+    pub disk_bytenr: u64,
+    /// Length of the disk extent on disk (compressed size for compressed extents; the
+    /// inline item's data length for inline data).
+    pub disk_num_bytes: u64,
+    /// Where in the disk extent's (uncompressed) bytes this range starts.
+    pub extent_offset: u64,
+    /// Bytes the disk extent holds uncompressed (ram_bytes).
+    pub ram_bytes: u64,
+    /// The transaction that wrote the item.
+    pub generation: u64,
 }
 
 impl FsCore {
@@ -197,6 +209,11 @@ impl FsCore {
                         inline: true,
                         prealloc: false,
                         compression: fe.compression,
+                        disk_bytenr: 0,
+                        disk_num_bytes: data.len() as u64,
+                        extent_offset: 0,
+                        ram_bytes: fe.ram_bytes,
+                        generation: fe.generation,
                     },
                     FileExtentBody::Extent { disk_bytenr: 0, .. } => {
                         return Ok(ControlFlow::Continue(()))
@@ -204,9 +221,9 @@ impl FsCore {
                     FileExtentBody::Extent {
                         prealloc,
                         disk_bytenr,
+                        disk_num_bytes,
                         offset,
                         num_bytes,
-                        ..
                     } => ExtentInfo {
                         file_offset: key.offset,
                         len: num_bytes,
@@ -219,6 +236,11 @@ impl FsCore {
                         inline: false,
                         prealloc,
                         compression: fe.compression,
+                        disk_bytenr,
+                        disk_num_bytes,
+                        extent_offset: offset,
+                        ram_bytes: fe.ram_bytes,
+                        generation: fe.generation,
                     },
                 };
                 out.push(info);
