@@ -37,6 +37,8 @@ pub struct Keeper(#[allow(dead_code)] Option<(Child, UnixStream)>);
 const FUSE_DEV: &str = "/dev/fuse";
 
 pub fn mount(mountpoint: &Path, o: &FuseOptions) -> Result<Mounted, String> {
+    // The server this mount gets serves `oleo send` and `oleo receive` with the CLI's code.
+    crate::mount_stream::register();
     if !Path::new(FUSE_DEV).exists() {
         return Err(format!(
             "{FUSE_DEV} does not exist: load the FUSE module (modprobe fuse), or in a \

@@ -10,7 +10,9 @@ mod guard;
 mod logging;
 mod mkfs;
 mod mount;
+mod mount_stream;
 mod on_mount;
+mod progress;
 mod property;
 mod receive;
 mod rootdir;
@@ -80,8 +82,15 @@ fn main() -> ExitCode {
             .next()
             .is_some_and(|n| n.starts_with("mount."))
     });
-    let bare_mount =
-        args.len() >= 3 && !args[1].starts_with('-') && std::path::Path::new(&args[2]).is_dir();
+    // `oleo send MNT/SNAP` has a directory second too: a subcommand's name is no SOURCE.
+    let verb = |a: &str| {
+        use clap::CommandFactory;
+        Cli::command().get_subcommands().any(|c| c.get_name() == a)
+    };
+    let bare_mount = args.len() >= 3
+        && !args[1].starts_with('-')
+        && !verb(&args[1])
+        && std::path::Path::new(&args[2]).is_dir();
     if helper || bare_mount {
         logging::init();
         return mount::run_helper(&args[1..]);

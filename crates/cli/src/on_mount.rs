@@ -11,7 +11,7 @@ fn open(path: &Path) -> Result<File, String> {
 }
 
 /// One ioctl with `buf` as its argument (in and out).
-fn raw_ioctl(f: &File, c: u32, buf: &mut [u8]) -> std::io::Result<()> {
+pub fn raw_ioctl(f: &File, c: u32, buf: &mut [u8]) -> std::io::Result<()> {
     // SAFETY: `buf` is as long as the size encoded in `c`, and lives across the call.
     let r = unsafe { libc::ioctl(f.as_raw_fd(), c as libc::Ioctl, buf.as_mut_ptr()) };
     if r == 0 {
@@ -69,6 +69,8 @@ pub fn delete(dir: &Path, name: &str) -> Result<(), String> {
             format!("cannot delete {name}: it is the default subvolume or the mounted one")
         } else if e.ends_with("(os error 39)") {
             format!("cannot delete {name}: it holds other subvolumes")
+        } else if e.ends_with("(os error 1)") {
+            format!("cannot delete {name}: not permitted (is it being sent?)")
         } else {
             e
         }
@@ -143,7 +145,13 @@ fn push_file(path: &Path) -> Result<(), String> {
 pub fn set_readonly(path: &Path, readonly: bool, force: bool) -> Result<(), String> {
     subvolume_root(path)?;
     let flags = (u64::from(readonly) * cmd::RO) | (u64::from(force) * cmd::FORCE);
-    ioctl(&open(path)?, path, cmd::SET_FLAGS, &mut flags.to_le_bytes())
+    ioctl(&open(path)?, path, cmd::SET_FLAGS, &mut flags.to_le_bytes()).map_err(|e| {
+        if e.ends_with("(os error 1)") && !readonly {
+            format!("{}: not permitted (is it being sent?)", path.display())
+        } else {
+            e
+        }
+    })
 }
 
 /// Makes subvolume `id` the default of the filesystem `path` is on.

@@ -347,7 +347,7 @@ fn refused_and_cut_streams_leave_the_image_consistent() {
     );
     check_clean(&img, "a refused SUBVOL");
 
-    // Without --image: a mount, which is not there yet.
+    // Without --image DIR must be on an oleo mount: a plain directory is refused.
     let o = Cmd::new(OLEO)
         .args(["receive", "-f"])
         .arg(&src.streams["full.v1"])
@@ -356,7 +356,7 @@ fn refused_and_cut_streams_leave_the_image_consistent() {
         .unwrap();
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(
-        !o.status.success() && err.contains("not implemented"),
+        !o.status.success() && err.contains("not on a mounted oleo filesystem"),
         "{err}"
     );
 }

@@ -73,6 +73,7 @@ mod listings;
 mod nodeid;
 mod ops;
 mod space_guard;
+mod stream_ops;
 pub mod subvol_ioctl;
 mod subvol_ops;
 pub mod transport;
@@ -88,6 +89,7 @@ use transport::{abi, Errno};
 
 pub use ops::init_flags;
 pub use space_guard::NotifierSlot;
+pub use stream_ops::{set_stream_handler, Note, ReceiveJob, SendJob, StreamHandler};
 pub use transport::{Access, Session};
 
 /// The image cannot change under a read-only mount, so the kernel may cache for as long as

@@ -1026,3 +1026,268 @@ pub fn scrub_progress(c: &[u64; SCRUB_COUNTERS]) -> oleo::ScrubProgress {
         last_physical: c[14],
     }
 }
+
+/// Size of SEND's and RECEIVE's argument and answer (`SendRequest`, `ReceiveRequest`,
+/// `StreamReply`).
+pub const STREAM_SIZE: usize = 8192;
+/// On any file: write the send stream of subvolumes to the caller's FIFO (`SendRequest`);
+/// answers with a `StreamReply` once the stream is written. A send stream cannot pass
+/// through a fixed-size buffer, so it goes through a FIFO the caller owns and reads.
+pub const SEND: u32 = ioc(READ | WRITE, 14, STREAM_SIZE);
+/// On a directory: receive the send stream read from the caller's FIFO into it
+/// (`ReceiveRequest`); answers with a `StreamReply` once it is applied.
+pub const RECEIVE: u32 = ioc(READ | WRITE, 15, STREAM_SIZE);
+/// Most subvolumes (snapshots and clone sources together) one `SendRequest` names.
+pub const STREAM_SUBVOLS: usize = 64;
+/// Longest FIFO path, with its NUL.
+pub const FIFO_PATH: usize = 4096;
+/// Longest name of a stream's input in a `ReceiveRequest`, with its NUL.
+pub const INPUT_NAME: usize = 1024;
+/// `SendRequest` flag: compressed extents as ENCODED_WRITEs (protocol 2).
+pub const SEND_COMPRESSED: u64 = 1;
+/// `ReceiveRequest` flag: stop after the first END (`btrfs receive -e`).
+pub const RECEIVE_END: u64 = 1;
+/// `ReceiveRequest` flag: no "At subvol" lines.
+pub const RECEIVE_QUIET: u64 = 2;
+
+const SEND_IDS: usize = 32;
+const SEND_FIFO: usize = SEND_IDS + STREAM_SUBVOLS * 8;
+const RECEIVE_FIFO: usize = 8;
+const RECEIVE_NAME: usize = RECEIVE_FIFO + FIFO_PATH;
+const _: () = assert!(SEND_FIFO + FIFO_PATH <= STREAM_SIZE);
+const _: () = assert!(RECEIVE_NAME + INPUT_NAME <= STREAM_SIZE);
+
+fn u32_at(b: &[u8], at: usize) -> u32 {
+    b.get(at..at + 4)
+        .and_then(|s| s.try_into().ok())
+        .map_or(0, u32::from_le_bytes)
+}
+
+/// SEND's argument: what `btrfs send` is asked for, subvolumes by id.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SendRequest {
+    /// The read-only snapshots to send, in order.
+    pub snapshots: Vec<u64>,
+    /// `-p`: the parent snapshot (0: a full send).
+    pub parent: u64,
+    /// `-c`: clone sources.
+    pub clone_sources: Vec<u64>,
+    /// Protocol version.
+    pub proto: u32,
+    /// `SEND_COMPRESSED`.
+    pub flags: u64,
+    /// The FIFO the stream goes to (no NUL).
+    pub fifo: Vec<u8>,
+}
+
+impl SendRequest {
+    /// None if too many subvolumes or the path does not fit.
+    pub fn to_bytes(&self) -> Option<Vec<u8>> {
+        let ids: Vec<u64> = self
+            .snapshots
+            .iter()
+            .chain(&self.clone_sources)
+            .copied()
+            .collect();
+        if ids.len() > STREAM_SUBVOLS {
+            return None;
+        }
+        let mut b = Vec::with_capacity(STREAM_SIZE);
+        b.extend_from_slice(&self.flags.to_le_bytes());
+        b.extend_from_slice(&self.proto.to_le_bytes());
+        b.extend_from_slice(&(self.snapshots.len() as u32).to_le_bytes());
+        b.extend_from_slice(&self.parent.to_le_bytes());
+        b.extend_from_slice(&(self.clone_sources.len() as u32).to_le_bytes());
+        b.resize(SEND_IDS, 0);
+        for id in ids {
+            b.extend_from_slice(&id.to_le_bytes());
+        }
+        b.resize(SEND_FIFO, 0);
+        put_c_str(&mut b, &self.fifo, FIFO_PATH)?;
+        b.resize(STREAM_SIZE, 0);
+        Some(b)
+    }
+
+    /// Reads an argument; None if its counts are out of range.
+    pub fn parse(b: &[u8]) -> Option<SendRequest> {
+        let (snaps, clones) = (u32_at(b, 12) as usize, u32_at(b, 24) as usize);
+        if snaps + clones > STREAM_SUBVOLS {
+            return None;
+        }
+        let id = |i: usize| u64_at(b, SEND_IDS + i * 8);
+        Some(SendRequest {
+            snapshots: (0..snaps).map(id).collect(),
+            parent: u64_at(b, 16),
+            clone_sources: (snaps..snaps + clones).map(id).collect(),
+            proto: u32_at(b, 8),
+            flags: u64_at(b, 0),
+            fifo: c_str(b.get(SEND_FIFO..SEND_FIFO + FIFO_PATH)?).to_vec(),
+        })
+    }
+}
+
+/// RECEIVE's argument.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ReceiveRequest {
+    /// `RECEIVE_END`, `RECEIVE_QUIET`.
+    pub flags: u64,
+    /// The FIFO the stream comes from (no NUL).
+    pub fifo: Vec<u8>,
+    /// How errors name the input ("FILE: ", or empty for standard input).
+    pub name: Vec<u8>,
+}
+
+impl ReceiveRequest {
+    /// None if the path does not fit (a long name is cut).
+    pub fn to_bytes(&self) -> Option<Vec<u8>> {
+        let mut b = Vec::with_capacity(STREAM_SIZE);
+        b.extend_from_slice(&self.flags.to_le_bytes());
+        put_c_str(&mut b, &self.fifo, FIFO_PATH)?;
+        let name: Vec<u8> = self.name.iter().copied().filter(|&c| c != 0).collect();
+        put_c_str(&mut b, &name[..name.len().min(INPUT_NAME - 1)], INPUT_NAME)?;
+        b.resize(STREAM_SIZE, 0);
+        Some(b)
+    }
+
+    /// Reads an argument (missing fields read as empty).
+    pub fn parse(b: &[u8]) -> ReceiveRequest {
+        let field = |at: usize, len: usize| c_str(b.get(at..at + len).unwrap_or_default()).to_vec();
+        ReceiveRequest {
+            flags: u64_at(b, 0),
+            fifo: field(RECEIVE_FIFO, FIFO_PATH),
+            name: field(RECEIVE_NAME, INPUT_NAME),
+        }
+    }
+}
+
+/// Which of the caller's outputs a line of a `StreamReply` is for.
+pub const STDOUT: u8 = 1;
+/// See [`STDOUT`].
+pub const STDERR: u8 = 2;
+
+/// SEND's and RECEIVE's answer: how it went, the lines the command prints (`btrfs
+/// receive`'s "At subvol" lines, warnings) and the error.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StreamReply {
+    /// The stream was sent or received whole.
+    pub ok: bool,
+    /// (`STDOUT` or `STDERR`, text without its newline), in order.
+    pub lines: Vec<(u8, Vec<u8>)>,
+    /// Why it failed (empty if `ok`).
+    pub error: Vec<u8>,
+}
+
+/// Room kept for the error in a `StreamReply`.
+const REPLY_ERROR: usize = 2048;
+const REPLY_HEADER: usize = 16;
+
+impl StreamReply {
+    /// The `STREAM_SIZE`-byte answer. What does not fit is cut: the error to its first
+    /// 2 KiB, then lines past the room left, the last line saying how many were left out.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let error = &self.error[..self.error.len().min(REPLY_ERROR)];
+        let room = STREAM_SIZE - REPLY_HEADER - error.len();
+        let mut body = Vec::new();
+        let mut n = 0u32;
+        for (i, (fd, text)) in self.lines.iter().enumerate() {
+            let left = self.lines.len() - i;
+            let note = format!("... {left} more lines");
+            // Room for this line and, after it, a note about the rest.
+            if body.len() + 5 + text.len() + 5 + note.len() > room {
+                body.push(STDERR);
+                body.extend_from_slice(&(note.len() as u32).to_le_bytes());
+                body.extend_from_slice(note.as_bytes());
+                n += 1;
+                break;
+            }
+            body.push(*fd);
+            body.extend_from_slice(&(text.len() as u32).to_le_bytes());
+            body.extend_from_slice(text);
+            n += 1;
+        }
+        let mut b = Vec::with_capacity(STREAM_SIZE);
+        b.extend_from_slice(&(if self.ok { 1u64 } else { 2u64 }).to_le_bytes());
+        b.extend_from_slice(&n.to_le_bytes());
+        b.extend_from_slice(&(error.len() as u32).to_le_bytes());
+        b.extend_from_slice(error);
+        b.extend_from_slice(&body);
+        b.resize(STREAM_SIZE, 0);
+        b
+    }
+
+    /// Reads an answer; None if the server did not fill it in.
+    pub fn parse(b: &[u8]) -> Option<StreamReply> {
+        let status = u64_at(b, 0);
+        if status != 1 && status != 2 {
+            return None;
+        }
+        let (n, elen) = (u32_at(b, 8) as usize, u32_at(b, 12) as usize);
+        let mut at = REPLY_HEADER;
+        let error = b.get(at..at + elen)?.to_vec();
+        at += elen;
+        let mut lines = Vec::new();
+        for _ in 0..n {
+            let fd = *b.get(at)?;
+            let len = u32_at(b, at + 1) as usize;
+            lines.push((fd, b.get(at + 5..at + 5 + len)?.to_vec()));
+            at += 5 + len;
+        }
+        Some(StreamReply {
+            ok: status == 1,
+            lines,
+            error,
+        })
+    }
+}
+
+#[cfg(test)]
+mod stream_tests {
+    use super::*;
+
+    #[test]
+    fn requests_and_replies_round_trip() {
+        let s = SendRequest {
+            snapshots: vec![257, 300],
+            parent: 258,
+            clone_sources: vec![259],
+            proto: 2,
+            flags: SEND_COMPRESSED,
+            fifo: b"/tmp/x/fifo".to_vec(),
+        };
+        assert_eq!(SendRequest::parse(&s.to_bytes().unwrap()), Some(s));
+        let r = ReceiveRequest {
+            flags: RECEIVE_END,
+            fifo: b"/tmp/y/fifo".to_vec(),
+            name: b"stream: ".to_vec(),
+        };
+        assert_eq!(ReceiveRequest::parse(&r.to_bytes().unwrap()), r);
+        let a = StreamReply {
+            ok: false,
+            lines: vec![(STDERR, b"At subvol s".to_vec()), (STDOUT, b"x".to_vec())],
+            error: b"bad".to_vec(),
+        };
+        assert_eq!(StreamReply::parse(&a.to_bytes()), Some(a));
+        assert_eq!(StreamReply::parse(&[0; STREAM_SIZE]), None);
+    }
+
+    #[test]
+    fn long_replies_are_cut_not_broken() {
+        let a = StreamReply {
+            ok: true,
+            lines: vec![(STDERR, vec![b'a'; 1000]); 20],
+            error: vec![b'e'; 5000],
+        };
+        let back = StreamReply::parse(&a.to_bytes()).unwrap();
+        assert_eq!(back.error.len(), REPLY_ERROR);
+        assert!(back.lines.len() < 20);
+        assert!(back.lines.last().unwrap().1.starts_with(b"... "));
+        let too_many = SendRequest {
+            snapshots: vec![1; STREAM_SUBVOLS + 1],
+            ..Default::default()
+        };
+        assert!(too_many.to_bytes().is_none());
+        let mut bad = vec![0u8; STREAM_SIZE];
+        bad[12..16].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert!(SendRequest::parse(&bad).is_none());
+    }
+}

@@ -31,6 +31,7 @@ impl OleoFuse {
             cmd::DEV_STATS,
         ]
         .contains(&c)
+            || OleoFuse::is_stream_ioctl(c)
     }
 
     /// Runs command `c` on `node` with the input `data`; the output bytes.
@@ -41,6 +42,9 @@ impl OleoFuse {
         c: u32,
         data: &[u8],
     ) -> Result<Vec<u8>, Errno> {
+        if OleoFuse::is_stream_ioctl(c) {
+            return self.stream_ioctl(req, node, c, data);
+        }
         let id = self.id(node)?;
         match c {
             cmd::SUBVOL_OF => {
@@ -66,6 +70,12 @@ impl OleoFuse {
             }
             cmd::DELETE => {
                 let name = cmd::parse_create_arg(data);
+                // Not while it is being sent (EPERM, as the kernel).
+                if let Ok(target) = self.fs.lookup(id, name) {
+                    if crate::stream_ops::is_sending(target.subvol) {
+                        return Err(Errno(libc::EPERM));
+                    }
+                }
                 self.mutate(|fs| fs.delete_subvolume(id, name))?;
                 self.entry_changed(node, name);
                 // The cleaner drops its tree soon (after the deletion is committed).
@@ -88,6 +98,9 @@ impl OleoFuse {
                     return Err(Errno(libc::EINVAL));
                 }
                 let flags = cmd::u64_arg(data);
+                if flags & cmd::RO == 0 && crate::stream_ops::is_sending(id.subvol) {
+                    return Err(Errno(libc::EPERM));
+                }
                 self.mutate(|fs| {
                     fs.set_subvolume_readonly(
                         id.subvol,
@@ -241,7 +254,7 @@ impl OleoFuse {
 
     /// The kernel may hold `name` in `dir` as absent, `dir`'s size and times, and its
     /// listing (CACHE_DIR keeps listings in the directory's page cache): all go.
-    fn entry_changed(&self, dir: u64, name: &[u8]) {
+    pub(crate) fn entry_changed(&self, dir: u64, name: &[u8]) {
         let Some(n) = self.notifier() else {
             return;
         };

@@ -17,6 +17,9 @@ use std::collections::HashMap;
 use std::io::{BufReader, Read};
 use std::path::Path;
 
+/// What a receive tells as it goes: lines to print, subvolumes made.
+pub use oleo_fuse::Note;
+
 const S_IFMT: u32 = 0o170000;
 
 pub struct Options {
@@ -28,9 +31,10 @@ pub struct Options {
 pub fn run(
     image: &Path,
     dir: &str,
-    input: Box<dyn Read>,
+    input: &mut dyn Read,
     name: &str,
     opts: &Options,
+    note: &mut dyn FnMut(Note),
 ) -> Result<(), String> {
     let fs = crate::subvolume::open(&image.to_path_buf(), false)?;
     let dest = crate::subvolume::resolve(&fs, dir)?;
@@ -38,14 +42,7 @@ pub fn run(
     if kind != FileKind::Dir {
         return Err(format!("{dir}: not a directory"));
     }
-    let mut r = Receiver {
-        fs: &fs,
-        dest,
-        cur: None,
-        quiet: opts.quiet,
-        found: HashMap::new(),
-    };
-    let received = r.receive_all(input, name, opts.honor_end);
+    let received = receive_into(&fs, dest, input, name, opts, note);
     // What was done is committed either way: a half-received subvolume stays, writable and
     // without received_uuid, as btrfs leaves it.
     let closed = fs
@@ -55,6 +52,35 @@ pub fn run(
         (Err(a), Err(b)) => Err(format!("{a}\n{b}")),
         (r, c) => r.and(c),
     }
+}
+
+/// Receives every stream of `input` (the first only with `honor_end`) into directory
+/// `dest` of `fs`, on an image or in a mount's server. `name` starts error messages
+/// about the input; `note` gets the lines to print and each subvolume made.
+pub fn receive_into(
+    fs: &Filesystem,
+    dest: InodeId,
+    input: &mut dyn Read,
+    name: &str,
+    opts: &Options,
+    note: &mut dyn FnMut(Note),
+) -> Result<(), String> {
+    let kind = fs
+        .getattr(dest)
+        .map_err(|e| format!("the destination: {e}"))?
+        .kind;
+    if kind != FileKind::Dir {
+        return Err("the destination is not a directory".into());
+    }
+    let mut r = Receiver {
+        fs,
+        dest,
+        cur: None,
+        quiet: opts.quiet,
+        found: HashMap::new(),
+        note,
+    };
+    r.receive_all(input, name, opts.honor_end)
 }
 
 /// The subvolume being received.
@@ -68,6 +94,8 @@ struct Current {
 
 struct Receiver<'a> {
     fs: &'a Filesystem,
+    /// Lines to print and subvolumes made.
+    note: &'a mut dyn FnMut(Note),
     dest: InodeId,
     cur: Option<Current>,
     quiet: bool,
@@ -107,7 +135,7 @@ impl Receiver<'_> {
     /// do_receive: an input that ends where a stream would start ends the receive.
     fn receive_all(
         &mut self,
-        input: Box<dyn Read>,
+        input: &mut dyn Read,
         name: &str,
         honor_end: bool,
     ) -> Result<(), String> {
@@ -218,7 +246,7 @@ impl Receiver<'_> {
         let id = match parent {
             None => {
                 if !self.quiet {
-                    eprintln!("At subvol {shown}");
+                    (self.note)(Note::Stderr(format!("At subvol {shown}")));
                 }
                 // SAFETY: getuid and getgid cannot fail.
                 let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
@@ -228,7 +256,7 @@ impl Receiver<'_> {
             }
             Some((puuid, ptransid)) => {
                 if !self.quiet {
-                    println!("At snapshot {shown}");
+                    (self.note)(Note::Stdout(format!("At snapshot {shown}")));
                 }
                 let source = self.find(puuid, ptransid, "parent subvolume")?;
                 self.fs
@@ -236,6 +264,10 @@ impl Receiver<'_> {
                     .map_err(|e| format!("snapshot of subvolume {source} as '{shown}': {e}"))?
             }
         };
+        (self.note)(Note::Made {
+            id,
+            name: name.to_vec(),
+        });
         self.cur = Some(Current {
             id,
             root: InodeId {
@@ -382,7 +414,7 @@ impl Receiver<'_> {
         if let Some(&id) = self.found.get(&(*uuid, transid)) {
             return Ok(id);
         }
-        let id = find_subvolume(self.fs, uuid, transid, what)?;
+        let id = find_subvolume(self.fs, uuid, transid, what, &mut *self.note)?;
         self.found.insert((*uuid, transid), id);
         Ok(id)
     }
@@ -396,6 +428,7 @@ fn find_subvolume(
     uuid: &[u8; 16],
     transid: u64,
     what: &str,
+    note: &mut dyn FnMut(Note),
 ) -> Result<u64, String> {
     let mut other = None;
     for received in [true, false] {
@@ -409,11 +442,11 @@ fn find_subvolume(
     }
     match other {
         Some((id, t)) => {
-            eprintln!(
+            note(Note::Stderr(format!(
                 "warning: {what} {} is subvolume {id} at transid {t}, the stream names \
                  transid {transid}; using it, as btrfs receive does",
                 uuid_string(uuid)
-            );
+            )));
             Ok(id)
         }
         None => Err(format!(

@@ -1,11 +1,14 @@
 //! `oleo receive`: `btrfs receive`. `--dump` prints a send stream (`dump`); `--image IMAGE
-//! DIR` applies it to an image or device nothing has mounted, through the engine (`apply`).
-//! Receiving into a mounted filesystem is not implemented yet.
+//! DIR` applies it to an image or device nothing has mounted, through the engine (`apply`);
+//! DIR alone is a directory on an oleo mount, whose server applies it with the same code
+//! (`crate::mount_stream`).
 
 mod apply;
 mod data;
 mod dump;
 
+pub use apply::{receive_into, Options};
+use oleo_fuse::Note;
 use std::io::Read;
 use std::path::PathBuf;
 
@@ -18,7 +21,7 @@ pub struct ReceiveArgs {
     #[arg(short = 'f', value_name = "FILE")]
     file: Option<PathBuf>,
     /// Image file or block device (not mounted) to receive into; DIR is then a directory
-    /// inside it, from its top level.
+    /// inside it, from its top level. Without it DIR is a directory on an oleo mount.
     #[arg(long, value_name = "IMAGE")]
     image: Option<PathBuf>,
     /// Stop after the first END command. Without it every stream of the input is received
@@ -30,10 +33,11 @@ pub struct ReceiveArgs {
     /// the filesystem, as btrfs finds them after its chroot.
     #[arg(short = 'C', long = "chroot")]
     chroot: bool,
-    /// Print nothing but errors.
+    /// Print nothing but errors (and no progress line on a terminal).
     #[arg(short = 'q', long)]
     quiet: bool,
-    /// Where the received subvolumes go: a directory (inside IMAGE with --image).
+    /// Where the received subvolumes go: a directory on an oleo mount, or inside IMAGE with
+    /// --image.
     #[arg(value_name = "DIR")]
     target: Option<PathBuf>,
 }
@@ -52,31 +56,40 @@ pub fn run(a: &ReceiveArgs) -> Result<(), String> {
     let Some(target) = &a.target else {
         return Err("give the directory to receive into (DIR), or --dump".into());
     };
+    let (input, name) = open_input(a)?;
     let Some(image) = &a.image else {
-        return Err(format!(
-            "receiving into a mounted filesystem ({}) is not implemented yet; receive into \
-             an unmounted image with --image IMAGE DIR",
-            target.display()
-        ));
+        return crate::mount_stream::receive(target, input, &name, a.end, a.quiet);
     };
     let dir = target
         .to_str()
         .ok_or_else(|| format!("{}: DIR must be valid UTF-8", target.display()))?;
-    let (input, name) = open_input(a)?;
     let opts = apply::Options {
         honor_end: a.end,
         quiet: a.quiet,
     };
-    apply::run(image, dir, input, &name, &opts)
+    let meter = crate::progress::Meter::new(a.quiet);
+    let mut input = meter.reader(input);
+    let mut note = |n: Note| match n {
+        Note::Stdout(s) => {
+            meter.clear();
+            println!("{s}");
+        }
+        Note::Stderr(s) => {
+            meter.clear();
+            eprintln!("{s}");
+        }
+        Note::Made { .. } => {}
+    };
+    apply::run(image, dir, &mut input, &name, &opts, &mut note)
 }
 
 /// The stream and how errors name it ("FILE: ", nothing for standard input).
-fn open_input(a: &ReceiveArgs) -> Result<(Box<dyn Read>, String), String> {
+fn open_input(a: &ReceiveArgs) -> Result<(Box<dyn Read + Send>, String), String> {
     Ok(match &a.file {
         Some(f) => {
             let file = std::fs::File::open(f).map_err(|e| format!("{}: {e}", f.display()))?;
             (Box::new(file), format!("{}: ", f.display()))
         }
-        None => (Box::new(std::io::stdin().lock()), String::new()),
+        None => (Box::new(std::io::stdin()), String::new()),
     })
 }

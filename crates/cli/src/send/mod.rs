@@ -50,9 +50,10 @@ enum Xattrs {
 
 #[derive(clap::Args)]
 pub struct SendArgs {
-    /// Image file or block device (not mounted) that holds the snapshot.
+    /// Image file or block device (not mounted) that holds the snapshot. Without it
+    /// SNAPSHOT_PATH is a path on an oleo mount.
     #[arg(long, value_name = "IMAGE")]
-    image: PathBuf,
+    image: Option<PathBuf>,
     /// Write the stream to FILE instead of standard output.
     #[arg(short = 'f', value_name = "FILE")]
     file: Option<PathBuf>,
@@ -68,7 +69,8 @@ pub struct SendArgs {
     /// Print nothing but errors (accepted for btrfs's -q; oleo prints nothing else).
     #[arg(short = 'q', long)]
     quiet: bool,
-    /// The read-only snapshot to send, a path inside IMAGE from its top level.
+    /// The read-only snapshot to send: a path on an oleo mount, or inside IMAGE from its
+    /// top level with --image.
     #[arg(value_name = "SNAPSHOT_PATH")]
     snapshot: String,
 }
@@ -78,7 +80,21 @@ pub fn run(a: &SendArgs) -> Result<(), String> {
     if a.file.is_none() && std::io::stdout().is_terminal() {
         return Err("not dumping send stream into a terminal, redirect it into a file".into());
     }
-    let fs = open(&a.image, true)?;
+    let Some(image) = &a.image else {
+        let parent = a.parent.as_ref().map(PathBuf::from);
+        let clones: Vec<PathBuf> = a.clone_src.iter().map(PathBuf::from).collect();
+        let (snap, file) = (PathBuf::from(&a.snapshot), a.file.as_deref());
+        return crate::mount_stream::send(
+            &snap,
+            parent.as_deref(),
+            &clones,
+            a.proto,
+            false,
+            file,
+            a.quiet,
+        );
+    };
+    let fs = open(image, true)?;
     let opts = StreamOptions {
         snapshots: vec![a.snapshot.clone()],
         parent: a.parent.clone(),
@@ -89,12 +105,13 @@ pub fn run(a: &SendArgs) -> Result<(), String> {
     check(&fs, &opts)?;
     // The stream file is made only once the snapshot is known to be sendable; a send
     // that fails takes it away again, as nobody should receive half a stream.
-    let mut out: Box<dyn Write> = match &a.file {
+    let out: Box<dyn Write> = match &a.file {
         Some(f) => Box::new(
             std::fs::File::create(f).map_err(|e| format!("cannot create {}: {e}", f.display()))?,
         ),
         None => Box::new(std::io::stdout().lock()),
     };
+    let mut out = crate::progress::Meter::new(a.quiet).writer(out);
     let sent = stream(&fs, &opts, &mut out);
     if let (Err(_), Some(f)) = (&sent, &a.file) {
         let _ = std::fs::remove_file(f);
