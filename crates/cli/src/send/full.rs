@@ -2,7 +2,7 @@
 
 use super::{child, encode_dev, show, Sender, Xattrs, PATH_MAX};
 use oleo::format::send_stream::Command;
-use oleo::{FileKind, InodeId};
+use oleo::{Attr, FileKind, InodeId};
 use std::io::Write;
 
 impl<W: Write> Sender<'_, W> {
@@ -10,11 +10,15 @@ impl<W: Write> Sender<'_, W> {
     /// makes): created, its xattrs, its entries, then its owner, mode and times.
     pub(super) fn directory(&mut self, id: InodeId, path: Vec<u8>) -> Result<(), String> {
         let attr = self.attr(id, &path)?;
+        if attr.kind != FileKind::Dir {
+            return Err(format!(
+                "{}: its directory entry says it is a directory, its inode does not",
+                show(&path)
+            ));
+        }
         if !path.is_empty() {
-            self.cmd(&Command::Mkdir {
-                path: path.clone(),
-                ino: id.ino,
-            })?;
+            let create = self.create(id, &attr, path.clone())?;
+            self.cmd(&create)?;
         }
         self.xattrs(id, &path, Xattrs::First)?;
         let mut entries = Vec::new();
@@ -59,55 +63,61 @@ impl<W: Write> Sender<'_, W> {
             return self.cmd(&Command::Link { path, link });
         }
         let attr = self.attr(id, &path)?;
+        if attr.kind == FileKind::Dir {
+            return Err(format!(
+                "{}: its directory entry does not say it is a directory",
+                show(&path)
+            ));
+        }
         if attr.nlink > 1 {
             self.links.insert(id.ino, path.clone());
         }
-        let ino = id.ino;
-        let p = path.clone();
-        let mode = u64::from(attr.mode);
-        let create = match attr.kind {
-            FileKind::File => Command::Mkfile { path: p, ino },
-            FileKind::Symlink => {
-                let target = self
-                    .fs
-                    .readlink(id)
-                    .map_err(|e| format!("{}: {e}", show(&path)))?;
-                Command::Symlink {
-                    path: p,
-                    ino,
-                    target,
-                }
-            }
-            FileKind::CharDev | FileKind::BlockDev => Command::Mknod {
-                path: p,
-                ino,
-                mode,
-                rdev: encode_dev(attr.rdev),
-            },
-            FileKind::Fifo => Command::Mkfifo {
-                path: p,
-                ino,
-                mode: Some(mode),
-                rdev: Some(0),
-            },
-            FileKind::Socket => Command::Mksock {
-                path: p,
-                ino,
-                mode: Some(mode),
-                rdev: Some(0),
-            },
-            FileKind::Dir => {
-                return Err(format!(
-                    "{}: its directory entry does not say it is a directory",
-                    show(&path)
-                ))
-            }
-        };
+        let create = self.create(id, &attr, path.clone())?;
         self.cmd(&create)?;
         self.xattrs(id, &path, Xattrs::First)?;
         if attr.kind == FileKind::File {
             self.data(id, &path, attr.size)?;
         }
         self.finish(id, &path, &attr)
+    }
+
+    /// The command that makes inode `id` at `path`.
+    pub(super) fn create(
+        &self,
+        id: InodeId,
+        attr: &Attr,
+        path: Vec<u8>,
+    ) -> Result<Command, String> {
+        let ino = id.ino;
+        let mode = u64::from(attr.mode);
+        Ok(match attr.kind {
+            FileKind::Dir => Command::Mkdir { path, ino },
+            FileKind::File => Command::Mkfile { path, ino },
+            FileKind::Symlink => {
+                let target = self
+                    .fs
+                    .readlink(id)
+                    .map_err(|e| format!("{}: {e}", show(&path)))?;
+                Command::Symlink { path, ino, target }
+            }
+            FileKind::CharDev | FileKind::BlockDev => Command::Mknod {
+                path,
+                ino,
+                mode,
+                rdev: encode_dev(attr.rdev),
+            },
+            FileKind::Fifo => Command::Mkfifo {
+                path,
+                ino,
+                mode: Some(mode),
+                rdev: Some(0),
+            },
+            FileKind::Socket => Command::Mksock {
+                path,
+                ino,
+                mode: Some(mode),
+                rdev: Some(0),
+            },
+        })
     }
 }

@@ -1,8 +1,10 @@
 //! `oleo send`: `btrfs send` of a read-only snapshot of an image or device nothing has
-//! mounted. Only full streams for now: incremental sends (`-p`) and clone sources (`-c`)
-//! are refused.
+//! mounted: a full stream, or with `-p` an incremental one that turns the parent snapshot
+//! the receiver has into this one (incremental.rs). Several snapshots go one whole stream
+//! after the other, or with `-e` in one stream with one END. Clone sources (`-c`) are
+//! refused.
 //!
-//! The stream creates each inode at its final path, parents first (a depth-first walk of
+//! A full stream creates each inode at its final path, parents first (a depth-first walk of
 //! the snapshot), and sends, per inode as the kernel does: its xattrs, its data (WRITEs of
 //! at most the kernel's read size, holes skipped, a TRUNCATE when the file ends in a hole),
 //! then CHOWN, CHMOD (not for symlinks) and UTIMES; a directory's come after its entries,
@@ -10,8 +12,11 @@
 //! Preallocated ranges are sent as zeros in protocol 1 and as FALLOCATE in protocol 2.
 //! Extents shared inside the snapshot (reflinks) are sent as plain writes.
 
+mod contents;
 mod data;
 mod full;
+mod incremental;
+mod tree;
 
 use crate::subvolume::{open, shown, subvolume_at};
 use oleo::format::send_stream::{Command, StreamWriter, Timespec};
@@ -60,19 +65,23 @@ pub struct SendArgs {
     /// Send protocol version: 1 (every receiver) or 2.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=2))]
     proto: u32,
-    /// Incremental send from a parent snapshot (not implemented yet).
+    /// Incremental send from PARENT, a read-only snapshot the receiver has (a path inside
+    /// IMAGE from its top level).
     #[arg(short = 'p', value_name = "PARENT")]
     parent: Option<String>,
     /// Clone sources (not implemented yet).
     #[arg(short = 'c', value_name = "CLONE_SRC")]
     clone_src: Vec<String>,
+    /// Several snapshots in one stream with one END (without it, a whole stream each).
+    #[arg(short = 'e')]
+    one_end: bool,
     /// Print nothing but errors (accepted for btrfs's -q; oleo prints nothing else).
     #[arg(short = 'q', long)]
     quiet: bool,
-    /// The read-only snapshot to send: a path on an oleo mount, or inside IMAGE from its
-    /// top level with --image.
-    #[arg(value_name = "SNAPSHOT_PATH")]
-    snapshot: String,
+    /// The read-only snapshots to send: paths on an oleo mount, or inside IMAGE from its
+    /// top level with --image; one stream after the other, each with -p PARENT when given.
+    #[arg(value_name = "SNAPSHOT_PATH", required = true, num_args = 1..)]
+    snapshots: Vec<String>,
 }
 
 pub fn run(a: &SendArgs) -> Result<(), String> {
@@ -83,7 +92,14 @@ pub fn run(a: &SendArgs) -> Result<(), String> {
     let Some(image) = &a.image else {
         let parent = a.parent.as_ref().map(PathBuf::from);
         let clones: Vec<PathBuf> = a.clone_src.iter().map(PathBuf::from).collect();
-        let (snap, file) = (PathBuf::from(&a.snapshot), a.file.as_deref());
+        let [snapshot] = a.snapshots.as_slice() else {
+            return Err(
+                "several snapshots in one send on a mount: not implemented yet; \
+                        send them one by one, or with --image"
+                    .into(),
+            );
+        };
+        let (snap, file) = (PathBuf::from(snapshot), a.file.as_deref());
         return crate::mount_stream::send(
             &snap,
             parent.as_deref(),
@@ -96,7 +112,7 @@ pub fn run(a: &SendArgs) -> Result<(), String> {
     };
     let fs = open(image, true)?;
     let opts = StreamOptions {
-        snapshots: vec![a.snapshot.clone()],
+        snapshots: a.snapshots.clone(),
         parent: a.parent.clone(),
         clone_sources: a.clone_src.clone(),
         proto: a.proto,
@@ -112,7 +128,11 @@ pub fn run(a: &SendArgs) -> Result<(), String> {
         None => Box::new(std::io::stdout().lock()),
     };
     let mut out = crate::progress::Meter::new(a.quiet).writer(out);
-    let sent = stream(&fs, &opts, &mut out);
+    let sent = if a.one_end {
+        stream_ending(&fs, &opts, true, &mut out)
+    } else {
+        stream(&fs, &opts, &mut out)
+    };
     if let (Err(_), Some(f)) = (&sent, &a.file) {
         let _ = std::fs::remove_file(f);
     }
@@ -122,7 +142,8 @@ pub fn run(a: &SendArgs) -> Result<(), String> {
 /// What one `btrfs send` sends: the options that shape the stream. Paths are from the
 /// filesystem's top level.
 pub struct StreamOptions {
-    /// The read-only snapshots, one after the other in one stream.
+    /// The read-only snapshots: a whole stream of each, one after the other (what
+    /// `btrfs send` writes without -e; `btrfs receive` takes them in turn).
     pub snapshots: Vec<String>,
     /// `-p`: the snapshot the receiver has, for an incremental stream.
     pub parent: Option<String>,
@@ -134,14 +155,12 @@ pub struct StreamOptions {
     pub compressed: bool,
 }
 
-/// Refuses what cannot be sent before anything is written: snapshots that are missing or
-/// writable, and options not implemented.
+/// Refuses what cannot be sent before anything is written: snapshots and parents that are
+/// missing, not subvolumes or writable, and options not implemented. (The parent is looked
+/// up in `fs`, so it is always in the same filesystem.)
 pub fn check(fs: &Filesystem, o: &StreamOptions) -> Result<(), String> {
     if let Some(p) = &o.parent {
-        return Err(format!(
-            "incremental send (-p {}) is not implemented yet",
-            shown(p)
-        ));
+        snapshot(fs, p).map_err(|e| format!("parent (-p {}): {e}", shown(p)))?;
     }
     if let Some(c) = o.clone_sources.first() {
         return Err(format!(
@@ -155,9 +174,20 @@ pub fn check(fs: &Filesystem, o: &StreamOptions) -> Result<(), String> {
     Ok(())
 }
 
-/// The subvolume at `path`, its root directory and its SUBVOL command; an error if it
-/// is not a read-only subvolume.
-fn snapshot(fs: &Filesystem, path: &str) -> Result<(u64, InodeId, Command), String> {
+/// A read-only snapshot as a stream names it.
+struct Snap {
+    /// Its tree id.
+    subvol: u64,
+    /// Its root directory.
+    root: InodeId,
+    /// Its name, uuid (the received one if it has one, as the kernel sends) and ctransid.
+    name: Vec<u8>,
+    uuid: [u8; 16],
+    ctransid: u64,
+}
+
+/// The subvolume at `path`; an error if it is not a read-only subvolume.
+fn snapshot(fs: &Filesystem, path: &str) -> Result<Snap, String> {
     let subvol = subvolume_at(fs, path)?;
     let info = fs
         .list_subvolumes()
@@ -176,36 +206,55 @@ fn snapshot(fs: &Filesystem, path: &str) -> Result<(u64, InodeId, Command), Stri
     } else {
         info.uuid
     };
-    let cmd = Command::Subvol {
-        path: info.name,
+    Ok(Snap {
+        subvol,
+        root,
+        name: info.name,
         uuid,
         ctransid: info.ctransid,
-    };
-    Ok((subvol, root, cmd))
+    })
 }
 
 /// Writes the stream `o` describes to `out` (`check` first).
 pub fn stream(fs: &Filesystem, o: &StreamOptions, out: &mut dyn Write) -> Result<(), String> {
+    stream_ending(fs, o, false, out)
+}
+
+/// `stream`; with `one_end` (`btrfs send -e`) several snapshots go in one stream: one
+/// header, each snapshot's commands, one END.
+pub fn stream_ending(
+    fs: &Filesystem,
+    o: &StreamOptions,
+    one_end: bool,
+    out: &mut dyn Write,
+) -> Result<(), String> {
     check(fs, o)?;
     if o.compressed && o.proto < 2 {
         return Err("--compressed-data needs --proto 2".into());
     }
-    let Some(first) = o.snapshots.first() else {
+    if o.snapshots.is_empty() {
         return Err("no snapshot to send".into());
-    };
-    if o.snapshots.len() > 1 {
-        return Err("sending several snapshots in one stream is not implemented yet".into());
     }
-    let (subvol, root, cmd) = snapshot(fs, first)?;
-    send(fs, subvol, root, cmd, o.proto, out)
+    let parent = o.parent.as_deref().map(|p| snapshot(fs, p)).transpose()?;
+    let snaps = o
+        .snapshots
+        .iter()
+        .map(|s| snapshot(fs, s))
+        .collect::<Result<Vec<_>, _>>()?;
+    if one_end {
+        return send(fs, &snaps, parent.as_ref(), o.proto, out);
+    }
+    for s in &snaps {
+        send(fs, std::slice::from_ref(s), parent.as_ref(), o.proto, out)?;
+    }
+    Ok(())
 }
 
-/// Writes the whole stream of the subvolume whose root directory is `root` to `out`.
+/// Writes one stream of `snaps` to `out`: each whole, or from `parent` when there is one.
 fn send(
     fs: &Filesystem,
-    subvol: u64,
-    root: InodeId,
-    subvol_cmd: Command,
+    snaps: &[Snap],
+    parent: Option<&Snap>,
     proto: u32,
     out: &mut dyn Write,
 ) -> Result<(), String> {
@@ -214,7 +263,7 @@ fn send(
     let mut s = Sender {
         fs,
         w,
-        subvol,
+        subvol: 0,
         links: HashMap::new(),
         read_size: if proto == 1 {
             READ_SIZE_V1
@@ -222,8 +271,30 @@ fn send(
             READ_SIZE_V2
         },
     };
-    s.cmd(&subvol_cmd)?;
-    s.directory(root, Vec::new())?;
+    for snap in snaps {
+        s.subvol = snap.subvol;
+        s.links.clear();
+        match parent {
+            None => {
+                s.cmd(&Command::Subvol {
+                    path: snap.name.clone(),
+                    uuid: snap.uuid,
+                    ctransid: snap.ctransid,
+                })?;
+                s.directory(snap.root, Vec::new())?;
+            }
+            Some(p) => {
+                s.cmd(&Command::Snapshot {
+                    path: snap.name.clone(),
+                    uuid: snap.uuid,
+                    ctransid: snap.ctransid,
+                    clone_uuid: p.uuid,
+                    clone_ctransid: p.ctransid,
+                })?;
+                s.incremental(p, snap)?;
+            }
+        }
+    }
     s.cmd(&Command::End)?;
     let out =
         s.w.into_inner()
@@ -316,18 +387,32 @@ impl<W: Write> Sender<'_, W> {
 
     /// CHOWN, CHMOD (not for symlinks), the last xattrs, UTIMES.
     fn finish(&mut self, id: InodeId, path: &[u8], attr: &Attr) -> Result<(), String> {
+        self.chown(path, attr)?;
+        self.chmod(path, attr)?;
+        self.xattrs(id, path, Xattrs::Last)?;
+        self.utimes(path, attr)
+    }
+
+    fn chown(&mut self, path: &[u8], attr: &Attr) -> Result<(), String> {
         self.cmd(&Command::Chown {
             path: path.to_vec(),
             uid: u64::from(attr.uid),
             gid: u64::from(attr.gid),
-        })?;
-        if attr.kind != FileKind::Symlink {
-            self.cmd(&Command::Chmod {
-                path: path.to_vec(),
-                mode: u64::from(attr.mode & 0o7777),
-            })?;
+        })
+    }
+
+    /// CHMOD, but not for a symlink (whose mode nothing can set).
+    fn chmod(&mut self, path: &[u8], attr: &Attr) -> Result<(), String> {
+        if attr.kind == FileKind::Symlink {
+            return Ok(());
         }
-        self.xattrs(id, path, Xattrs::Last)?;
+        self.cmd(&Command::Chmod {
+            path: path.to_vec(),
+            mode: u64::from(attr.mode & 0o7777),
+        })
+    }
+
+    fn utimes(&mut self, path: &[u8], attr: &Attr) -> Result<(), String> {
         let otime = (self.w.version() >= 2).then(|| time(attr.crtime));
         self.cmd(&Command::Utimes {
             path: path.to_vec(),
