@@ -1,5 +1,7 @@
-//! File data of a received stream that needs more than one engine call: CLONE (a reflink
-//! within a subvolume, a copy across subvolumes) and ENCODED_WRITE (decoded, then written).
+//! File data of a received stream that needs more than one engine call: CLONE (a reflink,
+//! within a subvolume or from another one; a copy where sharing is impossible) and
+//! ENCODED_WRITE (stored compressed as it comes; decoded and written where the engine
+//! cannot take it as it is, as btrfs receive falls back).
 
 use oleo::{Error, FallocMode, Filesystem, InodeId, Result, SetAttr};
 use oleo_format::compression::{decompress, MAX_UNCOMPRESSED};
@@ -27,6 +29,10 @@ pub fn clone(
             "the range runs past the source's end".into(),
         ));
     }
+    match fs.reflink(src, src_off, dst, dst_off, len) {
+        Err(Error::Unsupported(_)) => {}
+        r => return r,
+    }
     if src.subvol != dst.subvol {
         return copy_across(fs, src, src_off, dst, dst_off, len);
     }
@@ -43,9 +49,8 @@ pub fn clone(
     Ok(())
 }
 
-/// The engine shares extents only within a subvolume, so a clone from another one (an
-/// incremental stream cloning from its parent) copies the bytes: the same content, not
-/// shared on disk. Holes stay holes.
+/// A clone from another subvolume that cannot share (an unaligned range, an inline
+/// source) copies the bytes: the same content, not shared on disk. Holes stay holes.
 fn copy_across(
     fs: &Filesystem,
     src: InodeId,
@@ -94,10 +99,11 @@ fn copy_across(
     Ok(())
 }
 
-/// ENCODED_WRITE (protocol 2): the kernel's BTRFS_IOC_ENCODED_WRITE would store the
-/// compressed extent as it comes; the engine has no such write yet, so the data is
-/// decompressed and written plainly (btrfs receive's --force-decompress), to be compressed
-/// again by the file's own settings.
+/// ENCODED_WRITE (protocol 2): the data is decoded first (a stream whose data does not
+/// decode is refused), then stored as the compressed extent it came as, as the kernel's
+/// BTRFS_IOC_ENCODED_WRITE stores it. Where the engine cannot (an unaligned range, LZO
+/// of another sector size, a NODATASUM file, data that belongs inline) the decoded bytes
+/// are written, as btrfs receive falls back to its --force-decompress.
 pub fn encoded_write(fs: &Filesystem, id: InodeId, c: &Command) -> Result<()> {
     let Command::EncodedWrite {
         offset,
@@ -141,6 +147,24 @@ pub fn encoded_write(fs: &Filesystem, id: InodeId, c: &Command) -> Result<()> {
         .map_err(|e| Error::InvalidArgument(e.to_string()))?;
     // What the data does not fill reads as zeros, as the kernel's decoders leave it.
     plain.resize(*unencoded_len as usize, 0);
+    let fs_sector = fs.superblock().sectorsize as usize;
+    if kind != Compression::None && (kind != Compression::Lzo || sector == fs_sector) {
+        let r = fs.write_encoded(
+            id,
+            *offset,
+            *unencoded_file_len,
+            *unencoded_len,
+            *unencoded_offset,
+            kind,
+            data,
+        );
+        // btrfs receive falls back on EINVAL too: the engine refused before changing
+        // anything, and the data decoded above.
+        match r {
+            Err(Error::Unsupported(_) | Error::InvalidArgument(_)) => {}
+            r => return r,
+        }
+    }
     fs.write(
         id,
         *offset,

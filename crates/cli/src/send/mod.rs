@@ -1,8 +1,9 @@
 //! `oleo send`: `btrfs send` of a read-only snapshot of an image or device nothing has
 //! mounted: a full stream, or with `-p` an incremental one that turns the parent snapshot
 //! the receiver has into this one (incremental.rs). Several snapshots go one whole stream
-//! after the other, or with `-e` in one stream with one END. Clone sources (`-c`) are
-//! refused.
+//! after the other, or with `-e` in one stream with one END. Extents the receiver has (in
+//! the parent, a clone source `-c`, or sent earlier in the stream) go as CLONEs, compressed
+//! ones as they are with `--compressed-data` (data.rs).
 //!
 //! A full stream creates each inode at its final path, parents first (a depth-first walk of
 //! the snapshot), and sends, per inode as the kernel does: its xattrs, its data (WRITEs of
@@ -10,7 +11,8 @@
 //! then CHOWN, CHMOD (not for symlinks) and UTIMES; a directory's come after its entries,
 //! whose creation changed its times. Hard links after the first name are LINKs.
 //! Preallocated ranges are sent as zeros in protocol 1 and as FALLOCATE in protocol 2.
-//! Extents shared inside the snapshot (reflinks) are sent as plain writes.
+//! Extents the receiver already has (shared inside the snapshot, or with a clone source
+//! `-c`) are CLONEs; `--compressed-data` sends compressed extents as they are (`data`).
 
 mod contents;
 mod data;
@@ -69,12 +71,15 @@ pub struct SendArgs {
     /// IMAGE from its top level).
     #[arg(short = 'p', value_name = "PARENT")]
     parent: Option<String>,
-    /// Clone sources (not implemented yet).
+    /// Read-only snapshots the receiver has: extents shared with them are sent as clones.
     #[arg(short = 'c', value_name = "CLONE_SRC")]
     clone_src: Vec<String>,
     /// Several snapshots in one stream with one END (without it, a whole stream each).
     #[arg(short = 'e')]
     one_end: bool,
+    /// Send compressed extents as they are on disk (needs --proto 2).
+    #[arg(long)]
+    compressed_data: bool,
     /// Print nothing but errors (accepted for btrfs's -q; oleo prints nothing else).
     #[arg(short = 'q', long)]
     quiet: bool,
@@ -105,7 +110,7 @@ pub fn run(a: &SendArgs) -> Result<(), String> {
             parent.as_deref(),
             &clones,
             a.proto,
-            false,
+            a.compressed_data,
             file,
             a.quiet,
         );
@@ -116,7 +121,7 @@ pub fn run(a: &SendArgs) -> Result<(), String> {
         parent: a.parent.clone(),
         clone_sources: a.clone_src.clone(),
         proto: a.proto,
-        compressed: false,
+        compressed: a.compressed_data,
     };
     check(&fs, &opts)?;
     // The stream file is made only once the snapshot is known to be sendable; a send
@@ -162,12 +167,7 @@ pub fn check(fs: &Filesystem, o: &StreamOptions) -> Result<(), String> {
     if let Some(p) = &o.parent {
         snapshot(fs, p).map_err(|e| format!("parent (-p {}): {e}", shown(p)))?;
     }
-    if let Some(c) = o.clone_sources.first() {
-        return Err(format!(
-            "clone sources (-c {}) are not implemented yet",
-            shown(c)
-        ));
-    }
+    data::check_clone_sources(fs, &o.clone_sources)?;
     for s in &o.snapshots {
         snapshot(fs, s)?;
     }
@@ -241,11 +241,19 @@ pub fn stream_ending(
         .iter()
         .map(|s| snapshot(fs, s))
         .collect::<Result<Vec<_>, _>>()?;
+    let mut sharing = data::Sharing::new(fs, o, parent.as_ref())?;
     if one_end {
-        return send(fs, &snaps, parent.as_ref(), o.proto, out);
+        return send(fs, &snaps, parent.as_ref(), o.proto, &mut sharing, out);
     }
     for s in &snaps {
-        send(fs, std::slice::from_ref(s), parent.as_ref(), o.proto, out)?;
+        send(
+            fs,
+            std::slice::from_ref(s),
+            parent.as_ref(),
+            o.proto,
+            &mut sharing,
+            out,
+        )?;
     }
     Ok(())
 }
@@ -256,6 +264,7 @@ fn send(
     snaps: &[Snap],
     parent: Option<&Snap>,
     proto: u32,
+    sharing: &mut data::Sharing,
     out: &mut dyn Write,
 ) -> Result<(), String> {
     let out = std::io::BufWriter::with_capacity(1 << 20, out);
@@ -265,6 +274,7 @@ fn send(
         w,
         subvol: 0,
         links: HashMap::new(),
+        sharing,
         read_size: if proto == 1 {
             READ_SIZE_V1
         } else {
@@ -274,6 +284,7 @@ fn send(
     for snap in snaps {
         s.subvol = snap.subvol;
         s.links.clear();
+        s.sharing.start(snap);
         match parent {
             None => {
                 s.cmd(&Command::Subvol {
@@ -314,6 +325,8 @@ struct Sender<'a, W: Write> {
     links: HashMap<u64, Vec<u8>>,
     /// The most data per WRITE.
     read_size: usize,
+    /// What may be cloned or sent compressed instead of written (see `data`).
+    sharing: &'a mut data::Sharing,
 }
 
 fn show(path: &[u8]) -> String {

@@ -128,6 +128,53 @@ impl FsCore {
         Ok(plan)
     }
 
+    /// A read of the `disk_len` bytes of file `id`'s disk extent at `bytenr` as they are
+    /// on disk (compressed data stays compressed), checked against their checksums unless
+    /// the file has none. The extent must be one of the file's.
+    pub(crate) fn plan_raw_extent(
+        &self,
+        id: InodeId,
+        bytenr: u64,
+        disk_len: u64,
+        pin: Option<ReadPin>,
+    ) -> Result<ReadPlan> {
+        let attr = self.getattr(id)?;
+        let sector = u64::from(self.sb.sectorsize);
+        let Some(x) = self
+            .file_extents(id)?
+            .into_iter()
+            .find(|x| !x.inline && x.disk_bytenr == bytenr && x.disk_num_bytes == disk_len)
+        else {
+            return Err(Error::InvalidArgument(format!(
+                "inode {} has no extent of {disk_len} bytes at {bytenr}",
+                id.ino
+            )));
+        };
+        // Raw reads are for compressed extents, at most 128 KiB: more is hostile.
+        if disk_len == 0 || disk_len > (1 << 20) || !bytenr.is_multiple_of(sector) {
+            return Err(Error::corrupt(
+                bytenr,
+                format!("a disk extent of {disk_len} bytes in inode {}", id.ino),
+            ));
+        }
+        let verify = attr.flags & INODE_FLAG_NODATASUM == 0;
+        let raw = self.data_read(id, x.file_offset, bytenr, disk_len as usize, verify)?;
+        Ok(ReadPlan {
+            io: Arc::clone(&self.io),
+            extents: Arc::clone(&self.extents),
+            sector,
+            csum_type: self.sb.csum_type(),
+            len: disk_len as usize,
+            pieces: vec![Piece {
+                at: 0,
+                len: disk_len as usize,
+                source: Source::Disk(raw),
+            }],
+            _pin: pin,
+            uncached: false,
+        })
+    }
+
     /// Where the `len` file bytes at `pos`, all within mapping `m`, come from.
     fn source(
         &self,

@@ -59,7 +59,7 @@ struct Found {
 }
 
 #[allow(clippy::too_many_arguments)] // one per field of the on-disk item
-fn extent_item(
+pub(super) fn extent_item(
     generation: u64,
     ram_bytes: u64,
     compression: Compression,
@@ -85,7 +85,7 @@ fn extent_item(
 }
 
 impl Transaction<'_> {
-    fn sector(&self) -> u64 {
+    pub(super) fn sector(&self) -> u64 {
         u64::from(self.filesystem().sb.sectorsize)
     }
 
@@ -279,7 +279,7 @@ impl Transaction<'_> {
     }
 
     /// True if the file has an inline extent (always its only extent).
-    fn inline_extent(&mut self, id: InodeId) -> Result<bool> {
+    pub(super) fn inline_extent(&mut self, id: InodeId) -> Result<bool> {
         let Some(body) = self.lookup(id.subvol, &Key::new(id.ino, item::EXTENT_DATA, 0))? else {
             return Ok(false);
         };
@@ -638,7 +638,7 @@ impl Transaction<'_> {
     /// regular one.
     /// `rewritten_from`: where the caller's own read-modify-write begins (it zeroes the
     /// tail itself if that covers the last sector).
-    fn prepare_extend(
+    pub(super) fn prepare_extend(
         &mut self,
         id: InodeId,
         inode: &mut InodeItem,

@@ -10,11 +10,15 @@
 //! - `nocow`: writes in place into NOCOW files and preallocated extents.
 //! - `prealloc_fill`: filling preallocated ranges in place.
 //! - `compression`: which writes are compressed, and compressing them on all cores.
+//! - `reflink`: clones across subvolumes, compressed extents written as they come.
+//! - `extent_users`: the file ranges that reference a data extent (its backrefs).
 
 pub mod compression;
+pub(crate) mod extent_users;
 pub(crate) mod file;
 pub(crate) mod file_read;
 pub(crate) mod file_write;
 pub(crate) mod nocow;
 pub(crate) mod ordered_extent;
 pub(crate) mod prealloc_fill;
+pub(crate) mod reflink;

@@ -399,6 +399,78 @@ impl Filesystem {
         self.copy_file_range_how(src, src_off, dst, dst_off, len, true)
     }
 
+    /// Makes `[dst_off, dst_off + len)` of `dst` share `src`'s extents from `src_off` (a
+    /// reflink), within a subvolume or across two of this filesystem. Offsets must be
+    /// sector-aligned, and `len` too unless the range ends at the source's EOF; what cannot
+    /// be shared (unaligned, an inline source, checksums on one side only) is
+    /// `Error::Unsupported`, with nothing changed, for the caller to copy instead.
+    pub fn reflink(
+        &self,
+        src: InodeId,
+        src_off: u64,
+        dst: InodeId,
+        dst_off: u64,
+        len: u64,
+    ) -> Result<()> {
+        let _files = self.inode_locks.lock_two(src, dst);
+        self.core_mut().reflink(src, src_off, dst, dst_off, len)
+    }
+
+    /// Stores a compressed extent as it comes (BTRFS_IOC_ENCODED_WRITE): `len` bytes at
+    /// file `offset` that are bytes `[unencoded_offset, +len)` of what `data`, compressed
+    /// with `compression`, decodes to (`unencoded_len` bytes). The data is not decoded
+    /// here. `Error::Unsupported`, with nothing changed, where the kernel would refuse too
+    /// or the data belongs inline: the caller then writes it decoded.
+    #[allow(clippy::too_many_arguments)] // the fields of the kernel's encoded write
+    pub fn write_encoded(
+        &self,
+        id: InodeId,
+        offset: u64,
+        len: u64,
+        unencoded_len: u64,
+        unencoded_offset: u64,
+        compression: oleo_format::items::Compression,
+        data: &[u8],
+    ) -> Result<()> {
+        let e = crate::data::reflink::Encoded {
+            offset,
+            len,
+            unencoded_len,
+            unencoded_offset,
+            compression,
+            data,
+        };
+        let _file = self.inode_locks.lock(id);
+        self.core_mut().write_encoded(id, &e)
+    }
+
+    /// The bytes of file `id`'s disk extent at `bytenr` (`disk_len` long) as they are on
+    /// disk, compressed data still compressed (BTRFS_IOC_ENCODED_READ's payload), checked
+    /// against their checksums.
+    pub fn read_extent_raw(&self, id: InodeId, bytenr: u64, disk_len: u64) -> Result<Vec<u8>> {
+        let plan = self.lookup_op(|core| {
+            let pin = core.pipe.pin_read(core.running_transid());
+            core.plan_raw_extent(id, bytenr, disk_len, Some(pin))
+        })?;
+        plan.execute()
+    }
+
+    /// The file ranges of subvolumes `roots` that reference the data extent of
+    /// `disk_len` bytes at `bytenr` (holding `ram_bytes` uncompressed), from the extent
+    /// tree's backrefs: (root, inode, file offset, extent offset, length). None when the
+    /// extent has more than 64 references (not worth searching) or no extent item.
+    /// References the running transaction has queued are not seen: ask after a commit
+    /// (send reads read-only snapshots of a read-only open).
+    pub fn extent_users(
+        &self,
+        bytenr: u64,
+        disk_len: u64,
+        ram_bytes: u64,
+        roots: &[u64],
+    ) -> Result<Option<Vec<crate::data::extent_users::ExtentUser>>> {
+        self.lookup_op(|core| core.extent_users(bytenr, disk_len, ram_bytes, roots))
+    }
+
     fn copy_file_range_how(
         &self,
         src: InodeId,
