@@ -429,3 +429,75 @@ fn clone_sources_must_be_read_only_snapshots() {
         "--compressed-data accepted with protocol 1"
     );
 }
+
+/// A stream whose CLONE names a subvolume the receiving filesystem does not have (here
+/// `base`, a `-c` source of `othersnap`) is refused naming its uuid: nothing outside the
+/// subvolume being received changes, and that one stays writable, without received uuid.
+#[test]
+fn a_clone_from_a_subvolume_the_receiver_lacks_is_refused() {
+    let what = "a_clone_from_a_subvolume_the_receiver_lacks_is_refused";
+    if !require_tools(what, TOOLS, PACKAGES) {
+        return;
+    }
+    let dir = TempDir::new("clone-missing").unwrap();
+    let src = make_source(&dir);
+    let src_s = src.img.display().to_string();
+    let stream = dir.join("other.stream");
+    let stream_s = stream.display().to_string();
+    oleo_ok(&[
+        "send",
+        "--image",
+        &src_s,
+        "-c",
+        "base",
+        "-f",
+        &stream_s,
+        "othersnap",
+    ]);
+    let d = dump(&stream, &dir.join("."));
+    assert!(!lines(&d, "clone", "/x").is_empty(), "no clone: {d}");
+    let base_uuid = {
+        let k = KernelMount::mount(&src.img, &dir.join("ksrc"), &["ro"]).unwrap();
+        let show = btrfs_in(&["subvolume", "show", "base"], k.path());
+        k.unmount().unwrap();
+        show.lines()
+            .find_map(|l| l.trim().strip_prefix("UUID:"))
+            .map(|u| u.trim().to_string())
+            .expect("base's uuid")
+    };
+
+    let dst = dir.join("dst.img");
+    oleo_mkfs(OLEO, &dst, 256);
+    let k = KernelMount::mount(&dst, &dir.join("kd"), &["rw"]).unwrap();
+    std::fs::write(k.path().join("keep"), b"untouched").unwrap();
+    k.unmount().unwrap();
+    let dst_s = dst.display().to_string();
+    let o = Cmd::new(OLEO)
+        .args(["receive", "--image", &dst_s, "-f", &stream_s, "/"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success(),
+        "a clone from a missing subvolume applied"
+    );
+    assert!(
+        err.contains("clone source") && err.contains(&base_uuid),
+        "refusal does not name the clone source {base_uuid}: {err}"
+    );
+    assert_btrfs_check(&dst, "a receive refused at a CLONE");
+    let k = KernelMount::mount(&dst, &dir.join("kd"), &["ro"]).unwrap();
+    let m = k.path();
+    assert_eq!(std::fs::read(m.join("keep")).unwrap(), b"untouched");
+    let show = btrfs_in(&["subvolume", "show", "othersnap"], m);
+    assert!(
+        show.lines()
+            .any(|l| l.trim().starts_with("Received UUID:") && l.trim().ends_with('-')),
+        "the cut subvolume has a received uuid: {show}"
+    );
+    assert!(
+        show.contains("Flags:") && !show.contains("readonly"),
+        "the cut subvolume is read-only: {show}"
+    );
+    k.unmount().unwrap();
+}
