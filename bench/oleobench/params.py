@@ -85,6 +85,19 @@ class Params:
     # scrub of a 2-device RAID1 holding one incompressible file of this size
     scrub_data_mib: int = 1024
 
+    # issue 32, send/receive: one source image the kernel fills once (kept in the work dir
+    # between runs, keyed by these): sr_files files in sr_dirs directories, all but
+    # sr_large_files of them small (exponential sizes, mean sr_small_kib KiB), the large
+    # ones sharing the rest of sr_total_mib; then a read-only snapshot
+    sr_files: int = 100000
+    sr_dirs: int = 1000
+    sr_total_mib: int = 4096
+    sr_large_files: int = 32
+    sr_small_kib: int = 8
+    sr_timeout_s: int = 1200         # per measurement (a 4 GiB receive is slow where it is slow)
+    # which streams the receive workload applies: the kernel's send of the source and oleo's
+    sr_recv_streams: str = "kernel,oleo"
+
 
 PRESETS = {
     "full": {},
@@ -101,6 +114,7 @@ PRESETS = {
         rww_file_mib=64, rww_runtime_s=2,
         seq_file_mib=64, rand_runtime_s=2, walk_files=2000, walk_dirs=20,
         raid_file_mib=64, raid_runtime_s=2, scrub_data_mib=128,
+        sr_files=2000, sr_dirs=20, sr_total_mib=256, sr_large_files=4, sr_timeout_s=300,
     ),
     # What the seed patches ran (seed 000: 32 GiB per point on a 16 GiB box; seed 001:
     # 12 threads x 100k files x 10 loops; seed 002: 4 jobs, 8 GiB, 300 s; seed 003:

@@ -59,7 +59,7 @@ def install_signal_handlers():
         signal.signal(sig, _raise_interrupted)
 
 
-def run(argv, timeout=600, check=True, cwd=None, env=None, input=None):
+def run(argv, timeout=600, check=True, cwd=None, env=None, input=None, stdout=None):
     """Run a command to completion, capturing output. Kills its whole process group
     on timeout so a wedged fio/dbench does not outlive the measurement.
 
@@ -67,9 +67,13 @@ def run(argv, timeout=600, check=True, cwd=None, env=None, input=None):
     FUSE servers do (see `spawn_fuse`): with sched_autogroup a session is a CPU group, and
     a workload in another group than the FUSE server it calls pays for every request
     hand-off between the groups (tar -x through oleo: 23 s instead of 10 s). A user's
-    shell runs both in one session."""
+    shell runs both in one session.
+
+    STDOUT: a file to write the command's output to (e.g. /dev/null) instead of
+    capturing it; the result's stdout is then empty."""
     argv = [str(a) for a in argv]
-    p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    p = subprocess.Popen(argv, stdout=subprocess.PIPE if stdout is None else stdout,
+                         stderr=subprocess.PIPE,
                          stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
                          text=True, cwd=cwd, env=env, process_group=0)
     try:
@@ -88,6 +92,7 @@ def run(argv, timeout=600, check=True, cwd=None, env=None, input=None):
         kill_group(p)
         p.wait()
         raise
+    out = "" if out is None else out
     if check and p.returncode != 0:
         raise CmdError(argv, p.returncode, out, err)
     return subprocess.CompletedProcess(argv, p.returncode, out, err)

@@ -843,9 +843,13 @@ class BigDirOps(Workload):
                 "big_over_small": rates["big"] / rates["small"]}
 
 
+# send and receive (issue 32) live in sendrecv.py, which builds on Workload above
+from .sendrecv import Receive, Send  # noqa: E402
+
 ALL = [FsyncWrite, SeqWrite, FsmarkCreate, FsmarkFsync, UntarCopy, BigDirOps, UringRandrw,
        CompressWrite, Dbench,
-       SnapshotUnderWrite, ReadWhileWrite, SeqRead, RandRead, MetaWalk, RaidSeqRead, Scrub]
+       SnapshotUnderWrite, ReadWhileWrite, SeqRead, RandRead, MetaWalk, RaidSeqRead, Scrub,
+       Send, Receive]
 NAMES = [w.name for w in ALL]
 
 
