@@ -79,6 +79,8 @@ pub fn receive_into(
         quiet: opts.quiet,
         found: HashMap::new(),
         note,
+        // SAFETY: getuid and getgid cannot fail.
+        owner: unsafe { (libc::getuid(), libc::getgid()) },
     };
     r.receive_all(input, name, opts.honor_end)
 }
@@ -102,6 +104,8 @@ struct Receiver<'a> {
     /// Subvolumes found by (uuid, transid) for the current one: a stream names its clone
     /// source at every CLONE.
     found: HashMap<([u8; 16], u64), u64>,
+    /// Who new inodes belong to until the stream's CHOWN: this process's uid and gid.
+    owner: (u32, u32),
 }
 
 /// Where an error happened, for its message.
@@ -248,8 +252,7 @@ impl Receiver<'_> {
                 if !self.quiet {
                     (self.note)(Note::Stderr(format!("At subvol {shown}")));
                 }
-                // SAFETY: getuid and getgid cannot fail.
-                let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+                let (uid, gid) = self.owner;
                 self.fs
                     .create_subvolume(self.dest, name, uid, gid)
                     .map_err(|e| format!("creating subvolume '{shown}': {e}"))?
@@ -283,8 +286,7 @@ impl Receiver<'_> {
     /// A command that works inside the subvolume being received, whose root is `root`.
     fn inside(&mut self, root: InodeId, c: &Command) -> Result<(), String> {
         let fs = self.fs;
-        // SAFETY: getuid and getgid cannot fail.
-        let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+        let (uid, gid) = self.owner;
         let made = |mode: u32| NewInode::with_mode(mode).owner(uid, gid);
         let create = |path: &[u8], new: NewInode| {
             let (dir, name) = parent(fs, root, path)?;

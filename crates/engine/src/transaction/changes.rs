@@ -7,7 +7,7 @@ use crate::transaction::fs::InodeId;
 use crate::transaction::log_store::LogBlocks;
 use oleo_format::items::FileExtent;
 use oleo_format::key::{item, objectid, Key};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 /// One inode's changes since it was last logged in this transaction.
 #[derive(Default)]
@@ -31,7 +31,7 @@ pub(crate) struct InodeChanges {
     pub unlogged: Vec<(u64, u64)>,
     /// Inodes whose entries in this directory went away since the directory was last
     /// logged (a logging checks that each keeps a name a replay knows).
-    pub unlinked: Vec<u64>,
+    pub unlinked: BTreeSet<u64>,
     /// Entries went away without the log learning where they led (a range deletion, a
     /// subvolume's entry): the directory's fsync commits.
     pub unknown_unlinks: bool,
@@ -147,8 +147,9 @@ impl TxnLog {
     pub(crate) fn note_unlinked(&mut self, subvol: u64, dir: u64, target: Option<u64>) {
         let c = self.inodes.entry(InodeId { subvol, ino: dir }).or_default();
         match target {
-            Some(t) if !c.unlinked.contains(&t) => c.unlinked.push(t),
-            Some(_) => {}
+            Some(t) => {
+                c.unlinked.insert(t);
+            }
             None => c.unknown_unlinks = true,
         }
     }
