@@ -85,3 +85,41 @@ fn a_truncated_image_mounts_read_only_and_rw_is_refused() {
     assert_eq!(err.raw_os_error(), Some(libc::EROFS), "{err}");
     m.unmount().unwrap();
 }
+
+/// A btrfs image made into ext4 keeps btrfs's superblock copy at 64 MiB: oleo must not
+/// bring the stale btrfs back from it (and then write over the ext4), as the kernel never
+/// reads the copies either. The mount is refused, naming the missing superblock, and the
+/// image is unchanged.
+#[test]
+fn a_device_reformatted_over_btrfs_is_not_taken_for_btrfs() {
+    let name = "reformatted";
+    if !require_root(name) {
+        return;
+    }
+    if oleo_testkit::env::find_in_path("mkfs.ext4").is_none() {
+        assert!(!oleo_testkit::env::is_ci(), "mkfs.ext4 is missing");
+        eprintln!("{name}: skipped, mkfs.ext4 is missing (e2fsprogs)");
+        return;
+    }
+    let tmp = TempDir::new(name).unwrap();
+    let image = tmp.join("d.img");
+    mkfs(&image, 300);
+    let st = Command::new("mkfs.ext4")
+        .args(["-q", "-F", "-E", "nodiscard"])
+        .arg(&image)
+        .status()
+        .unwrap();
+    assert!(st.success(), "mkfs.ext4 failed");
+    let bytes = std::fs::read(&image).unwrap();
+    let copy = &bytes[(64 << 20) + 0x40..(64 << 20) + 0x48];
+    assert_eq!(
+        copy, b"_BHRfS_M",
+        "ext4 overwrote btrfs's copy: the test proves nothing"
+    );
+    let err = mount_fails(&image, &tmp.subdir("m").unwrap(), &[]);
+    assert!(
+        err.contains("no btrfs superblock at 64 KiB"),
+        "not refused for the missing primary superblock: {err}"
+    );
+    assert!(std::fs::read(&image).unwrap() == bytes, "the image changed");
+}

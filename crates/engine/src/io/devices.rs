@@ -435,6 +435,9 @@ fn named(path: &Path, e: Error) -> Error {
 
 /// The primary superblock, or a mirror when the primary is damaged (the kernel would refuse;
 /// for recovery work a good mirror is worth using, loudly).
+/// Where the magic lies in a superblock (after the checksum, fsid, bytenr and flags).
+const MAGIC_AT: usize = 0x40;
+
 pub(crate) fn read_superblock(device: &Device) -> Result<Superblock> {
     let mut first_err = None;
     for mirror in 0..3 {
@@ -443,10 +446,22 @@ pub(crate) fn read_superblock(device: &Device) -> Result<Superblock> {
             break;
         }
         let mut buf = vec![0u8; SUPER_INFO_SIZE];
-        let parsed = device
+        let read = device
             .read_exact_at(&mut buf, off)
-            .map_err(|e| e.to_string())
-            .and_then(|_| Superblock::parse(&buf).map_err(|e| e.to_string()));
+            .map_err(|e| e.to_string());
+        let read_ok = read.is_ok();
+        let parsed = read.and_then(|_| Superblock::parse(&buf).map_err(|e| e.to_string()));
+        // A primary without btrfs's magic is no damaged btrfs superblock: the device was
+        // most likely made into something else, and its old copies further in must not
+        // bring a stale btrfs back over it (the kernel never reads them either).
+        if mirror == 0 && read_ok && buf[MAGIC_AT..MAGIC_AT + 8] != superblock::MAGIC.to_le_bytes()
+        {
+            return Err(Error::Unusable(
+                "no btrfs superblock at 64 KiB (not a btrfs filesystem, or its primary \
+                 superblock was overwritten; copies further in are not used on their own)"
+                    .into(),
+            ));
+        }
         match parsed {
             Ok(sb) if sb.bytenr == off => {
                 if mirror > 0 {
