@@ -14,6 +14,7 @@
 //! - `extent_users`: the file ranges that reference a data extent (its backrefs).
 
 pub mod compression;
+pub(crate) mod encoded;
 pub(crate) mod extent_users;
 pub(crate) mod file;
 pub(crate) mod file_read;
@@ -21,4 +22,3 @@ pub(crate) mod file_write;
 pub(crate) mod nocow;
 pub(crate) mod ordered_extent;
 pub(crate) mod prealloc_fill;
-pub(crate) mod reflink;

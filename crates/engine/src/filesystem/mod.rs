@@ -432,7 +432,7 @@ impl Filesystem {
         compression: oleo_format::items::Compression,
         data: &[u8],
     ) -> Result<()> {
-        let e = crate::data::reflink::Encoded {
+        let e = crate::data::encoded::Encoded {
             offset,
             len,
             unencoded_len,

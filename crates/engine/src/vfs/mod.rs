@@ -15,4 +15,5 @@ pub(crate) mod file_ops;
 pub mod fileattr;
 pub mod inode_ops;
 pub(crate) mod orphan;
+pub(crate) mod reflink;
 pub(crate) mod setattr;
