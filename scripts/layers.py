@@ -10,7 +10,7 @@ import pathlib, re, sys
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent / "crates/engine/src"
 RANK = {"base": 0, "io": 1, "ctree": 2, "transaction": 3, "inode": 4, "data": 5,
-        "vfs": 6, "tree_log": 7, "subvolume": 7, "scrub": 7, "filesystem": 8, "mkfs": 9}
+        "vfs": 6, "tree_log": 7, "subvolume": 7, "scrub": 7, "rescue": 7, "filesystem": 8, "mkfs": 9}
 # What the crate root re-exports, by the layer it comes from.
 ROOT_NAMES = {"Filesystem": "filesystem", "OpenOptions": "transaction",
               "Compress": "transaction", "Transaction": "transaction",

@@ -7,6 +7,7 @@ mod extents;
 mod filesystem;
 mod fuse_mount;
 mod guard;
+mod inspect;
 mod logging;
 mod mkfs;
 mod mount;
@@ -15,6 +16,7 @@ mod on_mount;
 mod progress;
 mod property;
 mod receive;
+mod restore;
 mod rootdir;
 mod scrub;
 mod send;
@@ -54,6 +56,9 @@ enum Command {
     Mkfs(mkfs::MkfsArgs),
     /// Print a file's extents from the image, like `filefrag -v` (FUSE has no FIEMAP).
     Extents(extents::ExtentsArgs),
+    /// Read-only forensics of an image: subvolumes, a file's versions across snapshots,
+    /// an inode's attributes, xattrs and extents.
+    Inspect(inspect::InspectArgs),
     /// Create, snapshot and list subvolumes, on a mount or an image (`btrfs subvolume`).
     Subvolume(subvolume::SubvolumeArgs),
     /// Get or set a subvolume's read-only flag or a file's compression, on a mount or an
@@ -65,6 +70,8 @@ enum Command {
     /// Verify every copy of every block and repair bad copies from good ones, on an
     /// unmounted image or device set (`btrfs scrub`).
     Scrub(scrub::ScrubArgs),
+    /// Copy files out of an image that will not mount (`btrfs restore`); never writes to it.
+    Restore(restore::RestoreArgs),
     /// Device error counters (`btrfs device stats`), on an unmounted image or device set.
     Device(device::DeviceArgs),
     /// Apply a send stream to an image (`btrfs receive`), or print it with `--dump`.
@@ -103,10 +110,12 @@ fn main() -> ExitCode {
         Command::DumpTree(a) => dump_tree::run(&a),
         Command::Mkfs(a) => mkfs::run(&a),
         Command::Extents(a) => extents::run(&a),
+        Command::Inspect(a) => inspect::run(&a),
         Command::Subvolume(a) => subvolume::run(&a),
         Command::Property(a) => property::run(&a),
         Command::Filesystem(a) => filesystem::run(&a),
         Command::Scrub(a) => scrub::run(&a),
+        Command::Restore(a) => restore::run(&a),
         Command::Receive(a) => receive::run(&a),
         Command::Send(a) => send::run(&a),
         Command::Device(a) => match device::run(&a) {

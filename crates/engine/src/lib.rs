@@ -68,6 +68,7 @@
 //! | `mkfs/` | new filesystems (`--rootdir` fills one through the handle) |
 //! | `filesystem/` | the public handle: a mount's steps, the locks, then calls down |
 //! | `subvolume/`, `tree_log/` | snapshots and subvolumes; fsync's log tree and its replay |
+//! | `rescue/` | `oleo restore`: files copied out of an image that will not mount |
 //! | `vfs/` | the POSIX operations: create, link, rename, setattr, fallocate, flags, orphans |
 //! | `data/` | file contents: reads, writes, NOCOW, compression |
 //! | `inode/` | inode items, directory entries, xattrs, ACLs, properties |
@@ -102,6 +103,7 @@ pub(crate) mod data;
 pub(crate) mod vfs;
 
 pub mod mkfs;
+pub mod rescue;
 pub(crate) mod scrub;
 pub(crate) mod subvolume;
 pub(crate) mod tree_log;

@@ -67,6 +67,16 @@ impl DeviceSet {
     /// keeps those of one filesystem: the first path's. Returns the set and the newest
     /// superblock among them.
     pub(crate) fn open(paths: &[PathBuf], writable: bool) -> Result<(DeviceSet, Superblock)> {
+        Self::open_with(paths, writable, false)
+    }
+
+    /// `open`, where `any_copy` lets a device whose primary superblock is not btrfs's at
+    /// all be read from a later copy (rescue: the user named the image and reads only).
+    pub(crate) fn open_with(
+        paths: &[PathBuf],
+        writable: bool,
+        any_copy: bool,
+    ) -> Result<(DeviceSet, Superblock)> {
         let first = paths
             .first()
             .ok_or_else(|| Error::InvalidArgument("no device given".into()))?;
@@ -99,7 +109,7 @@ impl DeviceSet {
             } else {
                 Device::open(path)?
             };
-            let sb = read_superblock(&device).map_err(|e| named(path, e))?;
+            let sb = read_superblock(&device, any_copy).map_err(|e| named(path, e))?;
             let want = *fsid.get_or_insert(sb.fsid);
             if sb.fsid != want {
                 return Err(Error::Unusable(format!(
@@ -438,7 +448,7 @@ fn named(path: &Path, e: Error) -> Error {
 /// Where the magic lies in a superblock (after the checksum, fsid, bytenr and flags).
 const MAGIC_AT: usize = 0x40;
 
-pub(crate) fn read_superblock(device: &Device) -> Result<Superblock> {
+pub(crate) fn read_superblock(device: &Device, any_copy: bool) -> Result<Superblock> {
     let mut first_err = None;
     for mirror in 0..3 {
         let off = superblock::mirror_offset(mirror);
@@ -454,7 +464,10 @@ pub(crate) fn read_superblock(device: &Device) -> Result<Superblock> {
         // A primary without btrfs's magic is no damaged btrfs superblock: the device was
         // most likely made into something else, and its old copies further in must not
         // bring a stale btrfs back over it (the kernel never reads them either).
-        if mirror == 0 && read_ok && buf[MAGIC_AT..MAGIC_AT + 8] != superblock::MAGIC.to_le_bytes()
+        if mirror == 0
+            && !any_copy
+            && read_ok
+            && buf[MAGIC_AT..MAGIC_AT + 8] != superblock::MAGIC.to_le_bytes()
         {
             return Err(Error::Unusable(
                 "no btrfs superblock at 64 KiB (not a btrfs filesystem, or its primary \

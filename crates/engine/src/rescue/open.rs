@@ -1,0 +1,208 @@
+//! The tolerant open: a chosen superblock copy, whatever of the chunk tree reads, and the
+//! first root tree (superblock's, backups', or the user's) whose root block reads.
+
+use super::walk::{self, Items, Start};
+use super::Report;
+use crate::error::{Error, Result};
+use crate::io::devices::DeviceSet;
+use crate::io::disk_io::DiskIo;
+use crate::io::volumes::ChunkMap;
+use oleo_format::items::ChunkItem;
+use oleo_format::key::{item, objectid};
+use oleo_format::superblock::{self, BackupRoot, Superblock, SUPER_INFO_SIZE};
+use oleo_format::validate::FsContext;
+use std::path::Path;
+
+/// An image opened for rescue.
+pub(crate) struct Image {
+    pub io: DiskIo,
+    pub sb: Superblock,
+    /// ROOT_ITEMs (and refs) of the root tree, what of it could be read.
+    pub roots: Items,
+    /// The superblock's backup roots, newest first: the last word on tree 5 and the csums.
+    pub backups: Vec<BackupRoot>,
+}
+
+const CACHE_BYTES: u64 = 64 << 20;
+
+pub(crate) fn open(
+    path: &Path,
+    super_copy: Option<usize>,
+    tree_root: Option<u64>,
+    report: &mut Report,
+) -> Result<Image> {
+    // Read-only: the devices are opened without write access.
+    let (devices, _) = DeviceSet::open_with(&[path.to_path_buf()], false, true)?;
+    let (sb, newest_gen) = pick_superblock(&devices, super_copy)?;
+    let ctx = FsContext {
+        nodesize: sb.nodesize,
+        sectorsize: sb.sectorsize,
+        csum_type: sb.csum_type(),
+        metadata_fsid: sb.metadata_fsid(),
+        super_generation: newest_gen,
+    };
+    let mut sys = ChunkMap::default();
+    let sys_chunks = sb
+        .sys_chunks()
+        .map_err(|e| Error::Unusable(format!("sys_chunk_array: {e}")))?;
+    for (logical, chunk) in &sys_chunks {
+        sys.insert(*logical, chunk.clone())?;
+    }
+    let io = DiskIo::new(devices, sys, ctx, CACHE_BYTES);
+    let mut backups = sb.backup_roots.clone();
+    backups.retain(|b| b.tree_root != 0);
+    backups.sort_by_key(|b| std::cmp::Reverse(b.tree_root_gen));
+    read_chunks(&io, &sb, &sys_chunks, &backups, report);
+    let roots = read_root_tree(&io, &sb, &backups, tree_root, report);
+    Ok(Image {
+        io,
+        sb,
+        roots,
+        backups,
+    })
+}
+
+/// Superblock copy `want`, or the newest valid copy; with the newest generation seen.
+fn pick_superblock(devices: &DeviceSet, want: Option<usize>) -> Result<(Superblock, u64)> {
+    let dev = devices.primary();
+    let mut copies = Vec::new();
+    for mirror in 0..3 {
+        let off = superblock::mirror_offset(mirror);
+        if off.saturating_add(SUPER_INFO_SIZE as u64) > dev.size() {
+            break;
+        }
+        let mut buf = vec![0u8; SUPER_INFO_SIZE];
+        let parsed = dev
+            .read_exact_at(&mut buf, off)
+            .map_err(|e| e.to_string())
+            .and_then(|_| Superblock::parse(&buf).map_err(|e| e.to_string()))
+            .and_then(|sb| {
+                if sb.bytenr == off {
+                    Ok(sb)
+                } else {
+                    Err(format!("it claims to be at {}", sb.bytenr))
+                }
+            });
+        match parsed {
+            Ok(sb) => copies.push((mirror, sb)),
+            Err(e) => eprintln!("superblock copy {mirror} (at {off}) is unusable: {e}"),
+        }
+    }
+    let newest = copies.iter().map(|(_, s)| s.generation).max().unwrap_or(0);
+    let chosen = match want {
+        Some(n) => copies
+            .into_iter()
+            .find(|(m, _)| *m == n)
+            .ok_or_else(|| Error::Unusable(format!("superblock copy {n} is missing or invalid")))?,
+        None => copies
+            .into_iter()
+            .max_by_key(|(m, s)| (s.generation, std::cmp::Reverse(*m)))
+            .ok_or_else(|| Error::Unusable("no valid superblock copy".into()))?,
+    };
+    Ok((chosen.1, newest))
+}
+
+/// Adds every chunk the chunk tree still holds to the sys chunks; unreadable leaves are
+/// skipped (their chunks stay unmapped) and a bad root falls back to the backups' roots.
+fn read_chunks(
+    io: &DiskIo,
+    sb: &Superblock,
+    sys: &[(u64, ChunkItem)],
+    backups: &[BackupRoot],
+    report: &mut Report,
+) {
+    let mut starts = vec![(sb.chunk_root, sb.chunk_root_level, sb.chunk_root_generation)];
+    starts.extend(
+        backups
+            .iter()
+            .map(|b| (b.chunk_root, b.chunk_root_level, b.chunk_root_gen)),
+    );
+    let keep = |k: &oleo_format::Key| k.item_type == item::CHUNK_ITEM;
+    let mut map = ChunkMap::default();
+    for (logical, chunk) in sys {
+        let _ = map.insert(*logical, chunk.clone());
+    }
+    let mut tried = Vec::new();
+    for (bytenr, level, generation) in starts {
+        if tried.contains(&bytenr) {
+            continue;
+        }
+        tried.push(bytenr);
+        let start = Start {
+            owner: objectid::CHUNK_TREE,
+            bytenr,
+            level: Some(level),
+            generation: Some(generation),
+        };
+        let before = report.skipped_blocks.len();
+        let items = walk::collect(io, start, &keep, report);
+        let root_failed = report.skipped_blocks[before..]
+            .iter()
+            .any(|s| s.bytenr == bytenr);
+        for (key, data) in &items {
+            match ChunkItem::parse(data) {
+                Ok(c) => {
+                    if let Err(e) = map.insert(key.offset, c) {
+                        eprintln!("chunk at {}: {e}; left out", key.offset);
+                    }
+                }
+                Err(e) => eprintln!("chunk at {}: {e}; left out", key.offset),
+            }
+        }
+        if !root_failed {
+            break;
+        }
+    }
+    io.set_chunks(map);
+}
+
+/// The ROOT_ITEMs of the first root tree whose root block reads.
+fn read_root_tree(
+    io: &DiskIo,
+    sb: &Superblock,
+    backups: &[BackupRoot],
+    user: Option<u64>,
+    report: &mut Report,
+) -> Items {
+    let mut starts = Vec::new();
+    if let Some(bytenr) = user {
+        starts.push((bytenr, None, None));
+    }
+    starts.push((sb.root, Some(sb.root_level), Some(sb.generation)));
+    starts.extend(
+        backups
+            .iter()
+            .map(|b| (b.tree_root, Some(b.tree_root_level), Some(b.tree_root_gen))),
+    );
+    let mut tried = Vec::new();
+    for (bytenr, level, generation) in starts {
+        if tried.contains(&bytenr) {
+            continue;
+        }
+        tried.push(bytenr);
+        if let Err(e) = io.read_tree_block(bytenr, level, generation, None) {
+            eprintln!("root tree at {bytenr} is unreadable ({e}); trying the next candidate");
+            report.skipped_blocks.push(super::SkippedBlock {
+                bytenr,
+                owner: objectid::ROOT_TREE,
+                why: e.to_string(),
+            });
+            continue;
+        }
+        let start = Start {
+            owner: objectid::ROOT_TREE,
+            bytenr,
+            level,
+            generation,
+        };
+        let keep = |k: &oleo_format::Key| {
+            matches!(
+                k.item_type,
+                item::ROOT_ITEM | item::ROOT_REF | item::ROOT_BACKREF
+            )
+        };
+        return walk::collect(io, start, &keep, report);
+    }
+    eprintln!("no root tree is readable: falling back to the backup roots of tree 5");
+    Items::new()
+}
