@@ -200,26 +200,7 @@ impl<W: Write> Sender<'_, W> {
 
     /// Makes `[a, b)` read zeros: a punched hole in protocol 2, WRITEs of zeros in 1.
     fn zero(&mut self, path: &[u8], a: u64, b: u64) -> Result<(), String> {
-        if self.w.version() >= 2 {
-            return self.cmd(&Command::Fallocate {
-                path: path.to_vec(),
-                mode: PUNCH_HOLE,
-                offset: a,
-                len: b - a,
-            });
-        }
-        let zeros = vec![0u8; self.read_size];
-        let mut off = a;
-        while off < b {
-            let n = (b - off).min(self.read_size as u64) as usize;
-            self.cmd(&Command::Write {
-                path: path.to_vec(),
-                offset: off,
-                data: zeros[..n].to_vec(),
-            })?;
-            off += n as u64;
-        }
-        Ok(())
+        self.zeros(path, a, b, PUNCH_HOLE)
     }
 }
 

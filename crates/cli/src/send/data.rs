@@ -164,10 +164,22 @@ impl<W: Write> Sender<'_, W> {
     }
 
     fn prealloc(&mut self, path: &[u8], start: u64, end: u64) -> Result<(), String> {
+        self.zeros(path, start, end, 0)
+    }
+
+    /// Makes `[start, end)` read zeros: FALLOCATE with `mode` in protocol 2, WRITEs of
+    /// zeros in 1 (which has no FALLOCATE).
+    pub(super) fn zeros(
+        &mut self,
+        path: &[u8],
+        start: u64,
+        end: u64,
+        mode: u32,
+    ) -> Result<(), String> {
         if self.w.version() >= 2 {
             return self.cmd(&Command::Fallocate {
                 path: path.to_vec(),
-                mode: 0,
+                mode,
                 offset: start,
                 len: end - start,
             });
