@@ -420,3 +420,44 @@ fn restore_dry_run_over_fsck_images_never_panics() {
         images.len()
     );
 }
+
+/// A name already in DEST that is no directory (a symlink out of DEST, as an earlier entry
+/// of the same name in a hostile image would leave) is never followed: nothing is written
+/// outside DEST, the clash is reported, and everything else is restored.
+#[test]
+fn restore_never_writes_through_a_link_in_dest() {
+    if !tools() {
+        return;
+    }
+    let tmp = TempDir::new("restore-link").unwrap();
+    let img = tmp.join("i.img");
+    sh_ok(tmp.path(), "truncate -s 256M i.img && mkfs.btrfs -q i.img");
+    let mnt = tmp.subdir("mnt").unwrap();
+    let m = KernelMount::mount(&img, &mnt, &["rw"]).unwrap();
+    sh_ok(
+        &mnt,
+        "mkdir -p a/b && echo inside > a/f && echo deeper > a/b/g && echo top > t",
+    );
+    m.unmount().unwrap();
+    let outside = tmp.subdir("outside").unwrap();
+    let dest = tmp.subdir("dest").unwrap();
+    std::os::unix::fs::symlink(&outside, dest.join("a")).unwrap();
+    let o = Command::new(OLEO)
+        .arg("restore")
+        .arg(&img)
+        .arg(&dest)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_ne!(o.status.code(), Some(101), "panicked: {err}");
+    assert_eq!(
+        std::fs::read_dir(&outside).unwrap().count(),
+        0,
+        "restore wrote through the link in DEST: {err}"
+    );
+    assert!(
+        err.contains("no directory"),
+        "the clash is not reported: {err}"
+    );
+    assert_eq!(std::fs::read(dest.join("t")).unwrap(), b"top\n");
+}

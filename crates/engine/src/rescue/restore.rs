@@ -11,8 +11,8 @@ use oleo_format::key::{item, objectid};
 use oleo_format::Key;
 use std::collections::{HashMap, HashSet};
 use std::ffi::{CString, OsStr};
-use std::fs::File;
 use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 /// Deeper than this is a loop or damage (PATH_MAX allows about 2048 levels).
@@ -24,6 +24,8 @@ struct Walk<'a> {
     opts: RestoreOptions,
     report: &'a mut Report,
     subvols: HashSet<u64>,
+    /// DEST: nothing is written outside it.
+    dest: PathBuf,
 }
 
 /// One subvolume's items and what of it is done.
@@ -58,6 +60,7 @@ pub(crate) fn run(
         opts,
         report,
         subvols: HashSet::new(),
+        dest: dest.to_path_buf(),
     };
     if !w.subvol(id, dest, Path::new("/"), 0) {
         return Err(Error::Unusable(format!("tree {id} cannot be read")));
@@ -307,7 +310,7 @@ impl Walk<'_> {
                 self.announce(rel);
                 self.report.dirs += 1;
                 if !self.opts.dry_run {
-                    if let Err(e) = std::fs::create_dir_all(out) {
+                    if let Err(e) = self.make_dir(out) {
                         self.error(format!("{}: {e}", out.display()));
                         return;
                     }
@@ -328,7 +331,10 @@ impl Walk<'_> {
             return;
         }
         if let Some(parent) = out.parent() {
-            let _ = std::fs::create_dir_all(parent);
+            if let Err(e) = self.make_dir(parent) {
+                self.error(format!("{}: {e}", out.display()));
+                return;
+            }
         }
         let _ = std::fs::remove_file(out);
         if kind == libc::S_IFREG {
@@ -374,7 +380,13 @@ impl Walk<'_> {
             self.report.names_without_inode.push(rel.to_path_buf());
             return;
         }
-        let result = File::create(out).and_then(|f| {
+        // Never through a link a hostile image (two entries of one name) put there.
+        let created = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(out);
+        let result = created.and_then(|f| {
             let holes = data::write_file(&self.img.io, &self.csums, &extents, size, Some(&f))?;
             f.set_len(size)?;
             Ok(holes)
@@ -387,6 +399,31 @@ impl Walk<'_> {
             }
             Err(e) => self.error(format!("{}: {e}", out.display())),
         }
+    }
+
+    /// Makes directory `out` and its missing parents inside DEST, each with mkdir: a name
+    /// already there that is not a directory (a symlink an earlier entry of the same name
+    /// made, in a hostile image) is refused, never followed out of DEST.
+    fn make_dir(&self, out: &Path) -> std::io::Result<()> {
+        let rel = out
+            .strip_prefix(&self.dest)
+            .map_err(|_| std::io::Error::other("outside the destination"))?;
+        let mut p = self.dest.clone();
+        for c in rel.components() {
+            p.push(c);
+            match std::fs::symlink_metadata(&p) {
+                Ok(m) if m.is_dir() => {}
+                Ok(_) => {
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::AlreadyExists,
+                        format!("{} is there and is no directory", p.display()),
+                    ))
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => std::fs::create_dir(&p)?,
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
     }
 
     fn count(&mut self, kind: u32, no_inode: bool, rel: &Path, holes: Vec<(u64, u64)>) {
