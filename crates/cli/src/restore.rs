@@ -2,6 +2,7 @@
 //! an image that will not mount, never writing to the image.
 
 use oleo::rescue::{restore, Report, RestoreOptions};
+use std::io::Write;
 use std::path::PathBuf;
 
 #[derive(clap::Args)]
@@ -9,7 +10,8 @@ pub struct RestoreArgs {
     /// The image file or device (opened read-only).
     image: PathBuf,
     /// The directory to restore into (created if missing).
-    dest: PathBuf,
+    #[arg(required_unless_present = "list_roots")]
+    dest: Option<PathBuf>,
     /// Restore only paths (like /dir/file) matching this regular expression.
     #[arg(long)]
     path: Option<String>,
@@ -25,12 +27,38 @@ pub struct RestoreArgs {
     /// Print what would be restored; write nothing.
     #[arg(long)]
     dry_run: bool,
+    /// Also try older roots a scan of the metadata finds (btrfs-find-root), newest first,
+    /// for a tree whose known roots are all unreadable.
+    #[arg(long)]
+    older: bool,
+    /// List the tree roots the metadata still holds (tree, generation, level, address),
+    /// newest first, as btrfs-find-root does; restore nothing.
+    #[arg(long)]
+    list_roots: bool,
     /// Print each path restored.
     #[arg(short, long)]
     verbose: bool,
 }
 
 pub fn run(a: &RestoreArgs) -> Result<(), String> {
+    if a.list_roots {
+        let roots = oleo::rescue::find_roots(&a.image, a.super_copy.map(usize::from))
+            .map_err(|e| e.to_string())?;
+        let mut out = std::io::stdout().lock();
+        let listed = writeln!(out, "tree generation level bytenr").and_then(|()| {
+            roots.iter().try_for_each(|r| {
+                writeln!(out, "{} {} {} {}", r.owner, r.generation, r.level, r.bytenr)
+            })
+        });
+        return match listed {
+            // A reader that has seen enough (`| head`) is no failure.
+            Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e.to_string()),
+            _ => Ok(()),
+        };
+    }
+    let Some(dest) = &a.dest else {
+        return Err("give the directory to restore into (DEST)".into());
+    };
     let filter = match &a.path {
         Some(p) => {
             let re = regex::Regex::new(p).map_err(|e| format!("--path {p}: {e}"))?;
@@ -44,13 +72,14 @@ pub fn run(a: &RestoreArgs) -> Result<(), String> {
         tree_root: a.tree_root,
         root: a.root,
         dry_run: a.dry_run,
+        older: a.older,
         filter,
         on_path: print.then(|| {
             Box::new(|p: &std::path::Path| println!("{}", p.display()))
                 as Box<dyn FnMut(&std::path::Path)>
         }),
     };
-    let report = restore(&a.image, &a.dest, options).map_err(|e| e.to_string())?;
+    let report = restore(&a.image, dest, options).map_err(|e| e.to_string())?;
     print_report(&report, a.dry_run);
     Ok(())
 }

@@ -4,6 +4,7 @@
 //! all its copies is reported and walked around, so what survives is still restored.
 
 mod data;
+mod find_root;
 mod open;
 mod restore;
 mod walk;
@@ -11,6 +12,7 @@ mod walk;
 use std::path::{Path, PathBuf};
 
 pub use crate::error::Result;
+pub use find_root::RootCandidate;
 
 /// Accepts a path (like `/dir/file`) to restore.
 pub type PathFilter = Box<dyn Fn(&str) -> bool>;
@@ -28,6 +30,9 @@ pub struct RestoreOptions {
     pub root: Option<u64>,
     /// Only print what would be restored.
     pub dry_run: bool,
+    /// Also try the roots of older generations that a scan of the metadata chunks finds
+    /// (btrfs-find-root), newest first, for a tree whose every known root is unreadable.
+    pub older: bool,
     /// Restores only paths (like `/dir/file`) this accepts, with their parent directories.
     pub filter: Option<PathFilter>,
     /// Called with each path as it is restored (or would be, on a dry run).
@@ -68,7 +73,18 @@ pub struct Report {
 /// Copies every reachable file of the image at `image` into the directory `dest`.
 pub fn restore(image: &Path, dest: &Path, options: RestoreOptions) -> Result<Report> {
     let mut report = Report::default();
-    let img = open::open(image, options.super_copy, options.tree_root, &mut report)?;
+    let mut img = open::open(image, options.super_copy, options.tree_root, &mut report)?;
+    if options.older {
+        img.older = find_root::scan(&img.io, &img.sb);
+    }
     restore::run(&img, dest, options, &mut report)?;
     Ok(report)
+}
+
+/// The roots of every tree that the image's metadata chunks still hold, newest generation
+/// first, as btrfs-find-root lists them (read-only).
+pub fn find_roots(image: &Path, super_copy: Option<usize>) -> Result<Vec<RootCandidate>> {
+    let mut report = Report::default();
+    let img = open::open(image, super_copy, None, &mut report)?;
+    Ok(find_root::scan(&img.io, &img.sb))
 }

@@ -21,6 +21,8 @@ pub(crate) struct Image {
     pub roots: Items,
     /// The superblock's backup roots, newest first: the last word on tree 5 and the csums.
     pub backups: Vec<BackupRoot>,
+    /// Roots of older generations found by scanning (`--older`), newest first.
+    pub older: Vec<super::RootCandidate>,
 }
 
 const CACHE_BYTES: u64 = 64 << 20;
@@ -59,6 +61,7 @@ pub(crate) fn open(
         sb,
         roots,
         backups,
+        older: Vec::new(),
     })
 }
 

@@ -100,6 +100,17 @@ fn starts(img: &Image, id: u64) -> Vec<Start> {
     }
     // A root tree from an older commit points to an older tree: the newest root wins.
     out.sort_by_key(|s| std::cmp::Reverse(s.generation));
+    // Then what a scan found (`--older`), newest first, after every root the image names.
+    for c in img.older.iter().filter(|c| c.owner == id) {
+        if !out.iter().any(|s| s.bytenr == c.bytenr) {
+            out.push(Start {
+                owner: id,
+                bytenr: c.bytenr,
+                level: Some(c.level),
+                generation: Some(c.generation),
+            });
+        }
+    }
     out
 }
 
