@@ -393,11 +393,18 @@ fn restore_dry_run_over_fsck_images_never_panics() {
     }
     for (n, img) in images.iter().enumerate() {
         let before = sha(img);
-        // The dry run, then a real one: the data paths meet the damage too.
-        for dry in [true, false] {
+        // The dry run, then a real one (the data paths meet the damage too), with the scan
+        // for older roots; and the roots' listing.
+        for run in ["dry", "real", "list"] {
+            let (dry, list) = (run == "dry", run == "list");
             let dest = tmp.join(format!("dest{n}"));
             let mut cmd = Command::new(OLEO);
-            cmd.arg("restore").arg(img).arg(&dest);
+            cmd.arg("restore").arg(img);
+            if list {
+                cmd.arg("--list-roots").stdout(std::process::Stdio::null());
+            } else {
+                cmd.arg(&dest).arg("--older");
+            }
             if dry {
                 cmd.arg("--dry-run");
             }
@@ -411,12 +418,17 @@ fn restore_dry_run_over_fsck_images_never_panics() {
             );
             assert!(st.code().is_some(), "{}: killed", img.display());
             assert!(sha(img) == before, "{}: image changed", img.display());
-            assert!(!dry || !dest.exists(), "{}: a dry run wrote", img.display());
+            assert!(
+                !(dry || list) || !dest.exists(),
+                "{}: {run} wrote",
+                img.display()
+            );
             let _ = std::fs::remove_dir_all(&dest);
         }
     }
     println!(
-        "restores (dry and real) over {} fsck images: no panic, no hang",
+        "restores (dry and real, --older) and root listings over {} fsck images: no panic, \
+         no hang",
         images.len()
     );
 }

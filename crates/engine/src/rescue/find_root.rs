@@ -38,7 +38,13 @@ pub(crate) fn scan(io: &DiskIo, sb: &Superblock) -> Vec<RootCandidate> {
     // (owner, generation) -> (level, blocks at that level)
     let mut best: BTreeMap<(u64, u64), (u8, Vec<u64>)> = BTreeMap::new();
     let mut head = vec![0u8; HEADER_SIZE];
+    // A hostile chunk tree may claim chunks far larger than the device: no more is read
+    // than the device holds (four times, for the copies of DUP and RAID1C4).
+    let device = io.devices().primary().size();
+    let mut budget = device.saturating_mul(4);
     for (start, length) in ranges {
+        let length = length.min(device).min(budget);
+        budget -= length;
         let end = start.saturating_add(length);
         let mut at = start.next_multiple_of(nodesize.max(1));
         while at.saturating_add(nodesize) <= end {
