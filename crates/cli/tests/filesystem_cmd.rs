@@ -114,8 +114,25 @@ fn run(cmd: &mut Command) -> Output {
     o
 }
 
-/// `btrfs filesystem VIEW MNT`.
+/// `btrfs filesystem VIEW MNT`. btrfs-progs scans every block device to find the mount's
+/// members; a loop device another test detaches or attaches at that moment can make one
+/// scan fail ("not a valid btrfs filesystem", seen once in CI), so a failure is tried again.
 fn btrfs(view: &[&str], mnt: &Path) -> Output {
+    for _ in 0..3 {
+        let out = Command::new("btrfs")
+            .arg("filesystem")
+            .args(view)
+            .arg(mnt)
+            .output()
+            .unwrap();
+        if out.status.success() {
+            return Output {
+                stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+                stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+            };
+        }
+        std::thread::sleep(std::time::Duration::from_millis(300));
+    }
     run(Command::new("btrfs").arg("filesystem").args(view).arg(mnt))
 }
 
