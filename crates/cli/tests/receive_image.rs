@@ -9,7 +9,7 @@
 //! Needs root, loop devices, kernel btrfs, btrfs-progs, setfattr and FUSE (a skip
 //! elsewhere, a failure under CI=true).
 
-use oleo_testkit::cmd::{btrfs_in, require_tools, sh_ok};
+use oleo_testkit::cmd::{btrfs_in, require_tools, sh_ok, subvolume_show_field};
 use oleo_testkit::{
     btrfs_check, empty_image, oleo_mkfs, require_fuse, KernelMount, Manifest, OleoMount, TempDir,
 };
@@ -100,16 +100,6 @@ fallocate -o 2M -l 1M prealloc
 touch -d '@1234567890' odd/*
 "#;
 
-/// A field of `btrfs subvolume show`, e.g. "Received UUID".
-fn show_field(mount: &Path, subvol: &str, field: &str) -> String {
-    let text = btrfs_in(&["subvolume", "show", subvol], mount);
-    text.lines()
-        .find_map(|l| l.trim().strip_prefix(&format!("{field}:")))
-        .unwrap_or_else(|| panic!("no {field} in `btrfs subvolume show {subvol}`:\n{text}"))
-        .trim()
-        .to_string()
-}
-
 /// The kernel's snapshots and the streams made of them.
 struct Source {
     streams: BTreeMap<&'static str, PathBuf>,
@@ -154,7 +144,7 @@ fn make_source(dir: &TempDir) -> Source {
     }
     let mut snaps = BTreeMap::new();
     for s in ["snap1", "snap2"] {
-        let uuid = show_field(&m, s, "UUID");
+        let uuid = subvolume_show_field(&m, s, "UUID");
         snaps.insert(s, (uuid, Manifest::capture(&m.join(s)).unwrap()));
     }
     k.unmount().unwrap();
@@ -245,13 +235,13 @@ fn received_streams_match_the_kernels_snapshots() {
             let at = k.path().join(sub).join(snap);
             assert_same(&src, snap, &at, &format!("the kernel ({name})"));
             let rel = Path::new(sub).join(snap).display().to_string();
-            let received = show_field(k.path(), &rel, "Received UUID");
+            let received = subvolume_show_field(k.path(), &rel, "Received UUID");
             assert_eq!(
                 received, src.snaps[snap].0,
                 "{name}: {snap}'s received uuid"
             );
             assert_eq!(
-                show_field(k.path(), &rel, "Flags"),
+                subvolume_show_field(k.path(), &rel, "Flags"),
                 "readonly",
                 "{name}: {snap}"
             );
@@ -334,8 +324,11 @@ fn refused_and_cut_streams_leave_the_image_consistent() {
     );
     check_clean(&img, "a cut stream");
     let k = KernelMount::mount(&img, &dir.join("kmnt"), &[]).unwrap();
-    assert_eq!(show_field(k.path(), "snap1", "Received UUID"), "-");
-    assert_eq!(show_field(k.path(), "snap1", "Flags"), "-");
+    assert_eq!(
+        subvolume_show_field(k.path(), "snap1", "Received UUID"),
+        "-"
+    );
+    assert_eq!(subvolume_show_field(k.path(), "snap1", "Flags"), "-");
     k.unmount().unwrap();
 
     // The name is taken now: refused, as btrfs refuses.

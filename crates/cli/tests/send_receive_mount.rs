@@ -10,7 +10,7 @@
 //! Needs root, loop devices, kernel btrfs, btrfs-progs, setfattr, FUSE and script(1) (a
 //! skip elsewhere, a failure under CI=true).
 
-use oleo_testkit::cmd::{btrfs_in, require_tools, sh_ok};
+use oleo_testkit::cmd::{btrfs_in, require_tools, sh_ok, subvolume_show_field};
 use oleo_testkit::{
     btrfs_check, empty_image, require_fuse, KernelMount, Manifest, OleoMount, TempDir,
 };
@@ -91,16 +91,6 @@ fn s(p: &Path) -> String {
     p.display().to_string()
 }
 
-/// A field of `btrfs subvolume show`.
-fn show_field(mount: &Path, subvol: &str, field: &str) -> String {
-    let text = btrfs_in(&["subvolume", "show", subvol], mount);
-    text.lines()
-        .find_map(|l| l.trim().strip_prefix(&format!("{field}:")))
-        .unwrap_or_else(|| panic!("no {field} in `btrfs subvolume show {subvol}`:\n{text}"))
-        .trim()
-        .to_string()
-}
-
 fn assert_same(want: &Manifest, root: &Path, how: &str) {
     let got = Manifest::capture(root).unwrap();
     let d = want.sent_differences(&got);
@@ -133,7 +123,7 @@ fn make_source(dir: &TempDir) -> Source {
         .iter()
         .map(|n| {
             (
-                show_field(&m, n, "UUID"),
+                subvolume_show_field(&m, n, "UUID"),
                 Manifest::capture(&m.join(n)).unwrap(),
             )
         })
@@ -391,8 +381,11 @@ fn receive_on_a_mount_shows_at_once_and_on_disk() {
             &k.path().join(&name),
             &format!("{name}, kernel mount"),
         );
-        assert_eq!(&show_field(k.path(), &name, "Received UUID"), uuid);
-        assert!(show_field(k.path(), &name, "Flags").contains("readonly"));
+        assert_eq!(
+            &subvolume_show_field(k.path(), &name, "Received UUID"),
+            uuid
+        );
+        assert!(subvolume_show_field(k.path(), &name, "Flags").contains("readonly"));
     }
     k.unmount().unwrap();
 

@@ -130,6 +130,17 @@ pub fn btrfs_in(args: &[&str], at: &std::path::Path) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// A field of `btrfs subvolume show SUBVOL` run in `mount`, e.g. "Received UUID" ("-" for
+/// none).
+pub fn subvolume_show_field(mount: &std::path::Path, subvol: &str, field: &str) -> String {
+    let text = btrfs_in(&["subvolume", "show", subvol], mount);
+    text.lines()
+        .find_map(|l| l.trim().strip_prefix(&format!("{field}:")))
+        .unwrap_or_else(|| panic!("no {field} in `btrfs subvolume show {subvol}`:\n{text}"))
+        .trim()
+        .to_string()
+}
+
 /// For a test that needs root and `tools` (named with the packages that have them in
 /// `packages`): false, after a skip message (a failure under CI=true), when one is missing.
 pub fn require_tools(what: &str, tools: &[&str], packages: &str) -> bool {
