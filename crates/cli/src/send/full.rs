@@ -1,6 +1,6 @@
 //! A full stream: every inode of the snapshot made at its final path, parents first.
 
-use super::{child, encode_dev, show, Sender, Xattrs, PATH_MAX};
+use super::{encode_dev, entry_path, show, Sender, Xattrs};
 use oleo::format::send_stream::Command;
 use oleo::{Attr, FileKind, InodeId};
 use std::io::Write;
@@ -31,23 +31,9 @@ impl<W: Write> Sender<'_, W> {
             })
             .map_err(|e| format!("{}: {e}", show(&path)))?;
         for e in entries {
-            // A subvolume's entry (in a snapshot, an empty directory standing in for it)
-            // is no inode of this tree: the kernel sends nothing for it.
-            if e.id.subvol != self.subvol
-                || e.id.ino == oleo::format::key::objectid::EMPTY_SUBVOL_DIR
-            {
+            let Some(p) = entry_path(self.subvol, &path, &e)? else {
                 continue;
-            }
-            let p = child(&path, &e.name);
-            // Receivers make each path with one system call: longer ones cannot be made
-            // (and the walk's depth stays bounded).
-            if p.len() >= PATH_MAX {
-                return Err(format!(
-                    "{}...: a path of {} bytes, longer than a receiver can make",
-                    show(&p[..64]),
-                    p.len()
-                ));
-            }
+            };
             if e.kind == FileKind::Dir {
                 self.directory(e.id, p)?;
             } else {

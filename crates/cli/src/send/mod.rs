@@ -333,6 +333,25 @@ fn show(path: &[u8]) -> String {
     format!("/{}", String::from_utf8_lossy(path))
 }
 
+/// The path of entry `e` of the directory at `dir`, in snapshot `subvol`; None for an
+/// entry that is no inode of this tree (a nested subvolume, or the empty directory a
+/// snapshot holds for one: the kernel sends nothing for it). A path a receiver could not
+/// make with one system call is an error (which also bounds the walk's depth).
+fn entry_path(subvol: u64, dir: &[u8], e: &oleo::DirEntry) -> Result<Option<Vec<u8>>, String> {
+    if e.id.subvol != subvol || e.id.ino == oleo::format::key::objectid::EMPTY_SUBVOL_DIR {
+        return Ok(None);
+    }
+    let p = child(dir, &e.name);
+    if p.len() >= PATH_MAX {
+        return Err(format!(
+            "{}...: a path of {} bytes, longer than a receiver can make",
+            show(&p[..64]),
+            p.len()
+        ));
+    }
+    Ok(Some(p))
+}
+
 fn child(dir: &[u8], name: &[u8]) -> Vec<u8> {
     let mut p = Vec::with_capacity(dir.len() + 1 + name.len());
     if !dir.is_empty() {

@@ -1,8 +1,7 @@
 //! The namespaces an incremental send compares: each snapshot's inodes and entries as
 //! read from the image, and the receiver's as the stream changes it.
 
-use super::{child, show, PATH_MAX};
-use oleo::format::key::objectid::EMPTY_SUBVOL_DIR;
+use super::{child, entry_path, show, PATH_MAX};
 use oleo::{Attr, FileKind, Filesystem, InodeId};
 use std::collections::{HashMap, HashSet, VecDeque};
 
@@ -54,17 +53,9 @@ impl Tree {
                 if dkey == rkey {
                     t.top_names.insert(e.name.clone());
                 }
-                if e.id.subvol != subvol || e.id.ino == EMPTY_SUBVOL_DIR {
+                let Some(p) = entry_path(subvol, &path, &e)? else {
                     continue;
-                }
-                let p = child(&path, &e.name);
-                if p.len() >= PATH_MAX {
-                    return Err(format!(
-                        "{}...: a path of {} bytes, longer than a receiver can make",
-                        show(&p[..64]),
-                        p.len()
-                    ));
-                }
+                };
                 let key = match keys.get(&e.id.ino) {
                     // Only non-directories have several names: a directory met again is a
                     // loop in a damaged tree.
