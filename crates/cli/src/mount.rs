@@ -114,9 +114,6 @@ const BTRFS_IGNORED: &[&str] = &[
     "noenospc_debug",
     "treelog",
     "notreelog",
-    "usebackuproot",
-    "norecovery",
-    "rescue",
 ];
 
 fn parse_size(s: &str) -> Option<u64> {
@@ -162,7 +159,22 @@ fn plan(options: &[String], rw_is_explicit: bool) -> Result<Plan, String> {
             ("ro", None) => p.writable = Some(false),
             ("device", Some(v)) => p.open.devices.push(PathBuf::from(v)),
             ("degraded", None) => p.open.degraded = true,
-            ("nologreplay", None) | ("rescue", Some("nologreplay")) => p.open.log_replay = false,
+            // The kernel's old spellings, deprecated there but still taken.
+            ("nologreplay" | "norecovery", None) => p.open.log_replay = false,
+            ("usebackuproot" | "recovery", None) => p.open.rescue.use_backup_root = true,
+            ("rescue", Some(v)) => {
+                if p.open.rescue.add(v)? {
+                    p.open.log_replay = false;
+                }
+            }
+            ("sb", Some(v)) => {
+                p.open.rescue.super_copy = Some(
+                    v.parse()
+                        .ok()
+                        .filter(|&n: &usize| n <= 2)
+                        .ok_or(format!("sb={v}: a superblock copy, 0, 1 or 2"))?,
+                )
+            }
             // As in the kernel: nodatacow implies nodatasum and ends compression, datasum
             // implies datacow, compression implies both.
             ("nodatacow", None) => {
@@ -241,6 +253,24 @@ fn plan(options: &[String], rw_is_explicit: bool) -> Result<Plan, String> {
             }
             _ => return Err(format!("unknown mount option {opt:?}")),
         }
+    }
+    // As in the kernel, a rescue mount is read-only; oleo also keeps usebackuproot and
+    // sb= read-only (writing from an older root would reuse blocks newer roots hold).
+    if p.open.rescue.any() || !p.open.log_replay {
+        if p.writable == Some(true) {
+            let mut names = p.open.rescue.names();
+            if !p.open.log_replay {
+                names.push("nologreplay");
+            }
+            if p.open.rescue.super_copy.is_some() {
+                names.push("sb=");
+            }
+            return Err(format!(
+                "{} must be used with ro mount option",
+                names.join(", ")
+            ));
+        }
+        p.writable = Some(false);
     }
     Ok(p)
 }

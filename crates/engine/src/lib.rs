@@ -117,6 +117,7 @@ pub use filesystem::{ChunkInfo, DeviceInfo, Filesystem};
 pub use inode::inode_item::now;
 pub use inode::xattr::XattrSet;
 pub use io::device;
+pub use io::rescue::{Rescue, SkipLog};
 pub use oleo_format as format;
 pub use scrub::{ScrubOptions, ScrubProgress};
 pub use transaction::fs::{Attr, DirEntry, FileKind, InodeId, StatFs, SubvolumeInfo, Timespec};

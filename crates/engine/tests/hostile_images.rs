@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::{check_image, ImageResult, Outcome};
+use common::{check_image, check_image_rescue, ImageResult, Outcome};
 use oleo_testkit::TempDir;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -137,6 +137,7 @@ fn btrfs_progs_fsck_images_never_panic_or_hang() {
     let scratch = TempDir::new("hostile-images").expect("scratch dir");
     let start = Instant::now();
     let (mut refused, mut walked, mut failures) = (0, 0, Vec::new());
+    let mut rescue_walked = 0;
     for (n, src) in sources.iter().enumerate() {
         let rel = src.strip_prefix(&dir).unwrap_or(src).display().to_string();
         let sub = scratch.join(format!("{n}"));
@@ -169,15 +170,42 @@ fn btrfs_progs_fsck_images_never_panic_or_hang() {
                 }
             };
             println!("{label}: {line} [{:.0?}]", t.elapsed());
+            // The same image opened with every rescue option: never a panic or a hang,
+            // and never refused where the plain open walked it.
+            let t = Instant::now();
+            let line = match check_image_rescue(&label, &img, PER_IMAGE) {
+                Outcome::Done(r) => {
+                    if let ImageResult::Walked(_) = r {
+                        rescue_walked += 1;
+                    }
+                    r.describe()
+                }
+                Outcome::Panicked(p) => {
+                    failures.push(format!("{label} (rescue): PANIC: {p}"));
+                    format!("PANIC: {p}")
+                }
+                Outcome::Hung(d) => {
+                    failures.push(format!("{label} (rescue): HANG: still running after {d:?}"));
+                    format!("HANG after {d:?}")
+                }
+            };
+            println!(
+                "{label} (rescue=all,usebackuproot): {line} [{:.0?}]",
+                t.elapsed()
+            );
         }
         // Decompressed copies can be large: drop each once used.
         let _ = std::fs::remove_dir_all(&sub);
     }
     println!(
-        "{} sources: {walked} walked, {refused} refused, {} failures, in {:.1?}",
+        "{} sources: {walked} walked, {refused} refused ({rescue_walked} walked with every rescue option), {} failures, in {:.1?}",
         sources.len(),
         failures.len(),
         start.elapsed()
+    );
+    assert!(
+        rescue_walked >= walked,
+        "rescue options walked {rescue_walked} images, the plain open {walked}"
     );
     assert!(
         failures.is_empty(),

@@ -13,6 +13,7 @@
 
 pub mod check;
 pub mod cmd;
+pub mod damage;
 pub mod env;
 pub mod image;
 pub mod manifest;

@@ -18,6 +18,12 @@ pub trait BlockSource {
         generation: Option<u64>,
         first_key: Option<Key>,
     ) -> Result<Block>;
+
+    /// Whether an iteration goes around the block at `bytenr`, which failed with `e`,
+    /// instead of failing (`rescue=ignorebadroots`; the source logs it).
+    fn skip_unreadable(&self, _bytenr: u64, _e: &Error) -> bool {
+        false
+    }
 }
 
 impl BlockSource for DiskIo {
@@ -29,6 +35,10 @@ impl BlockSource for DiskIo {
         first_key: Option<Key>,
     ) -> Result<Block> {
         DiskIo::read_tree_block(self, bytenr, level, generation, first_key)
+    }
+
+    fn skip_unreadable(&self, bytenr: u64, e: &Error) -> bool {
+        DiskIo::skip_unreadable(self, bytenr, e)
     }
 }
 
@@ -81,22 +91,36 @@ impl<'a, S: BlockSource + ?Sized> Cursor<'a, S> {
                 break;
             }
             let slot = tb.child_slot_for(key).map_err(fmt_err(tb.bytenr()))?;
-            let child = cur.child(&tb, slot)?;
-            cur.path.push((block, slot));
-            block = child;
+            match cur.child(&tb, slot)? {
+                Some(child) => {
+                    cur.path.push((block, slot));
+                    block = child;
+                }
+                None => {
+                    // Gone around: the first readable item after the lost subtree.
+                    cur.path.push((block, slot + 1));
+                    cur.descend(false)?;
+                    break;
+                }
+            }
         }
         cur.settle()?;
         Ok(cur)
     }
 
-    fn child(&self, node: &TreeBlock, slot: usize) -> Result<Block> {
+    /// The child at `slot`; None when it is unreadable and the source goes around it.
+    fn child(&self, node: &TreeBlock, slot: usize) -> Result<Option<Block>> {
         let p = node.key_ptr(slot).map_err(fmt_err(node.bytenr()))?;
-        self.io.read_tree_block(
+        match self.io.read_tree_block(
             p.blockptr,
             Some(node.level() - 1),
             Some(p.generation),
             Some(p.key),
-        )
+        ) {
+            Ok(b) => Ok(Some(b)),
+            Err(e) if self.io.skip_unreadable(p.blockptr, &e) => Ok(None),
+            Err(e) => Err(e),
+        }
     }
 
     /// Descends from path depth `depth` (a node) to a leaf, taking the first or last slot.
@@ -108,10 +132,20 @@ impl<'a, S: BlockSource + ?Sized> Cursor<'a, S> {
                 .cloned()
                 .ok_or_else(|| Error::corrupt(0, "empty path"))?;
             let tb = view(&block, 0)?;
-            if tb.is_leaf() {
+            // A node whose children were all gone around: `settle` climbs on.
+            if tb.is_leaf() || slot >= tb.nritems() {
                 return Ok(());
             }
-            let child = self.child(&tb, slot)?;
+            let Some(child) = self.child(&tb, slot)? else {
+                if last {
+                    // Going around backwards is not needed by any caller: fail as before.
+                    return Err(Error::corrupt(tb.bytenr(), "a child block is unreadable"));
+                }
+                if let Some(last) = self.path.last_mut() {
+                    last.1 += 1;
+                }
+                continue;
+            };
             let ctb = view(&child, 0)?;
             let cslot = if last {
                 ctb.nritems().saturating_sub(1)
@@ -161,7 +195,8 @@ impl<'a, S: BlockSource + ?Sized> Cursor<'a, S> {
             None => return Ok(None),
         };
         let tb = view(leaf, 0)?;
-        if *slot >= tb.nritems() {
+        // A node last in the path: every child past it was gone around (rescue).
+        if *slot >= tb.nritems() || !tb.is_leaf() {
             return Ok(None);
         }
         let e = fmt_err(tb.bytenr());

@@ -266,7 +266,18 @@ impl FsCore {
             .and_then(|e| e.checked_next_multiple_of(sector))
             .ok_or_else(|| Error::corrupt(logical, "data range overflows the address space"))?;
         let csums = if verify {
-            self.data_csums(start, end)?
+            match self.data_csums(start, end) {
+                Ok(c) => c,
+                Err(e)
+                    if self.io.rescue().ignore_data_csums && !matches!(e, Error::NotCached(_)) =>
+                {
+                    self.io.skips().note("ignoredatacsums", start, || {
+                        format!("checksums of data at logical {start} unreadable ({e}); read unverified")
+                    });
+                    Vec::new()
+                }
+                Err(e) => return Err(e),
+            }
         } else {
             Vec::new()
         };
@@ -495,6 +506,23 @@ impl ReadPlan {
             }
         }
         let bad = r.start + (first_bad * sector) as u64;
+        // Every sector still wanted was read and failed on every copy: the user asked for
+        // the bytes anyway (the first copy's, which `buf` holds).
+        if self.io.rescue().ignore_data_csums
+            && want
+                .iter()
+                .all(|&i| from[i].is_some() && tried[i].len() >= order.len())
+        {
+            self.io.skips().note("ignoredatacsums", bad, || {
+                format!(
+                    "data at logical {bad} (inode {}, subvolume {}): {} sectors fail their checksums on every copy; returned unverified",
+                    r.id.ino,
+                    r.id.subvol,
+                    want.len()
+                )
+            });
+            return Ok(());
+        }
         let err = Error::DataChecksum {
             subvol: r.id.subvol,
             ino: r.id.ino,

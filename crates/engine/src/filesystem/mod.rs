@@ -208,6 +208,11 @@ impl Filesystem {
         self.core.into_inner().close()
     }
 
+    /// What a rescue open (`OpenOptions::rescue`) went around so far.
+    pub fn rescue_skips(&self) -> &crate::io::rescue::SkipLog {
+        self.io.skips()
+    }
+
     /// The superblock as last committed.
     pub fn superblock(&self) -> Superblock {
         self.core.read().superblock().clone()

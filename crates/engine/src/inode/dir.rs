@@ -7,7 +7,13 @@ use crate::transaction::fs::{DirEntry, FileKind, FsCore, InodeId};
 use oleo_format::csum::name_hash;
 use oleo_format::items::{DirEntryItem, DirEntryIter, FileType};
 use oleo_format::key::{item, objectid, Key};
+use std::collections::HashSet;
 use std::ops::ControlFlow;
+
+/// Readdir cookies from here on resume the listing of names whose DIR_INDEX is lost
+/// (`rescue=ignorebadroots`): this plus the DIR_ITEM's name hash. Real indexes stay far
+/// below it (they count up from 2).
+const RESCUE_COOKIES: u64 = 1 << 62;
 
 fn kind_of(t: FileType) -> Option<FileKind> {
     Some(match t {
@@ -117,6 +123,11 @@ impl FsCore {
     /// rename or create during the listing gives an entry a higher number, so stopping here
     /// lists each entry once, as the kernel's readdir does.
     pub(crate) fn readdir_end(&self, dir: InodeId) -> Result<u64> {
+        // A rescue mount is read-only (nothing is renamed during a listing), and lists
+        // past the indexes (`readdir_unindexed`).
+        if self.io.rescue().ignore_bad_roots {
+            return Ok(u64::MAX);
+        }
         if let Some(&next) = self.next_index.lock().get(&dir) {
             return Ok(next);
         }
@@ -140,6 +151,10 @@ impl FsCore {
         }
         self.require_dir(dir)?;
         let tree = self.tree_of(dir)?;
+        let rescue = self.io.rescue().ignore_bad_roots;
+        if rescue && from >= RESCUE_COOKIES {
+            return self.readdir_unindexed(dir, from - RESCUE_COOKIES, f);
+        }
         let from = from.max(2);
         let queue = self.running.as_deref().and_then(|t| t.delayed.dir(&dir));
         let mut queued = queue
@@ -168,11 +183,76 @@ impl FsCore {
         if more {
             for (&i, b) in queued {
                 if !self.list_entries(dir, i, b, f)? {
+                    more = false;
                     break;
                 }
             }
         }
+        if more && rescue {
+            return self.readdir_unindexed(dir, 0, f);
+        }
         Ok(())
+    }
+
+    /// Under `rescue=ignorebadroots`, after the DIR_INDEX listing: the names whose
+    /// DIR_INDEX item is gone (its leaf unreadable) but whose DIR_ITEM survives, from name
+    /// hash `from` on. Only for a directory whose readable DIR_INDEX items fall short of
+    /// its size (which counts each name twice, once per item).
+    fn readdir_unindexed(
+        &self,
+        dir: InodeId,
+        from: u64,
+        f: &mut dyn FnMut(DirEntry) -> bool,
+    ) -> Result<()> {
+        let tree = self.tree_of(dir)?;
+        let mut listed: HashSet<(u64, Vec<u8>)> = HashSet::new();
+        let mut name_bytes = 0u64;
+        let min = Key::new(dir.ino, item::DIR_INDEX, 0);
+        let max = Key::new(dir.ino, item::DIR_INDEX, u64::MAX);
+        for_each_in_range(self, &tree, min, max, |_, body| {
+            for e in DirEntryIter::new(body).map_while(|e| e.ok()) {
+                name_bytes += e.name.len() as u64;
+                listed.insert((e.location.objectid, e.name.to_vec()));
+            }
+            Ok(ControlFlow::Continue(()))
+        })?;
+        let size = self.getattr(dir)?.size;
+        if name_bytes.saturating_mul(2) >= size {
+            return Ok(());
+        }
+        self.io.skips().note("ignorebadroots", dir.ino, || {
+            format!(
+                "directory {} (subvolume {}): its DIR_INDEX items hold {name_bytes} of the {} name bytes its size counts; names found only in DIR_ITEMs are listed after the rest",
+                dir.ino,
+                dir.subvol,
+                size / 2
+            )
+        });
+        let min = Key::new(dir.ino, item::DIR_ITEM, from);
+        let max = Key::new(dir.ino, item::DIR_ITEM, u64::from(u32::MAX));
+        for_each_in_range(self, &tree, min, max, |key, body| {
+            for e in DirEntryIter::new(body).map_while(|e| e.ok()) {
+                let Some(kind) = kind_of(e.kind()) else {
+                    continue;
+                };
+                if listed.contains(&(e.location.objectid, e.name.to_vec())) {
+                    continue;
+                }
+                let Ok(id) = self.entry_target(dir, &e) else {
+                    continue;
+                };
+                let entry = DirEntry {
+                    name: e.name.to_vec(),
+                    id,
+                    kind,
+                    next_offset: RESCUE_COOKIES + key.offset + 1,
+                };
+                if !f(entry) {
+                    return Ok(ControlFlow::Break(()));
+                }
+            }
+            Ok(ControlFlow::Continue(()))
+        })
     }
 
     /// Hands the entries of one DIR_INDEX item (`index`, `body`) to `f`; false once `f`

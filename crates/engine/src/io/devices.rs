@@ -65,17 +65,24 @@ pub(crate) enum DevStat {
 impl DeviceSet {
     /// Opens and claims every path (read-write when `writable`), reads their superblocks and
     /// keeps those of one filesystem: the first path's. Returns the set and the newest
-    /// superblock among them.
-    pub(crate) fn open(paths: &[PathBuf], writable: bool) -> Result<(DeviceSet, Superblock)> {
-        Self::open_with(paths, writable, false)
-    }
-
-    /// `open`, where `any_copy` lets a device whose primary superblock is not btrfs's at
-    /// all be read from a later copy (rescue: the user named the image and reads only).
+    /// superblock among them. `any_copy` lets a device whose primary superblock is not
+    /// btrfs's at all be read from a later copy (rescue: the user named the image and
+    /// reads only).
     pub(crate) fn open_with(
         paths: &[PathBuf],
         writable: bool,
         any_copy: bool,
+    ) -> Result<(DeviceSet, Superblock)> {
+        Self::open_copy(paths, writable, any_copy, None)
+    }
+
+    /// `open_with`, where `copy` names the one superblock copy to read on each device
+    /// (the `sb=N` option).
+    pub(crate) fn open_copy(
+        paths: &[PathBuf],
+        writable: bool,
+        any_copy: bool,
+        copy: Option<usize>,
     ) -> Result<(DeviceSet, Superblock)> {
         let first = paths
             .first()
@@ -109,7 +116,11 @@ impl DeviceSet {
             } else {
                 Device::open(path)?
             };
-            let sb = read_superblock(&device, any_copy).map_err(|e| named(path, e))?;
+            let sb = match copy {
+                Some(n) => read_superblock_copy(&device, n),
+                None => read_superblock(&device, any_copy),
+            }
+            .map_err(|e| named(path, e))?;
             let want = *fsid.get_or_insert(sb.fsid);
             if sb.fsid != want {
                 return Err(Error::Unusable(format!(
@@ -448,6 +459,36 @@ fn named(path: &Path, e: Error) -> Error {
 /// Where the magic lies in a superblock (after the checksum, fsid, bytenr and flags).
 const MAGIC_AT: usize = 0x40;
 
+/// Superblock copy `n` (0, 1 or 2) and no other: the user chose it (`sb=N`).
+pub(crate) fn read_superblock_copy(device: &Device, n: usize) -> Result<Superblock> {
+    if n > 2 {
+        return Err(Error::InvalidArgument(format!(
+            "sb={n}: btrfs keeps superblock copies 0, 1 and 2"
+        )));
+    }
+    let off = superblock::mirror_offset(n);
+    if off + SUPER_INFO_SIZE as u64 > device.size() {
+        return Err(Error::Unusable(format!(
+            "superblock copy {n} (at {off}) lies past the end of the device"
+        )));
+    }
+    let mut buf = vec![0u8; SUPER_INFO_SIZE];
+    device.read_exact_at(&mut buf, off)?;
+    let sb = Superblock::parse(&buf)
+        .map_err(|e| Error::Unusable(format!("superblock copy {n} (at {off}): {e}")))?;
+    if sb.bytenr != off {
+        return Err(Error::Unusable(format!(
+            "superblock copy {n} (at {off}) claims to be at {}",
+            sb.bytenr
+        )));
+    }
+    log::warn!(
+        "rescue: sb={n}: using superblock copy {n} (at {off}), generation {}",
+        sb.generation
+    );
+    Ok(sb)
+}
+
 pub(crate) fn read_superblock(device: &Device, any_copy: bool) -> Result<Superblock> {
     let mut first_err = None;
     for mirror in 0..3 {
@@ -471,7 +512,8 @@ pub(crate) fn read_superblock(device: &Device, any_copy: bool) -> Result<Superbl
         {
             return Err(Error::Unusable(
                 "no btrfs superblock at 64 KiB (not a btrfs filesystem, or its primary \
-                 superblock was overwritten; copies further in are not used on their own)"
+                 superblock was overwritten: copies further in are not used on their own; \
+                 `-o sb=1` mounts from the first, `oleo restore --mirror 1` copies files out)"
                     .into(),
             ));
         }

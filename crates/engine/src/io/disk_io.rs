@@ -6,10 +6,11 @@
 use crate::error::{Error, Result, TreeMiss};
 use crate::io::device::Device;
 use crate::io::devices::{DevRead, DevStat, DeviceSet};
+use crate::io::rescue::{Rescue, SkipLog};
 use crate::io::volumes::{ChunkMap, RowPiece};
 use oleo_format::items::block_group as bg;
 use oleo_format::key::Key;
-use oleo_format::validate::{check_tree_block, Expect, FsContext};
+use oleo_format::validate::{check_tree_block, check_tree_block_but_csum, Expect, FsContext};
 use parking_lot::{RwLock, RwLockReadGuard};
 use quick_cache::sync::Cache;
 use quick_cache::Weighter;
@@ -44,8 +45,12 @@ impl TreeMiss {
     /// Reads the block into the cache (verified as a read under the lock would be).
     pub(crate) fn fetch(&self, io: &DiskIo) -> Result<()> {
         let _device = CachedOnly::allow();
-        io.read_tree_block(self.bytenr, self.level, self.generation, self.first_key)
-            .map(drop)
+        match io.read_tree_block(self.bytenr, self.level, self.generation, self.first_key) {
+            Ok(_) => Ok(()),
+            // Now known bad: the next try goes around it without reading.
+            Err(e) if io.skip_unreadable(self.bytenr, &e) => Ok(()),
+            Err(e) => Err(e),
+        }
     }
 }
 
@@ -76,6 +81,11 @@ pub struct DiskIo {
     /// bytes), rewritten under the filesystem's exclusive lock (`FsCore::repair_tree_blocks`)
     /// where nothing can free the block meanwhile.
     repairs: parking_lot::Mutex<Vec<(u64, usize, Block)>>,
+    /// The rescue options of a read-only open, and what they let it go around.
+    rescue: Rescue,
+    skips: SkipLog,
+    /// Blocks gone around (`ignorebadroots`): failed at once, not read again.
+    gone_around: RwLock<std::collections::HashSet<u64>>,
 }
 
 impl DiskIo {
@@ -93,7 +103,39 @@ impl DiskIo {
             cache: Cache::with_weighter(items, cache_bytes.max(16 * 65536), BlockWeight),
             inflight: RwLock::new(HashMap::new()),
             repairs: parking_lot::Mutex::new(Vec::new()),
+            rescue: Rescue::default(),
+            skips: SkipLog::default(),
+            gone_around: RwLock::default(),
         }
+    }
+
+    /// Sets the rescue options (before the open shares the handle).
+    pub(crate) fn set_rescue(&mut self, rescue: Rescue) {
+        self.rescue = rescue;
+    }
+
+    /// The rescue options of this open.
+    pub fn rescue(&self) -> &Rescue {
+        &self.rescue
+    }
+
+    /// What a rescue open went around.
+    pub fn skips(&self) -> &SkipLog {
+        &self.skips
+    }
+
+    /// Under `rescue=ignorebadroots`: whether to go around the unreadable tree block
+    /// `bytenr` (logged once) instead of failing with `e`. Never for a block that was
+    /// only not cached.
+    pub(crate) fn skip_unreadable(&self, bytenr: u64, e: &Error) -> bool {
+        if !self.rescue.ignore_bad_roots || !matches!(e, Error::Corrupt { .. } | Error::Io(_)) {
+            return false;
+        }
+        self.gone_around.write().insert(bytenr);
+        self.skips.note("ignorebadroots", bytenr, || {
+            format!("tree block {bytenr} unreadable ({e}); what it holds is left out")
+        });
+        true
     }
 
     pub fn chunks(&self) -> RwLockReadGuard<'_, ChunkMap> {
@@ -609,6 +651,12 @@ impl DiskIo {
             check_expectations(&block, &expect)?;
             return Ok(block);
         }
+        if self.rescue.ignore_bad_roots && self.gone_around.read().contains(&bytenr) {
+            return Err(Error::corrupt(
+                bytenr,
+                "unreadable on every copy (gone around)",
+            ));
+        }
         if CACHED_ONLY.get() {
             return Err(Error::NotCached(Box::new(TreeMiss {
                 bytenr,
@@ -620,10 +668,18 @@ impl DiskIo {
         let nodesize = self.nodesize() as usize;
         let mut last_err = String::new();
         let mut bad: Vec<usize> = Vec::new();
+        // Copies whose only fault is the checksum (for rescue=ignoremetacsums).
+        let mut csum_only: Vec<(usize, Vec<u8>)> = Vec::new();
         for mirror in self.mirror_order(bytenr, nodesize as u64) {
             let mut buf = vec![0u8; nodesize];
             let verdict = self.read_logical(bytenr, &mut buf, mirror).and_then(|_| {
                 check_tree_block(&buf, &self.ctx.read(), &expect).map_err(|e| {
+                    if self.rescue.ignore_meta_csums
+                        && e == oleo_format::FormatError::ChecksumMismatch
+                        && check_tree_block_but_csum(&buf, &self.ctx.read(), &expect).is_ok()
+                    {
+                        csum_only.push((mirror, buf.clone()));
+                    }
                     let stat = if e.to_string().contains("parent transid") {
                         DevStat::Generation
                     } else {
@@ -661,6 +717,14 @@ impl DiskIo {
                     };
                 }
             }
+        }
+        if let Some((mirror, buf)) = csum_only.into_iter().next() {
+            self.skips.note("ignoremetacsums", bytenr, || {
+                format!("tree block {bytenr}: checksum wrong on every copy; used copy {mirror}, which passes every other check")
+            });
+            let block: Block = buf.into();
+            self.cache.insert(bytenr, block.clone());
+            return Ok(block);
         }
         Err(Error::corrupt(bytenr, last_err))
     }

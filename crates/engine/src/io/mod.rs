@@ -9,10 +9,12 @@
 //! - `volumes`: the chunk map from logical to physical addresses (the kernel's volumes.c).
 //! - `disk_io`: verified tree block reads (checksum, bytenr, generation, owner), the block
 //!   cache, and the in-flight blocks of commits still being written.
+//! - `rescue`: the `rescue=` options and the log of what a rescue open went around.
 
 pub mod claim;
 pub mod device;
 pub(crate) mod device_uring;
 pub(crate) mod devices;
 pub mod disk_io;
+pub mod rescue;
 pub mod volumes;

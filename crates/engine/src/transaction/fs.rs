@@ -12,7 +12,7 @@ use crate::io::volumes::ChunkMap;
 use crate::transaction::options::OpenOptions;
 use oleo_format::items::{block_group as bg, ChunkItem, DevItem, InodeItem, RootItem};
 use oleo_format::key::{item, objectid, Key};
-use oleo_format::superblock::{self, incompat, Superblock};
+use oleo_format::superblock::{self, incompat, BackupRoot, Superblock};
 use oleo_format::validate::FsContext;
 use parking_lot::{Mutex, RwLock};
 use quick_cache::sync::Cache;
@@ -298,7 +298,15 @@ impl FsCore {
         let path = path.as_ref();
         let mut paths = vec![path.to_path_buf()];
         paths.extend(options.devices.iter().cloned());
-        let (devices, sb) = DeviceSet::open(&paths, !options.read_only)?;
+        let rescue = options.rescue.clone();
+        if rescue.any() && !options.read_only {
+            return Err(Error::InvalidArgument(format!(
+                "rescue={} and sb= need a read-only open",
+                rescue.names().join(":")
+            )));
+        }
+        let (devices, sb) =
+            DeviceSet::open_copy(&paths, !options.read_only, false, rescue.super_copy)?;
         check_features(&sb)?;
         for (devid, m) in devices.members() {
             let want = devices.dev_item(devid).map_or(0, |d| d.total_bytes);
@@ -328,31 +336,17 @@ impl FsCore {
         }
         let cache_bytes = options.cache_bytes.max(1 << 20);
         let mut io = DiskIo::new(devices, sys, ctx, cache_bytes);
-        let chunk_root = TreeRoot {
-            id: objectid::CHUNK_TREE,
-            bytenr: sb.chunk_root,
-            level: sb.chunk_root_level,
-            generation: sb.chunk_root_generation,
-        };
-        let chunks = read_chunk_tree(&io, &chunk_root)
-            .map_err(|e| Error::Unusable(format!("cannot read the chunk tree: {e}")))?;
-        io.set_chunks(chunks);
+        io.set_rescue(rescue.clone());
+        let backups = backup_slots(&sb, rescue.use_backup_root);
+        let chunk_root = read_chunks(&io, &sb, &backups)?;
         check_devices(&mut io, &chunk_root, &options)?;
+        let pending_log = sb.log_root != 0;
         let root_tree = TreeRoot {
             id: objectid::ROOT_TREE,
             bytenr: sb.root,
             level: sb.root_level,
             generation: sb.generation,
         };
-        // Reading the root tree's root block now turns a bad root into one clear refusal.
-        io.read_tree_block(
-            root_tree.bytenr,
-            Some(root_tree.level),
-            Some(root_tree.generation),
-            None,
-        )
-        .map_err(|e| Error::Unusable(format!("cannot read the root tree: {e}")))?;
-        let pending_log = sb.log_root != 0;
         let entries = (cache_bytes / 8 / 256).max(1024) as usize;
         let extent_bytes = (cache_bytes / 8).max(4 << 20);
         let pipe = Arc::new(crate::transaction::commit_pipe::CommitPipe::new(
@@ -390,14 +384,112 @@ impl FsCore {
             pipe,
             on_close: None,
         };
-        fs.csum_tree = fs.read_root_item(objectid::CSUM_TREE)?.map(|(r, _)| r);
-        fs.load_dev_stats()?;
-        if fs.subvol_root(objectid::FS_TREE)?.is_none() {
+        let own = (fs.root_tree, fs.sb.clone(), fs.pending_log);
+        let strict = !backups.is_empty();
+        let mut first_err = None;
+        for slot in std::iter::once(None).chain(backups.iter().map(Some)) {
+            if let Some(b) = slot {
+                let r = fs.root_tree;
+                let why = first_err
+                    .as_ref()
+                    .map(|e: &Error| e.to_string())
+                    .unwrap_or_default();
+                fs.io.skips().note("usebackuproot", b.tree_root, || {
+                    format!(
+                        "root tree of generation {} at {} unusable ({why}); trying the backup root of generation {}",
+                        r.generation, r.bytenr, b.tree_root_gen
+                    )
+                });
+                fs.drop_running();
+                fs.use_backup_root(b);
+            }
+            match fs.load_roots(strict) {
+                Ok(()) => return Ok(fs),
+                Err(e) => {
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        let e = first_err.expect("the superblock's own root is always tried");
+        if !strict {
+            return Err(e);
+        }
+        // No backup did better: the superblock's own root, showing what of it reads.
+        fs.drop_running();
+        (fs.root_tree, fs.sb, fs.pending_log) = own;
+        fs.load_roots(false).map_err(|_| e)?;
+        Ok(fs)
+    }
+
+    /// Reads what every open needs from the root tree: the root block, the csum tree's
+    /// root, the device stats and tree 5. Under `ignorebadroots` the csum and device trees
+    /// may be left out.
+    fn load_roots(&mut self, strict_top: bool) -> Result<()> {
+        let rt = self.root_tree;
+        // Reading the root tree's root block now turns a bad root into one clear refusal.
+        self.io
+            .read_tree_block(rt.bytenr, Some(rt.level), Some(rt.generation), None)
+            .map_err(|e| Error::Unusable(format!("cannot read the root tree: {e}")))?;
+        let bad_roots = self.io.rescue().ignore_bad_roots;
+        let csum = self
+            .read_root_item(objectid::CSUM_TREE)
+            .and_then(|r| match r {
+                Some((root, _)) if bad_roots => self
+                    .io
+                    .read_tree_block(root.bytenr, Some(root.level), Some(root.generation), None)
+                    .map(|_| Some(root)),
+                r => Ok(r.map(|(root, _)| root)),
+            });
+        self.csum_tree = match csum {
+            Ok(c) => c,
+            Err(e) if bad_roots && !matches!(e, Error::NotCached(_)) => {
+                self.io
+                    .skips()
+                    .note("ignorebadroots", objectid::CSUM_TREE, || {
+                        format!("the csum tree is unreadable ({e}): data is read unverified")
+                    });
+                None
+            }
+            Err(e) => return Err(e),
+        };
+        if let Err(e) = self.load_dev_stats() {
+            if !bad_roots {
+                return Err(e);
+            }
+            self.io
+                .skips()
+                .note("ignorebadroots", objectid::DEV_TREE, || {
+                    format!("the device tree is unreadable ({e}): error counters start at zero")
+                });
+        }
+        let Some(top) = self.subvol_root(objectid::FS_TREE)? else {
             return Err(Error::Unusable(
                 "the top-level subvolume (tree 5) is missing".into(),
             ));
+        };
+        // With backups to go to, an unreadable tree 5 is a reason to (the kernel's mount
+        // fails on it); without, what else reads is still worth showing.
+        if strict_top {
+            self.io
+                .read_tree_block(top.bytenr, Some(top.level), Some(top.generation), None)
+                .map_err(|e| Error::Unusable(format!("cannot read tree 5's root: {e}")))?;
         }
-        Ok(fs)
+        Ok(())
+    }
+
+    /// Opens from an older root tree (`usebackuproot`): what was written after it, the
+    /// log included, is not seen.
+    fn use_backup_root(&mut self, b: &BackupRoot) {
+        self.root_tree = TreeRoot {
+            id: objectid::ROOT_TREE,
+            bytenr: b.tree_root,
+            level: b.tree_root_level,
+            generation: b.tree_root_gen,
+        };
+        self.sb.root = b.tree_root;
+        self.sb.root_level = b.tree_root_level;
+        self.sb.log_root = 0;
+        self.pending_log = false;
     }
 
     /// The root directory of the opened subvolume.
@@ -667,6 +759,70 @@ fn check_devices(io: &mut DiskIo, chunk_root: &TreeRoot, options: &OpenOptions) 
     Ok(())
 }
 
+/// The backup roots to try after the superblock's own (`usebackuproot`), newest first:
+/// only those older than the superblock (a newer one was never committed).
+fn backup_slots(sb: &Superblock, wanted: bool) -> Vec<BackupRoot> {
+    if !wanted {
+        return Vec::new();
+    }
+    let mut v: Vec<BackupRoot> = sb
+        .backup_roots
+        .iter()
+        .filter(|b| b.tree_root != 0 && b.tree_root_gen < sb.generation && b.tree_root != sb.root)
+        .cloned()
+        .collect();
+    v.sort_by_key(|b| std::cmp::Reverse(b.tree_root_gen));
+    v
+}
+
+/// Reads the chunk tree into the map; with backups (`usebackuproot`), an unreadable
+/// chunk root falls back to theirs. Returns the root used.
+fn read_chunks(io: &DiskIo, sb: &Superblock, backups: &[BackupRoot]) -> Result<TreeRoot> {
+    let first = TreeRoot {
+        id: objectid::CHUNK_TREE,
+        bytenr: sb.chunk_root,
+        level: sb.chunk_root_level,
+        generation: sb.chunk_root_generation,
+    };
+    let mut tries = vec![first];
+    for b in backups {
+        if b.chunk_root != 0 && tries.iter().all(|t| t.bytenr != b.chunk_root) {
+            tries.push(TreeRoot {
+                id: objectid::CHUNK_TREE,
+                bytenr: b.chunk_root,
+                level: b.chunk_root_level,
+                generation: b.chunk_root_gen,
+            });
+        }
+    }
+    let mut last = None;
+    for root in tries {
+        match read_chunk_tree(io, &root) {
+            Ok(chunks) => {
+                io.set_chunks(chunks);
+                return Ok(root);
+            }
+            Err(e) => {
+                if last.is_some() || backups.is_empty() {
+                    log::warn!("chunk tree at {} unusable: {e}", root.bytenr);
+                } else {
+                    io.skips().note("usebackuproot", root.bytenr, || {
+                        format!(
+                            "chunk tree at {} unusable ({e}); trying the backup roots' chunk trees",
+                            root.bytenr
+                        )
+                    });
+                }
+                last = Some(e);
+            }
+        }
+    }
+    Err(Error::Unusable(format!(
+        "cannot read the chunk tree: {}",
+        last.expect("one try at least")
+    )))
+}
+
 fn read_chunk_tree(io: &DiskIo, chunk_root: &TreeRoot) -> Result<ChunkMap> {
     let mut map = ChunkMap::default();
     let min = Key::new(objectid::FIRST_CHUNK_TREE, item::CHUNK_ITEM, 0);
@@ -700,6 +856,10 @@ impl crate::ctree::BlockSource for FsCore {
         }
         self.io
             .read_tree_block(bytenr, level, generation, first_key)
+    }
+
+    fn skip_unreadable(&self, bytenr: u64, e: &Error) -> bool {
+        self.io.skip_unreadable(bytenr, e)
     }
 }
 

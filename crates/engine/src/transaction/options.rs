@@ -37,6 +37,8 @@ pub struct OpenOptions {
     pub devices: Vec<std::path::PathBuf>,
     /// Open even with devices missing, when every chunk keeps a copy (`degraded`).
     pub degraded: bool,
+    /// The kernel's `rescue=` options and `sb=N`; any of them needs `read_only`.
+    pub rescue: crate::io::rescue::Rescue,
 }
 
 impl Default for OpenOptions {
@@ -53,6 +55,7 @@ impl Default for OpenOptions {
             compress: None,
             devices: Vec::new(),
             degraded: false,
+            rescue: Default::default(),
         }
     }
 }

@@ -113,6 +113,14 @@ impl FsCore {
         if syncs > 0 {
             log::info!("{fsyncs} fsyncs went through the log tree, in {syncs} log syncs");
         }
+        let skips = self.io.skips();
+        if skips.count() > 0 {
+            log::warn!(
+                "rescue: went around {} unreadable things at {} places (each logged once above)",
+                skips.count(),
+                skips.places()
+            );
+        }
         let idle = self.running.is_none() && self.open_inodes.lock().is_empty();
         if idle || self.aborted.is_some() || !self.io.device().is_writable() {
             return Ok(());

@@ -415,7 +415,11 @@ impl ImageResult {
 }
 
 pub fn open_and_walk(path: &Path, lim: &Limits) -> ImageResult {
-    match Filesystem::open(path, OpenOptions::default()) {
+    open_and_walk_with(path, lim, OpenOptions::default())
+}
+
+fn open_and_walk_with(path: &Path, lim: &Limits, opts: OpenOptions) -> ImageResult {
+    match Filesystem::open(path, opts) {
         Err(e) => ImageResult::Refused(e),
         Ok(fs) => ImageResult::Walked(walk(&fs, lim)),
     }
@@ -425,6 +429,25 @@ pub fn open_and_walk(path: &Path, lim: &Limits) -> ImageResult {
 pub fn check_image(name: &str, path: &Path, limit: Duration) -> Outcome<ImageResult> {
     let p = path.to_path_buf();
     bounded(name, limit, move || open_and_walk(&p, &Limits::default()))
+}
+
+/// Every rescue option at once (`rescue=all,usebackuproot`), read-only.
+pub fn rescue_all() -> OpenOptions {
+    let mut rescue = oleo::Rescue::default();
+    rescue.add("all:usebackuproot").expect("known options");
+    OpenOptions {
+        log_replay: false,
+        rescue,
+        ..OpenOptions::default()
+    }
+}
+
+/// `check_image` with every rescue option.
+pub fn check_image_rescue(name: &str, path: &Path, limit: Duration) -> Outcome<ImageResult> {
+    let p = path.to_path_buf();
+    bounded(name, limit, move || {
+        open_and_walk_with(&p, &Limits::default(), rescue_all())
+    })
 }
 
 /// A small deterministic PRNG (splitmix64): the same seed gives the same damage everywhere.
