@@ -1,4 +1,5 @@
-//! `oleo inspect IMAGE subvolumes | versions PATH | file PATH`: forensic reading of an
+//! `oleo inspect IMAGE subvolumes | versions PATH | file PATH | deleted | undelete`:
+//! forensic reading of an
 //! image or device, opened read-only (nothing is written, no log is replayed, no orphan
 //! is removed). Paths are from the top-level subvolume. Times are UTC; `--json` prints
 //! one JSON document for scripts.
@@ -11,6 +12,8 @@ use sha2::{Digest, Sha256};
 use std::collections::{HashMap, HashSet};
 use std::fmt::Write as _;
 use std::path::PathBuf;
+
+mod deleted;
 
 #[derive(clap::Args)]
 pub struct InspectArgs {
@@ -44,9 +47,40 @@ enum Verb {
         #[arg(long)]
         json: bool,
     },
+    /// Inodes found in old tree blocks still on disk and in no current tree: deleted.
+    Deleted {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Copies a deleted inode's bytes out (never over an existing file).
+    Undelete {
+        /// Subvolume (tree id) the inode was in; default 5, with --all every one.
+        #[arg(long)]
+        root: Option<u64>,
+        /// Copies every deleted file and symlink to DEST_DIR/<subvol>/<ino>.<gen>/<name>.
+        #[arg(long, value_name = "DEST_DIR", conflicts_with_all = ["ino", "dest"])]
+        all: Option<PathBuf>,
+        /// Inode number, as `deleted` lists it.
+        #[arg(required_unless_present = "all")]
+        ino: Option<u64>,
+        /// Where to write it; must not exist.
+        #[arg(value_name = "DEST_FILE", required_unless_present = "all")]
+        dest: Option<PathBuf>,
+    },
 }
 
 pub fn run(a: &InspectArgs) -> Result<(), String> {
+    // The rescue open: these work on images the normal open refuses.
+    match &a.verb {
+        Verb::Deleted { json } => return deleted::list(&a.image, *json),
+        Verb::Undelete {
+            root,
+            all,
+            ino,
+            dest,
+        } => return deleted::undelete(&a.image, *root, *ino, dest.as_deref(), all.as_deref()),
+        _ => {}
+    }
     let opts = OpenOptions {
         read_only: true,
         subvolid: Some(objectid::FS_TREE),
@@ -61,6 +95,7 @@ pub fn run(a: &InspectArgs) -> Result<(), String> {
             hash_limit,
         } => versions(&fs, path, *json, *hash_limit),
         Verb::File { path, json } => file(&fs, path, *json),
+        Verb::Deleted { .. } | Verb::Undelete { .. } => unreachable!("handled above"),
     }
 }
 

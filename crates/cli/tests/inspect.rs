@@ -2,8 +2,10 @@
 //! writable snapshots of a file changed (and renamed) between them and a received
 //! subvolume: `subvolumes` against `btrfs subvolume list -a -u -q -R -g -c` and `show`,
 //! `versions` against sha256sum through the kernel mount, `file` against stat and getfattr;
-//! the image is never written. The damaged images of btrfs-progs' fsck set give an error
-//! or output, never a panic or a hang.
+//! the image is never written. `deleted` and `undelete` on files the kernel removed: found
+//! by name and size, copied out byte for byte, and never claimed verified once their space
+//! holds other data. The damaged images of btrfs-progs' fsck set give an error or output,
+//! never a panic or a hang.
 //!
 //! Needs root, loop devices, kernel btrfs, btrfs-progs, sha256sum and setfattr (a skip
 //! elsewhere, a failure under CI=true).
@@ -418,6 +420,12 @@ fn damaged_images_never_panic_or_hang() {
         restore_dump(&img);
         let before = sparse_digest(&img);
         let s = img.to_str().unwrap();
+        let (code, _) = bounded(&["inspect", s, "deleted"], scratch.path());
+        assert!(
+            matches!(code, Some(0) | Some(1)),
+            "{}: inspect deleted exited {code:?}",
+            src.display()
+        );
         let (code, out) = bounded(&["inspect", s, "subvolumes"], scratch.path());
         assert!(
             matches!(code, Some(0) | Some(1)),
@@ -455,4 +463,245 @@ fn damaged_images_never_panic_or_hang() {
     }
     eprintln!("{opened} opened, {probed} files inspected");
     assert!(opened > 0, "no damaged image opened at all");
+}
+
+/// `oleo ARGS` that must succeed and leave `img` as it was.
+fn oleo_ro(img: &Path, args: &[&str]) -> String {
+    let before = file_hash(img);
+    let out = oleo_ok(args);
+    assert_eq!(file_hash(img), before, "oleo {args:?} wrote to the image");
+    out
+}
+
+/// The raw value of `"name": ` in one line of `deleted --json` (strings unquoted).
+fn jfield<'a>(line: &'a str, name: &str) -> &'a str {
+    let at = line
+        .find(&format!("\"{name}\": "))
+        .unwrap_or_else(|| panic!("no {name} in {line}"))
+        + name.len()
+        + 4;
+    let rest = &line[at..];
+    match rest.strip_prefix('"') {
+        Some(r) => &r[..r.find('"').unwrap()],
+        None => &rest[..rest.find([',', '}']).unwrap()],
+    }
+}
+
+/// The `deleted --json` line of the inode with best-known path `path`, if listed.
+fn deleted_line<'a>(json: &'a str, path: &str) -> Option<&'a str> {
+    json.lines()
+        .filter(|l| l.trim_start().starts_with("{\"status\": \"deleted\""))
+        .find(|l| jfield(l, "path") == path)
+}
+
+/// The files the test removes, by path in the image.
+const REMOVED: [&str; 4] = ["/small", "/big", "/sub/deeper/nested", "/z/comp"];
+
+#[test]
+fn deleted_files_are_found_and_copied_out() {
+    const WHAT: &str = "oleo inspect deleted/undelete on files the kernel removed";
+    if !require_tools(
+        WHAT,
+        &[
+            "btrfs",
+            "mkfs.btrfs",
+            "sha256sum",
+            "fallocate",
+            "df",
+            "setfattr",
+        ],
+        "btrfs-progs coreutils util-linux attr",
+    ) {
+        return;
+    }
+    let dir = TempDir::new("undelete").unwrap();
+    let img = dir.join("u.img");
+    empty_image(&img, 512, &[]).unwrap();
+    // nodiscard: a discard on a loop device punches the freed extents out of the file.
+    let k = KernelMount::mount(&img, &dir.join("mnt"), &["rw", "noatime", "nodiscard"]).unwrap();
+    let m = k.path().to_path_buf();
+    // An inline file, one of three extents (three commits), one compressed, one two
+    // directories down; `keeper` stays, so the data block group is never emptied. z/comp is
+    // the newest inode: its number comes back after a remount.
+    sh_ok(
+        &m,
+        "set -e; head -c 1000000 /dev/urandom > keeper; printf 'a small inline file\\n' > small; \
+         head -c 1048576 /dev/urandom > big; sync; head -c 1048576 /dev/urandom >> big; sync; \
+         head -c 500000 /dev/urandom >> big; mkdir -p sub/deeper; \
+         head -c 300000 /dev/urandom > sub/deeper/nested; mkdir z; \
+         btrfs property set z compression zstd; yes 'a compressible line' | head -c 1000000 > z/comp; \
+         setfattr -n user.note -v kept small; ln -s some/target lnk; sync",
+    );
+    let mut want = HashMap::new();
+    for p in REMOVED {
+        let bytes = std::fs::read(m.join(&p[1..])).unwrap();
+        want.insert(p, bytes);
+    }
+    sh_ok(&m, "set -e; rm -r small big sub z/comp lnk; sync");
+    k.unmount().unwrap();
+    let s = img.to_str().unwrap();
+
+    let json = oleo_ro(&img, &["inspect", s, "deleted", "--json"]);
+    let text = oleo_ro(&img, &["inspect", s, "deleted"]);
+    assert!(
+        text.lines().skip(1).all(|l| l.starts_with("deleted ")),
+        "{text}"
+    );
+    let out = dir.join("out");
+    std::fs::create_dir(&out).unwrap();
+    for p in REMOVED {
+        let l = deleted_line(&json, p).unwrap_or_else(|| panic!("{p} not listed:\n{json}"));
+        assert_eq!(jfield(l, "size"), want[p].len().to_string(), "{l}");
+        assert_eq!(jfield(l, "kind"), "file", "{l}");
+        assert_eq!(jfield(l, "name"), p.rsplit('/').next().unwrap(), "{l}");
+        assert_eq!(jfield(l, "data"), "verified", "{l}");
+        let dest = out.join(p.rsplit('/').next().unwrap());
+        let ino = jfield(l, "inode");
+        oleo_ro(
+            &img,
+            &["inspect", s, "undelete", ino, dest.to_str().unwrap()],
+        );
+        assert!(
+            std::fs::read(&dest).unwrap() == want[p],
+            "{p}: bytes differ"
+        );
+    }
+    // The deleted directories are listed, under their paths.
+    for d in ["/sub", "/sub/deeper"] {
+        let l = deleted_line(&json, d).unwrap_or_else(|| panic!("{d} not listed:\n{json}"));
+        assert_eq!(jfield(l, "kind"), "dir", "{l}");
+    }
+    assert!(
+        deleted_line(&json, "/keeper").is_none(),
+        "a live file listed:\n{json}"
+    );
+    let l = deleted_line(&json, "/small").unwrap();
+    assert!(l.contains("\"xattrs\": [\"user.note\"]"), "{l}");
+    let l = deleted_line(&json, "/lnk").unwrap_or_else(|| panic!("/lnk not listed:\n{json}"));
+    assert_eq!(jfield(l, "kind"), "symlink", "{l}");
+    let dest = out.join("lnk");
+    oleo_ro(
+        &img,
+        &[
+            "inspect",
+            s,
+            "undelete",
+            jfield(l, "inode"),
+            dest.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(std::fs::read_link(&dest).unwrap(), Path::new("some/target"));
+    // Never over an existing file.
+    let l = deleted_line(&json, "/small").unwrap();
+    let o = oleo(&[
+        "inspect",
+        s,
+        "undelete",
+        jfield(l, "inode"),
+        out.join("small").to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(std::fs::read(out.join("small")).unwrap() == want["/small"]);
+    // --all: each file in its own directory.
+    let all = dir.join("all");
+    let text = oleo_ro(
+        &img,
+        &["inspect", s, "undelete", "--all", all.to_str().unwrap()],
+    );
+    assert_eq!(text.lines().count(), REMOVED.len() + 1, "{text}");
+    for p in REMOVED {
+        let l = deleted_line(&json, p).unwrap();
+        let f = all
+            .join("5")
+            .join(format!(
+                "{}.{}",
+                jfield(l, "inode"),
+                jfield(l, "generation")
+            ))
+            .join(p.rsplit('/').next().unwrap());
+        assert!(std::fs::read(&f).unwrap() == want[p], "{}", f.display());
+    }
+
+    // The kernel hands z/comp's inode number to the next new file after a mount: the
+    // deleted one is still told apart (by generation), the new one is live.
+    let k = KernelMount::mount(&img, &dir.join("mnt"), &["rw", "noatime", "nodiscard"]).unwrap();
+    sh_ok(k.path(), "set -e; printf new > z/new; sync");
+    let new_ino = {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata(k.path().join("z/new")).unwrap().ino()
+    };
+    k.unmount().unwrap();
+    let old = deleted_line(&json, "/z/comp").unwrap();
+    assert_eq!(
+        jfield(old, "inode"),
+        new_ino.to_string(),
+        "not reused: {old}"
+    );
+    let json = oleo_ro(&img, &["inspect", s, "deleted", "--json"]);
+    assert!(deleted_line(&json, "/z/new").is_none(), "{json}");
+    let l = deleted_line(&json, "/z/comp").unwrap_or_else(|| panic!("{json}"));
+    assert_eq!(jfield(l, "generation"), jfield(old, "generation"));
+    let dest = dir.join("comp-again");
+    let said = oleo_ro(
+        &img,
+        &[
+            "inspect",
+            s,
+            "undelete",
+            &new_ino.to_string(),
+            dest.to_str().unwrap(),
+        ],
+    );
+    // That session's commits may have reused the leaf of some of its extent items: then
+    // it must not say verified.
+    assert!(
+        jfield(l, "data") != "verified" || std::fs::read(&dest).unwrap() == want["/z/comp"],
+        "{said}\n{json}"
+    );
+    eprintln!("z/comp after its number was reused: {}", jfield(l, "data"));
+
+    // Then the free space is filled: what is listed as verified must still be the bytes.
+    let k = KernelMount::mount(&img, &dir.join("mnt"), &["rw", "noatime", "nodiscard"]).unwrap();
+    sh_ok(
+        k.path(),
+        "set -e; avail=$(df -B1 --output=avail . | tail -1); \
+         for slack in 1 2 4 8 16 32; do \
+           fallocate -l $((avail - slack * 1048576)) fill && break; done; \
+         test -e fill; sync",
+    );
+    k.unmount().unwrap();
+    let json = oleo_ro(&img, &["inspect", s, "deleted", "--json"]);
+    let out = dir.join("out2");
+    std::fs::create_dir(&out).unwrap();
+    let mut states = Vec::new();
+    for p in REMOVED {
+        let Some(l) = deleted_line(&json, p) else {
+            states.push((p, "gone".to_string()));
+            continue;
+        };
+        let state = jfield(l, "data").to_string();
+        let dest = out.join(p.rsplit('/').next().unwrap());
+        oleo_ro(
+            &img,
+            &[
+                "inspect",
+                s,
+                "undelete",
+                jfield(l, "inode"),
+                dest.to_str().unwrap(),
+            ],
+        );
+        if state == "verified" {
+            assert!(
+                std::fs::read(&dest).unwrap() == want[p],
+                "{p}: verified, bytes differ"
+            );
+        }
+        states.push((p, state));
+    }
+    eprintln!("after the fill: {states:?}");
+    assert!(
+        states.iter().any(|(_, s)| s != "verified"),
+        "the fill reused nothing: {states:?}"
+    );
 }

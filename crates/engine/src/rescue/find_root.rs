@@ -27,6 +27,46 @@ pub struct RootCandidate {
 /// their header names this filesystem and their address, and their checksum holds on some
 /// copy; nothing is written.
 pub(crate) fn scan(io: &DiskIo, sb: &Superblock) -> Vec<RootCandidate> {
+    // (owner, generation) -> (level, blocks at that level)
+    let mut best: BTreeMap<(u64, u64), (u8, Vec<u64>)> = BTreeMap::new();
+    each_block(io, sb, &mut |bytenr, h, _| {
+        let e = best
+            .entry((h.owner, h.generation))
+            .or_insert((h.level, Vec::new()));
+        if h.level > e.0 {
+            *e = (h.level, Vec::new());
+        }
+        if h.level == e.0 {
+            e.1.push(bytenr);
+        }
+    });
+    let mut out: Vec<RootCandidate> = best
+        .into_iter()
+        .flat_map(|((owner, generation), (level, blocks))| {
+            blocks.into_iter().map(move |bytenr| RootCandidate {
+                owner,
+                bytenr,
+                generation,
+                level,
+            })
+        })
+        .collect();
+    // A leaf written out in the middle of a transaction is copied again when changed after
+    // (one generation, several blocks of one level): allocation moves forward, so the
+    // highest address is most likely the generation's last state.
+    out.sort_by_key(|c| {
+        (
+            std::cmp::Reverse(c.generation),
+            c.owner,
+            std::cmp::Reverse(c.bytenr),
+        )
+    });
+    out
+}
+
+/// Calls `f` with every block of the metadata (and system) chunks that passes the full tree
+/// block check (checksum, address, fsid, structure) on some copy, in address order.
+pub(crate) fn each_block(io: &DiskIo, sb: &Superblock, f: &mut dyn FnMut(u64, &Header, &[u8])) {
     let nodesize = u64::from(sb.nodesize);
     let fsid = sb.metadata_fsid();
     let ranges: Vec<(u64, u64)> = io
@@ -35,8 +75,6 @@ pub(crate) fn scan(io: &DiskIo, sb: &Superblock) -> Vec<RootCandidate> {
         .filter(|(_, c)| c.chunk_type & (bg::METADATA | bg::SYSTEM) != 0)
         .map(|(&start, c)| (start, c.length))
         .collect();
-    // (owner, generation) -> (level, blocks at that level)
-    let mut best: BTreeMap<(u64, u64), (u8, Vec<u64>)> = BTreeMap::new();
     let mut head = vec![0u8; HEADER_SIZE];
     // A hostile chunk tree may claim chunks far larger than the device: no more is read
     // than the device holds (four times, for the copies of DUP and RAID1C4).
@@ -65,37 +103,7 @@ pub(crate) fn scan(io: &DiskIo, sb: &Superblock) -> Vec<RootCandidate> {
             let Ok(h) = Header::parse(&block) else {
                 continue;
             };
-            let e = best
-                .entry((h.owner, h.generation))
-                .or_insert((h.level, Vec::new()));
-            if h.level > e.0 {
-                *e = (h.level, Vec::new());
-            }
-            if h.level == e.0 {
-                e.1.push(bytenr);
-            }
+            f(bytenr, &h, &block);
         }
     }
-    let mut out: Vec<RootCandidate> = best
-        .into_iter()
-        .flat_map(|((owner, generation), (level, blocks))| {
-            blocks.into_iter().map(move |bytenr| RootCandidate {
-                owner,
-                bytenr,
-                generation,
-                level,
-            })
-        })
-        .collect();
-    // A leaf written out in the middle of a transaction is copied again when changed after
-    // (one generation, several blocks of one level): allocation moves forward, so the
-    // highest address is most likely the generation's last state.
-    out.sort_by_key(|c| {
-        (
-            std::cmp::Reverse(c.generation),
-            c.owner,
-            std::cmp::Reverse(c.bytenr),
-        )
-    });
-    out
 }

@@ -1,4 +1,5 @@
-//! Rescue: copy files out of an image that will not mount, as `btrfs restore` does.
+//! Rescue: copy files out of an image that will not mount, as `btrfs restore` does, and
+//! find deleted files whose old tree leaves are still on disk ([`Undelete`]).
 //!
 //! Nothing here writes to the image. Every tree is read tolerantly: a block that fails on
 //! all its copies is reported and walked around, so what survives is still restored.
@@ -7,12 +8,14 @@ mod data;
 mod find_root;
 mod open;
 mod restore;
+mod undelete;
 mod walk;
 
 use std::path::{Path, PathBuf};
 
 pub use crate::error::Result;
 pub use find_root::RootCandidate;
+pub use undelete::{DataState, DeletedInode, Undelete};
 
 /// Accepts a path (like `/dir/file`) to restore.
 pub type PathFilter = Box<dyn Fn(&str) -> bool>;

@@ -115,7 +115,7 @@ fn starts(img: &Image, id: u64) -> Vec<Start> {
 }
 
 /// The items of tree `id` from the first start whose root block reads.
-fn load_tree(
+pub(crate) fn load_tree(
     img: &Image,
     id: u64,
     keep: &dyn Fn(&Key) -> bool,
