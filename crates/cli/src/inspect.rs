@@ -7,13 +7,13 @@
 use oleo::format::items::{Compression, InodeItem};
 use oleo::format::key::{item, objectid};
 use oleo::format::TreeBlock;
-use oleo::{Attr, FileKind, Filesystem, InodeId, OpenOptions, SubvolumeInfo, Timespec};
-use sha2::{Digest, Sha256};
+use oleo::{FileKind, Filesystem, OpenOptions, SubvolumeInfo, Timespec};
 use std::collections::{HashMap, HashSet};
 use std::fmt::Write as _;
 use std::path::PathBuf;
 
 mod deleted;
+mod versions;
 
 #[derive(clap::Args)]
 pub struct InspectArgs {
@@ -30,7 +30,8 @@ enum Verb {
         #[arg(long)]
         json: bool,
     },
-    /// The file at PATH in each snapshot of its subvolume's lineage, with a sha256 of each.
+    /// The file at PATH in each snapshot of its subvolume's lineage and in the older roots
+    /// (backup roots; with --older also those a scan finds), with a sha256 of each.
     Versions {
         /// Path from the top-level subvolume, e.g. `vol/dir/f`.
         path: String,
@@ -39,6 +40,10 @@ enum Verb {
         /// Hash no file larger than this many bytes (0: no limit).
         #[arg(long, default_value_t = 64 << 30)]
         hash_limit: u64,
+        /// Also look in the root trees of older generations that a scan of the metadata
+        /// chunks finds (btrfs-find-root).
+        #[arg(long)]
+        older: bool,
     },
     /// An inode's attributes, xattrs and extents.
     File {
@@ -93,7 +98,8 @@ pub fn run(a: &InspectArgs) -> Result<(), String> {
             path,
             json,
             hash_limit,
-        } => versions(&fs, path, *json, *hash_limit),
+            older,
+        } => versions::versions(&fs, &a.image, path, *json, *hash_limit, *older),
         Verb::File { path, json } => file(&fs, path, *json),
         Verb::Deleted { .. } | Verb::Undelete { .. } => unreachable!("handled above"),
     }
@@ -284,241 +290,8 @@ fn inode_items(fs: &Filesystem, subvol: u64, inos: &HashSet<u64>) -> HashMap<u64
     found
 }
 
-/// sha256 of a file's bytes (a symlink's target), None for other kinds.
-fn content_hash(fs: &Filesystem, a: &Attr, limit: u64) -> Result<Option<String>, String> {
-    let mut h = Sha256::new();
-    match a.kind {
-        FileKind::Symlink => h.update(fs.readlink(a.id).map_err(|e| e.to_string())?),
-        FileKind::File => {
-            if limit != 0 && a.size > limit {
-                return Err(format!(
-                    "{} bytes, over --hash-limit {limit}: not hashed",
-                    a.size
-                ));
-            }
-            let mut off = 0u64;
-            while off < a.size {
-                let want = (a.size - off).min(1 << 20) as u32;
-                let buf = fs
-                    .read(a.id, off, want)
-                    .map_err(|e| format!("reading at {off}: {e}"))?;
-                if buf.is_empty() {
-                    return Err(format!("read ends at {off} of {} bytes", a.size));
-                }
-                h.update(&buf);
-                off += buf.len() as u64;
-            }
-        }
-        _ => return Ok(None),
-    }
-    Ok(Some(
-        h.finalize().iter().map(|b| format!("{b:02x}")).collect(),
-    ))
-}
-
-/// One subvolume of the lineage and what it holds of the inode.
-struct Version {
-    subvol: u64,
-    sub_path: String,
-    found: Option<Found>,
-}
-
-struct Found {
-    path: String,
-    attr: Attr,
-    transid: Option<u64>,
-    hash: Option<String>,
-    error: Option<String>,
-}
-
-/// The subvolumes linked to `start` by snapshot (parent uuid) relations, transitively.
-fn lineage(subs: &[SubvolumeInfo], start: u64) -> Vec<&SubvolumeInfo> {
-    let mut ids: HashSet<u64> = HashSet::from([start]);
-    loop {
-        let uuids: HashSet<[u8; 16]> = subs
-            .iter()
-            .filter(|s| ids.contains(&s.id))
-            .flat_map(|s| [s.uuid, s.parent_uuid])
-            .filter(|u| *u != [0; 16])
-            .collect();
-        let before = ids.len();
-        for s in subs {
-            if uuids.contains(&s.uuid) || uuids.contains(&s.parent_uuid) {
-                ids.insert(s.id);
-            }
-        }
-        if ids.len() == before {
-            break;
-        }
-    }
-    subs.iter().filter(|s| ids.contains(&s.id)).collect()
-}
-
 fn lossy(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
-}
-
-fn versions(fs: &Filesystem, path: &str, json: bool, limit: u64) -> Result<(), String> {
-    let rel = path.trim_matches('/');
-    let id = fs
-        .resolve_path(fs.root(), rel.as_bytes())
-        .map_err(|e| format!("/{rel}: {e}"))?;
-    let attr = fs.getattr(id).map_err(|e| format!("/{rel}: {e}"))?;
-    let subs = list(fs)?;
-    let home = subs
-        .iter()
-        .find(|s| s.id == id.subvol)
-        .ok_or_else(|| format!("/{rel}: its subvolume {} is not listed", id.subvol))?;
-    // The path inside its subvolume: what the user gave, less the subvolume's path.
-    let in_sub = match sub_path(home) {
-        Some(p) if p == "/" => rel.to_string(),
-        Some(p) => rel
-            .strip_prefix(p.as_str())
-            .map(|r| r.trim_start_matches('/').to_string())
-            .unwrap_or_else(|| fs.inode_path(id).map(|p| lossy(&p)).unwrap_or_default()),
-        None => fs.inode_path(id).map(|p| lossy(&p)).unwrap_or_default(),
-    };
-    let mut out = Vec::new();
-    let mut errors = 0;
-    for s in lineage(&subs, home.id) {
-        let root = InodeId {
-            subvol: s.id,
-            ino: objectid::FIRST_FREE,
-        };
-        let same = |a: &Attr| a.id.ino == id.ino && a.generation == attr.generation;
-        // The same relative path first, then the inode number.
-        let by_path = fs
-            .resolve_path(root, in_sub.as_bytes())
-            .and_then(|i| fs.getattr(i))
-            .ok()
-            .filter(|a| a.id.subvol == s.id && same(a))
-            .map(|a| (in_sub.clone(), a));
-        let hit = by_path.or_else(|| {
-            let a = fs
-                .getattr(InodeId {
-                    subvol: s.id,
-                    ino: id.ino,
-                })
-                .ok()
-                .filter(same)?;
-            let p = fs.inode_path(a.id).map(|p| lossy(&p)).unwrap_or_default();
-            Some((p, a))
-        });
-        // A subvolume's root directory is `.` in it.
-        let hit = hit.map(|(p, a)| (if p.is_empty() { ".".into() } else { p }, a));
-        let found = hit.map(|(p, a)| {
-            let (hash, error) = match content_hash(fs, &a, limit) {
-                Ok(h) => (h, None),
-                Err(e) => {
-                    errors += 1;
-                    (None, Some(e))
-                }
-            };
-            Found {
-                path: p,
-                attr: a,
-                transid: None,
-                hash,
-                error,
-            }
-        });
-        out.push(Version {
-            subvol: s.id,
-            sub_path: sub_path(s).unwrap_or_else(|| "<unreachable>".into()),
-            found,
-        });
-    }
-    let inos = HashSet::from([id.ino]);
-    for v in out.iter_mut() {
-        if let Some(f) = v.found.as_mut() {
-            f.transid = inode_items(fs, v.subvol, &inos)
-                .get(&id.ino)
-                .map(|i| i.transid);
-        }
-    }
-    print!("{}", versions_text(&out, id.ino, attr.generation, json));
-    for v in &out {
-        if let Some(e) = v.found.as_ref().and_then(|f| f.error.as_ref()) {
-            eprintln!("oleo inspect: {} (subvolume {}): {e}", v.sub_path, v.subvol);
-        }
-    }
-    if errors > 0 {
-        return Err(format!("{errors} version(s) could not be hashed"));
-    }
-    Ok(())
-}
-
-fn versions_text(out: &[Version], ino: u64, gen: u64, json: bool) -> String {
-    let mut t = String::new();
-    if json {
-        let _ = writeln!(
-            t,
-            "{{\"inode\": {ino}, \"inode_generation\": {gen}, \"versions\": ["
-        );
-        for (i, v) in out.iter().enumerate() {
-            let _ = write!(
-                t,
-                "  {{\"subvolume\": {}, \"subvolume_path\": {}",
-                v.subvol,
-                js(&v.sub_path)
-            );
-            if let Some(f) = &v.found {
-                let _ = write!(
-                    t,
-                    ", \"path\": {}, \"size\": {}, \"mtime\": {}, \"mtime_sec\": {}, \
-                     \"mtime_nsec\": {}, \"transid\": {}, \"sha256\": {}, \"error\": {}",
-                    js(&f.path),
-                    f.attr.size,
-                    js(&ts(&f.attr.mtime)),
-                    f.attr.mtime.sec,
-                    f.attr.mtime.nsec,
-                    f.transid.map_or_else(|| "null".into(), |x| x.to_string()),
-                    jopt(f.hash.clone()),
-                    jopt(f.error.clone())
-                );
-            } else {
-                t.push_str(", \"path\": null");
-            }
-            let _ = writeln!(t, "}}{}", if i + 1 < out.len() { "," } else { "" });
-        }
-        t.push_str("]}\n");
-        return t;
-    }
-    let _ = writeln!(
-        t,
-        "{:<6} {:<10} {:<12} {:<30} {:<64} {:<24} PATH",
-        "SUBVOL", "TRANSID", "SIZE", "MTIME", "SHA256", "SUBVOLUME"
-    );
-    for v in out {
-        match &v.found {
-            Some(f) => {
-                let _ = writeln!(
-                    t,
-                    "{:<6} {:<10} {:<12} {:<30} {:<64} {:<24} {}",
-                    v.subvol,
-                    f.transid.map_or_else(|| "-".into(), |x| x.to_string()),
-                    f.attr.size,
-                    ts(&f.attr.mtime),
-                    f.hash.as_deref().unwrap_or("-"),
-                    col(&v.sub_path),
-                    col(&f.path)
-                );
-            }
-            None => {
-                let _ = writeln!(
-                    t,
-                    "{:<6} {:<10} {:<12} {:<30} {:<64} {:<24} -",
-                    v.subvol,
-                    "-",
-                    "-",
-                    "-",
-                    "-",
-                    col(&v.sub_path)
-                );
-            }
-        }
-    }
-    t
 }
 
 fn kind_name(k: FileKind) -> &'static str {

@@ -27,6 +27,9 @@ pub struct Rescue {
     pub ignore_super_flags: bool,
     /// Read this superblock copy (0, 1 or 2) only (oleo's `sb=N`, like `btrfs restore -u`).
     pub super_copy: Option<usize>,
+    /// Open from this root tree block instead of the superblock's: an older root, as a
+    /// backup slot or a scan of the metadata chunks (`oleo restore --list-roots`) finds.
+    pub tree_root: Option<u64>,
 }
 
 /// The names `rescue=` takes, and what each sets. `all` is the kernel's set: everything

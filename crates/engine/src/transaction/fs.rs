@@ -384,6 +384,11 @@ impl FsCore {
             pipe,
             on_close: None,
         };
+        if let Some(bytenr) = rescue.tree_root {
+            fs.use_root_block(bytenr)?;
+            fs.load_roots(false)?;
+            return Ok(fs);
+        }
         let own = (fs.root_tree, fs.sb.clone(), fs.pending_log);
         let strict = !backups.is_empty();
         let mut first_err = None;
@@ -474,6 +479,33 @@ impl FsCore {
                 .read_tree_block(top.bytenr, Some(top.level), Some(top.generation), None)
                 .map_err(|e| Error::Unusable(format!("cannot read tree 5's root: {e}")))?;
         }
+        Ok(())
+    }
+
+    /// Opens from the root tree block at `bytenr` (`Rescue::tree_root`): its level and
+    /// generation are its header's, as nothing else points at it.
+    fn use_root_block(&mut self, bytenr: u64) -> Result<()> {
+        let block = self
+            .io
+            .read_tree_block(bytenr, None, None, None)
+            .map_err(|e| Error::Unusable(format!("root tree block {bytenr}: {e}")))?;
+        let tb = oleo_format::TreeBlock::new(&block)
+            .map_err(|e| Error::corrupt(bytenr, e.to_string()))?;
+        let owner = tb
+            .header()
+            .map_err(|e| Error::corrupt(bytenr, e.to_string()))?
+            .owner;
+        if owner != objectid::ROOT_TREE {
+            return Err(Error::InvalidArgument(format!(
+                "block {bytenr} belongs to tree {owner}, not to the root tree"
+            )));
+        }
+        self.use_backup_root(&BackupRoot {
+            tree_root: bytenr,
+            tree_root_gen: tb.generation(),
+            tree_root_level: tb.level(),
+            ..BackupRoot::default()
+        });
         Ok(())
     }
 
