@@ -91,7 +91,26 @@ pub fn run(a: &InspectArgs) -> Result<(), String> {
         subvolid: Some(objectid::FS_TREE),
         ..OpenOptions::default()
     };
-    let fs = Filesystem::open(&a.image, opts).map_err(|e| format!("{}: {e}", a.image.display()))?;
+    let fs = match Filesystem::open(&a.image, opts.clone()) {
+        Ok(fs) => fs,
+        // What will not open plainly may with every rescue option (still read-only).
+        Err(e) => {
+            let mut rescue = oleo::Rescue::default();
+            rescue.add("all:usebackuproot").expect("known options");
+            let again = OpenOptions {
+                rescue,
+                log_replay: false,
+                ..opts
+            };
+            let fs = Filesystem::open(&a.image, again)
+                .map_err(|_| format!("{}: {e}", a.image.display()))?;
+            eprintln!(
+                "oleo inspect: {}: {e}; opened with rescue=all,usebackuproot instead",
+                a.image.display()
+            );
+            fs
+        }
+    };
     match &a.verb {
         Verb::Subvolumes { json } => subvolumes(&fs, *json),
         Verb::Versions {

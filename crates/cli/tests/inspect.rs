@@ -11,6 +11,7 @@
 //! elsewhere, a failure under CI=true).
 
 use oleo_testkit::cmd::{btrfs_in, require_tools, sh_ok};
+use oleo_testkit::damage::{physical_copies, super_field, write_at};
 use oleo_testkit::{empty_image, KernelMount, TempDir};
 use std::collections::HashMap;
 use std::io::Read;
@@ -751,4 +752,22 @@ fn versions_in_older_roots() {
         assert!(!o.contains("\"root\": \"current\""), "{json}");
         assert!(o.contains("\"size\": 100000"), "{o}");
     }
+    // With the root tree's root block lost, inspect opens from a backup root by itself.
+    let root = super_field(&img, "root").unwrap();
+    for p in physical_copies(&img, root).unwrap() {
+        write_at(&img, p, &[0u8; 16384]).unwrap();
+    }
+    let before = file_hash(&img);
+    let o = oleo(&["inspect", s, "versions", "f", "--json"]);
+    assert_eq!(file_hash(&img), before);
+    let (out, err) = (
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr),
+    );
+    assert!(o.status.success(), "{err}");
+    assert!(
+        err.contains("opened with rescue=all,usebackuproot"),
+        "{err}"
+    );
+    assert!(out.contains(&old), "{out}");
 }
