@@ -479,6 +479,14 @@ fn oleo_ro(img: &Path, args: &[&str]) -> String {
     out
 }
 
+/// `oleo inspect IMG undelete INO DEST`, which must succeed and leave the image as it was.
+fn undelete(img: &Path, ino: &str, dest: &str) -> String {
+    oleo_ro(
+        img,
+        &["inspect", img.to_str().unwrap(), "undelete", ino, dest],
+    )
+}
+
 /// The raw value of `"name": ` in one line of `deleted --json` (strings unquoted).
 fn jfield<'a>(line: &'a str, name: &str) -> &'a str {
     let at = line
@@ -563,10 +571,7 @@ fn deleted_files_are_found_and_copied_out() {
         assert_eq!(jfield(l, "data"), "verified", "{l}");
         let dest = out.join(p.rsplit('/').next().unwrap());
         let ino = jfield(l, "inode");
-        oleo_ro(
-            &img,
-            &["inspect", s, "undelete", ino, dest.to_str().unwrap()],
-        );
+        undelete(&img, ino, dest.to_str().unwrap());
         assert!(
             std::fs::read(&dest).unwrap() == want[p],
             "{p}: bytes differ"
@@ -586,16 +591,7 @@ fn deleted_files_are_found_and_copied_out() {
     let l = deleted_line(&json, "/lnk").unwrap_or_else(|| panic!("/lnk not listed:\n{json}"));
     assert_eq!(jfield(l, "kind"), "symlink", "{l}");
     let dest = out.join("lnk");
-    oleo_ro(
-        &img,
-        &[
-            "inspect",
-            s,
-            "undelete",
-            jfield(l, "inode"),
-            dest.to_str().unwrap(),
-        ],
-    );
+    undelete(&img, jfield(l, "inode"), dest.to_str().unwrap());
     assert_eq!(std::fs::read_link(&dest).unwrap(), Path::new("some/target"));
     // Never over an existing file.
     let l = deleted_line(&json, "/small").unwrap();
@@ -610,10 +606,7 @@ fn deleted_files_are_found_and_copied_out() {
     assert!(std::fs::read(out.join("small")).unwrap() == want["/small"]);
     // --all: each file in its own directory.
     let all = dir.join("all");
-    let text = oleo_ro(
-        &img,
-        &["inspect", s, "undelete", "--all", all.to_str().unwrap()],
-    );
+    let text = undelete(&img, "--all", all.to_str().unwrap());
     assert_eq!(text.lines().count(), REMOVED.len() + 1, "{text}");
     for p in REMOVED {
         let l = deleted_line(&json, p).unwrap();
@@ -648,16 +641,7 @@ fn deleted_files_are_found_and_copied_out() {
     let l = deleted_line(&json, "/z/comp").unwrap_or_else(|| panic!("{json}"));
     assert_eq!(jfield(l, "generation"), jfield(old, "generation"));
     let dest = dir.join("comp-again");
-    let said = oleo_ro(
-        &img,
-        &[
-            "inspect",
-            s,
-            "undelete",
-            &new_ino.to_string(),
-            dest.to_str().unwrap(),
-        ],
-    );
+    let said = undelete(&img, &new_ino.to_string(), dest.to_str().unwrap());
     // That session's commits may have reused the leaf of some of its extent items: then
     // it must not say verified.
     assert!(
@@ -687,16 +671,7 @@ fn deleted_files_are_found_and_copied_out() {
         };
         let state = jfield(l, "data").to_string();
         let dest = out.join(p.rsplit('/').next().unwrap());
-        oleo_ro(
-            &img,
-            &[
-                "inspect",
-                s,
-                "undelete",
-                jfield(l, "inode"),
-                dest.to_str().unwrap(),
-            ],
-        );
+        undelete(&img, jfield(l, "inode"), dest.to_str().unwrap());
         if state == "verified" {
             assert!(
                 std::fs::read(&dest).unwrap() == want[p],

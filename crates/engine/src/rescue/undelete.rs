@@ -429,24 +429,15 @@ fn leaf_items(
         if !wanted {
             continue;
         }
-        let Ok(block) = img.io.read_tree_block(leaf.bytenr, Some(0), None, None) else {
-            continue;
-        };
-        let Ok(tb) = TreeBlock::new(&block) else {
-            continue;
-        };
-        for slot in 0..tb.nritems() {
-            let (Ok(k), Ok(body)) = (tb.item_key(slot), tb.item_data(slot)) else {
-                break;
-            };
+        each_item(img, leaf.bytenr, |k, body| {
             if !matches!(
                 k.item_type,
                 item::INODE_REF | item::INODE_EXTREF | item::XATTR_ITEM | item::EXTENT_DATA
             ) {
-                continue;
+                return;
             }
             let Some(lives) = by_ino.get(&(leaf.owner, k.objectid)) else {
-                continue;
+                return;
             };
             // The incarnation whose lifetime holds this leaf's generation.
             for &(g, lg) in lives {
@@ -458,9 +449,25 @@ fn leaf_items(
                     v.insert(k, (leaf.generation, body.to_vec()));
                 }
             }
-        }
+        });
     }
     items
+}
+
+/// Calls `f` with each item of the leaf at `bytenr`, if it reads (verified, any copy).
+pub(super) fn each_item(img: &Image, bytenr: u64, mut f: impl FnMut(Key, &[u8])) {
+    let Ok(block) = img.io.read_tree_block(bytenr, Some(0), None, None) else {
+        return;
+    };
+    let Ok(tb) = TreeBlock::new(&block) else {
+        return;
+    };
+    for slot in 0..tb.nritems() {
+        let (Ok(k), Ok(body)) = (tb.item_key(slot), tb.item_data(slot)) else {
+            break;
+        };
+        f(k, body);
+    }
 }
 
 /// The data extents the current extent tree allocates: start -> (length, generation).

@@ -6,7 +6,7 @@ use crate::rescue::data::{self, Csums};
 use crate::rescue::open::Image;
 use oleo_format::items::{Compression, FileExtent, FileExtentBody};
 use oleo_format::key::{item, objectid};
-use oleo_format::{Key, TreeBlock};
+use oleo_format::Key;
 use std::collections::BTreeMap;
 
 /// Picks the file's extents (newest leaf first where items overlap), leaves out those whose
@@ -144,18 +144,9 @@ fn gather_csums(
         if leaf.generation < window.0 || leaf.generation > window.1 {
             continue;
         }
-        let Ok(block) = img.io.read_tree_block(leaf.bytenr, Some(0), None, None) else {
-            continue;
-        };
-        let Ok(tb) = TreeBlock::new(&block) else {
-            continue;
-        };
-        for slot in 0..tb.nritems() {
-            let (Ok(k), Ok(body)) = (tb.item_key(slot), tb.item_data(slot)) else {
-                break;
-            };
+        super::each_item(img, leaf.bytenr, |k, body| {
             if k.objectid != objectid::EXTENT_CSUM || k.item_type != item::EXTENT_CSUM {
-                continue;
+                return;
             }
             for (i, c) in body.chunks_exact(csize).enumerate() {
                 let s = k.offset.saturating_add(i as u64 * ss);
@@ -166,7 +157,7 @@ fn gather_csums(
                     out.insert(s, (leaf.generation, c.to_vec()));
                 }
             }
-        }
+        });
     }
 }
 
