@@ -21,8 +21,10 @@ pub struct RestoreArgs {
     /// A root tree root block to use (as `btrfs restore -t`).
     #[arg(long)]
     tree_root: Option<u64>,
-    /// The superblock copy to use (0, 1 or 2); default the newest valid one.
-    #[arg(long = "super", value_parser = clap::value_parser!(u8).range(0..3))]
+    /// The superblock copy to use (0, 1 or 2, as `btrfs restore -u`); default the newest
+    /// valid one. `--super` is another name for it.
+    #[arg(long = "mirror", visible_alias = "super", value_name = "N",
+          value_parser = clap::value_parser!(u8).range(0..3))]
     super_copy: Option<u8>,
     /// Print what would be restored; write nothing.
     #[arg(long)]
@@ -87,11 +89,12 @@ pub fn run(a: &RestoreArgs) -> Result<(), String> {
 fn print_report(r: &Report, dry_run: bool) {
     let verb = if dry_run { "would restore" } else { "restored" };
     println!(
-        "{verb}: {} files whole, {} with holes, {} directories, {} symlinks",
+        "{verb}: {} files whole, {} with holes, {} directories, {} symlinks, {} special files",
         r.files_whole,
         r.files_with_holes.len(),
         r.dirs,
-        r.symlinks
+        r.symlinks,
+        r.specials
     );
     for (path, holes) in &r.files_with_holes {
         let ranges: Vec<String> = holes.iter().map(|(a, b)| format!("{a}..{b}")).collect();

@@ -288,14 +288,6 @@ fn inspect_matches_the_kernel_and_never_writes() {
     assert_eq!(file_hash(&img), before, "oleo inspect wrote to the image");
 }
 
-/// The fsck image set: $OLEO_FSCK_IMAGES, else beside the checkout (as hostile_images.rs).
-fn fsck_images() -> PathBuf {
-    if let Some(d) = std::env::var_os("OLEO_FSCK_IMAGES") {
-        return PathBuf::from(d);
-    }
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/test-images/btrfs-progs-fsck")
-}
-
 /// `oleo ARGS` with a time bound: its exit code (None: killed by a signal) and stdout.
 fn bounded(args: &[&str], scratch: &Path) -> (Option<i32>, String) {
     let out_path = scratch.join("stdout");
@@ -384,7 +376,7 @@ fn some_files(img: &Path) -> Vec<String> {
 
 #[test]
 fn damaged_images_never_panic_or_hang() {
-    let dir = fsck_images();
+    let dir = oleo_testkit::damage::fsck_image_dir();
     let mut srcs: Vec<PathBuf> = std::fs::read_dir(&dir)
         .into_iter()
         .flatten()

@@ -10,7 +10,7 @@
 
 use oleo_testkit::cmd::{require_tools, run_with_timeout, sh_ok};
 use oleo_testkit::damage::{
-    image_hash, leaf_holding, physical_copies, super_field, write_at, write_every_copy,
+    files_under, image_hash, leaf_holding, physical_copies, super_field, write_at, write_every_copy,
 };
 use oleo_testkit::multi_device::file_logical_extents;
 use oleo_testkit::{require_fuse_mount, KernelMount, OleoMount, TempDir};
@@ -42,28 +42,6 @@ fn tools() -> bool {
         && require_tools("rescue mounts", &["mkfs.btrfs", "btrfs"], "btrfs-progs")
 }
 
-/// Every regular file reachable by listing directories from `root`, with its bytes (or
-/// None where the read failed).
-fn walk(root: &Path) -> Seen {
-    let mut out = BTreeMap::new();
-    let mut stack = vec![root.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        let Ok(rd) = std::fs::read_dir(&d) else {
-            continue;
-        };
-        for e in rd.flatten() {
-            let Ok(t) = e.file_type() else { continue };
-            if t.is_dir() {
-                stack.push(e.path());
-            } else if t.is_file() {
-                let rel = e.path().strip_prefix(root).unwrap().to_path_buf();
-                out.insert(rel, std::fs::read(e.path()).ok());
-            }
-        }
-    }
-    out
-}
-
 fn correct(orig: &BTreeMap<PathBuf, Vec<u8>>, seen: &Seen) -> usize {
     orig.iter()
         .filter(|(p, data)| seen.get(*p).is_some_and(|d| d.as_ref() == Some(*data)))
@@ -90,7 +68,7 @@ fn fixture() -> Fixture {
     let m = KernelMount::mount(&clean, &mnt, &["rw", "noatime"]).unwrap();
     sh_ok(&mnt, POPULATE);
     m.sync().unwrap();
-    let orig: BTreeMap<PathBuf, Vec<u8>> = walk(&mnt)
+    let orig: BTreeMap<PathBuf, Vec<u8>> = files_under(&mnt)
         .into_iter()
         .map(|(p, d)| (p, d.expect("kernel reads its own files")))
         .collect();
@@ -121,7 +99,7 @@ fn through_mount(fx: &Fixture, img: &Path, opts: &[&str]) -> Result<(Seen, Strin
         OleoMount::mount_with_timeout(Path::new(OLEO), img, &mnt, &all, Duration::from_secs(30))
             .map_err(|e| e.to_string())?;
     let _dog = m.watchdog(Duration::from_secs(120));
-    let seen = walk(&mnt);
+    let seen = files_under(&mnt);
     let mut log = m.log_text();
     m.unmount().unwrap();
     log.push_str(&std::fs::read_to_string(&log_file).unwrap_or_default());
@@ -142,7 +120,7 @@ fn btrfs_restore(fx: &Fixture, img: &Path) -> usize {
             .stderr(std::process::Stdio::null()),
         Duration::from_secs(120),
     );
-    correct(&fx.orig, &walk(&dest))
+    correct(&fx.orig, &files_under(&dest))
 }
 
 /// The byte offset, in a leaf, of its free space (between item headers and item data).

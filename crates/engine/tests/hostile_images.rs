@@ -16,13 +16,6 @@ use std::time::{Duration, Instant};
 
 const PER_IMAGE: Duration = Duration::from_secs(20);
 
-fn image_dir() -> PathBuf {
-    if let Some(d) = std::env::var_os("OLEO_FSCK_IMAGES") {
-        return PathBuf::from(d);
-    }
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/test-images/btrfs-progs-fsck")
-}
-
 fn files_under(dir: &Path, out: &mut Vec<PathBuf>) {
     let Ok(rd) = std::fs::read_dir(dir) else {
         return;
@@ -105,7 +98,7 @@ fn prepare(src: &Path, scratch: &Path, restore: bool) -> Result<Vec<(String, Pat
 
 #[test]
 fn btrfs_progs_fsck_images_never_panic_or_hang() {
-    let dir = image_dir();
+    let dir = oleo_testkit::damage::fsck_image_dir();
     let mut sources = Vec::new();
     files_under(&dir, &mut sources);
     sources.retain(|p| !p.extension().is_some_and(|e| e == "txt" || e == "md"));

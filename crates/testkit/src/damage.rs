@@ -106,3 +106,71 @@ pub fn image_hash(path: &Path) -> io::Result<u64> {
     }
     Ok(h.finish())
 }
+
+/// Every leaf of tree `tree`, in key order.
+pub fn leaves_of(image: &Path, tree: &str) -> io::Result<Vec<u64>> {
+    let dump = run_stdout(
+        Command::new("btrfs")
+            .args(["inspect-internal", "dump-tree", "--noscan", "-t", tree])
+            .arg(image),
+    )?;
+    Ok(dump
+        .lines()
+        .filter_map(|l| {
+            l.strip_prefix("leaf ")?
+                .split_whitespace()
+                .next()?
+                .parse()
+                .ok()
+        })
+        .collect())
+}
+
+/// Zeroes every copy of the tree block at `logical` (`nodesize` bytes).
+pub fn zero_block(image: &Path, logical: u64, nodesize: usize) -> io::Result<()> {
+    write_every_copy(image, logical, 0, &vec![0u8; nodesize])
+}
+
+/// btrfs-progs' fsck test images: `$OLEO_FSCK_IMAGES`, else `shared/` beside the checkout.
+pub fn fsck_image_dir() -> std::path::PathBuf {
+    if let Some(d) = std::env::var_os("OLEO_FSCK_IMAGES") {
+        return d.into();
+    }
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/test-images/btrfs-progs-fsck")
+}
+
+/// Every regular file reachable by listing directories from `root` (a mount or a restore's
+/// output), with its bytes, or None where the read failed.
+pub fn files_under(root: &Path) -> std::collections::BTreeMap<std::path::PathBuf, Option<Vec<u8>>> {
+    use std::os::unix::fs::MetadataExt;
+    let mut out = std::collections::BTreeMap::new();
+    let mut stack = vec![root.to_path_buf()];
+    // Each directory once: a damaged image may name one from two places (a loop).
+    let mut seen = std::collections::HashSet::new();
+    while let Some(d) = stack.pop() {
+        let Ok(rd) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        if !std::fs::metadata(&d).is_ok_and(|m| seen.insert((m.dev(), m.ino()))) {
+            continue;
+        }
+        for e in rd.flatten() {
+            // The inode's own type (lstat), not the entry's: a damaged image may list a
+            // FIFO as a file, and opening a FIFO waits for a writer.
+            let Ok(t) = std::fs::symlink_metadata(e.path()).map(|m| m.file_type()) else {
+                continue;
+            };
+            if t.is_dir() {
+                stack.push(e.path());
+            } else if t.is_file() {
+                let rel = e
+                    .path()
+                    .strip_prefix(root)
+                    .unwrap_or(&e.path())
+                    .to_path_buf();
+                out.insert(rel, std::fs::read(e.path()).ok());
+            }
+        }
+    }
+    out
+}

@@ -4,6 +4,7 @@
 //! Nothing here writes to the image. Every tree is read tolerantly: a block that fails on
 //! all its copies is reported and walked around, so what survives is still restored.
 
+mod chunk_scan;
 mod data;
 mod find_root;
 mod open;
@@ -65,6 +66,8 @@ pub struct Report {
     pub dirs: u64,
     /// Symbolic links restored.
     pub symlinks: u64,
+    /// FIFOs, sockets and device nodes made.
+    pub specials: u64,
     /// Names whose inode (or data) was not found.
     pub names_without_inode: Vec<PathBuf>,
     /// Tree blocks skipped.

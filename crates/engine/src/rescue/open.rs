@@ -126,6 +126,7 @@ fn read_chunks(
         let _ = map.insert(*logical, chunk.clone());
     }
     let mut tried = Vec::new();
+    let mut whole = false;
     for (bytenr, level, generation) in starts {
         if tried.contains(&bytenr) {
             continue;
@@ -153,8 +154,15 @@ fn read_chunks(
             }
         }
         if !root_failed {
+            // A backup root's chunk tree is older: chunks added since are not in it.
+            whole |= tried.len() == 1 && report.skipped_blocks.len() == before;
             break;
         }
+    }
+    if !whole {
+        // Chunks of the lost leaves are unmapped: found again by reading the devices.
+        let added = super::chunk_scan::recover(io, sb, &mut map);
+        eprintln!("the chunk tree is damaged: {added} chunks recovered by scanning the devices");
     }
     io.set_chunks(map);
 }
@@ -183,7 +191,7 @@ fn read_root_tree(
             continue;
         }
         tried.push(bytenr);
-        if let Err(e) = io.read_tree_block(bytenr, level, generation, None) {
+        if let Err(e) = walk::read_block(io, bytenr, level, generation, None) {
             eprintln!("root tree at {bytenr} is unreadable ({e}); trying the next candidate");
             report.skipped_blocks.push(super::SkippedBlock {
                 bytenr,

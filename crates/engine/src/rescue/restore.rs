@@ -6,7 +6,7 @@ use super::open::Image;
 use super::walk::{self, Items, Start};
 use super::{Report, RestoreOptions, SkippedBlock};
 use crate::error::{Error, Result};
-use oleo_format::items::{DirEntryIter, FileExtent, FileExtentBody, InodeItem, RootItem};
+use oleo_format::items::{DirEntryIter, FileExtent, FileExtentBody, InodeItem, InodeRef, RootItem};
 use oleo_format::key::{item, objectid};
 use oleo_format::Key;
 use std::collections::{HashMap, HashSet};
@@ -34,6 +34,23 @@ struct Tree {
     reached: HashSet<u64>,
     /// Files written, by inode: later names of one become hard links.
     written: HashMap<u64, PathBuf>,
+    /// Names by parent directory, from the inodes' back references (INODE_REF): where a
+    /// directory's entries are lost, its children still name themselves.
+    backrefs: HashMap<u64, Vec<(Vec<u8>, u64)>>,
+}
+
+/// Every INODE_REF name, by parent directory.
+fn backrefs(items: &Items) -> HashMap<u64, Vec<(Vec<u8>, u64)>> {
+    let mut out: HashMap<u64, Vec<(Vec<u8>, u64)>> = HashMap::new();
+    for (k, body) in items {
+        if k.item_type != item::INODE_REF || k.objectid == k.offset {
+            continue;
+        }
+        for r in InodeRef::parse_all(body).unwrap_or_default() {
+            out.entry(k.offset).or_default().push((r.name, k.objectid));
+        }
+    }
+    out
 }
 
 pub(crate) fn run(
@@ -129,10 +146,7 @@ pub(crate) fn load_tree(
     }
     let mut first_err = None;
     for start in starts {
-        match img
-            .io
-            .read_tree_block(start.bytenr, start.level, start.generation, None)
-        {
+        match walk::read_block(&img.io, start.bytenr, start.level, start.generation, None) {
             Ok(_) => return Some(walk::collect(&img.io, start, keep, report)),
             Err(e) => {
                 eprintln!("tree {id}: root block {} unreadable ({e})", start.bytenr);
@@ -178,6 +192,7 @@ impl Walk<'_> {
             return false;
         };
         let mut tree = Tree {
+            backrefs: backrefs(&items),
             items,
             reached: HashSet::new(),
             written: HashMap::new(),
@@ -232,7 +247,8 @@ impl Walk<'_> {
         }
     }
 
-    /// A directory's entries: DIR_INDEX first, then DIR_ITEM names the index lost.
+    /// A directory's entries: DIR_INDEX first, then DIR_ITEM names the index lost, then
+    /// the names its children's back references give that both lost.
     fn entries(tree: &Tree, dir: u64) -> Vec<(Vec<u8>, Key, u8)> {
         let mut out = Vec::new();
         let mut names = HashSet::new();
@@ -244,6 +260,11 @@ impl Walk<'_> {
                         out.push((e.name.to_vec(), e.location, e.file_type));
                     }
                 }
+            }
+        }
+        for (name, child) in tree.backrefs.get(&dir).into_iter().flatten() {
+            if names.insert(name.clone()) {
+                out.push((name.clone(), Key::new(*child, item::INODE_ITEM, 0), 0));
             }
         }
         out
@@ -292,18 +313,12 @@ impl Walk<'_> {
             .items
             .get(&Key::new(ino, item::INODE_ITEM, 0))
             .and_then(|b| InodeItem::parse(b).ok());
-        let fmt = inode.as_ref().map(|i| i.mode & libc::S_IFMT);
-        let kind = match (fmt, ftype) {
-            (Some(libc::S_IFDIR), _) | (None, Some(2)) => libc::S_IFDIR,
-            (Some(libc::S_IFREG), _) | (None, Some(1)) => libc::S_IFREG,
-            (Some(libc::S_IFLNK), _) | (None, Some(7)) => libc::S_IFLNK,
-            _ => {
-                if self.matches(rel) {
-                    self.error(format!("{}: special file left out", rel.display()));
-                }
-                tree.reached.insert(ino);
-                return;
+        let Some(kind) = Self::kind(tree, ino, inode.as_ref(), ftype) else {
+            if self.matches(rel) {
+                self.error(format!("{}: file of unknown type left out", rel.display()));
             }
+            tree.reached.insert(ino);
+            return;
         };
         let first = tree.reached.insert(ino);
         if kind == libc::S_IFDIR {
@@ -338,6 +353,13 @@ impl Walk<'_> {
         }
         self.announce(rel);
         if self.opts.dry_run {
+            if matches!(
+                kind,
+                libc::S_IFIFO | libc::S_IFCHR | libc::S_IFBLK | libc::S_IFSOCK
+            ) {
+                self.report.specials += 1;
+                return;
+            }
             self.count(kind, inode.is_none(), rel, Vec::new());
             return;
         }
@@ -355,6 +377,13 @@ impl Walk<'_> {
                     return;
                 }
             }
+        }
+        if let Some(special) = inode
+            .as_ref()
+            .filter(|_| kind != libc::S_IFREG && kind != libc::S_IFLNK)
+        {
+            self.special(tree, ino, kind, special, out, rel);
+            return;
         }
         let extents: Vec<(u64, &[u8])> = tree
             .items
@@ -387,16 +416,20 @@ impl Walk<'_> {
                 .max()
                 .unwrap_or(0),
         };
-        if inode.is_none() && extents.is_empty() {
-            self.report.names_without_inode.push(rel.to_path_buf());
-            return;
-        }
         // Never through a link a hostile image (two entries of one name) put there.
         let created = std::fs::OpenOptions::new()
             .write(true)
             .create_new(true)
             .custom_flags(libc::O_NOFOLLOW)
             .open(out);
+        if inode.is_none() && extents.is_empty() {
+            // The name alone survives: kept as an empty file, and listed as such.
+            if let Err(e) = created {
+                self.error(format!("{}: {e}", out.display()));
+            }
+            self.report.names_without_inode.push(rel.to_path_buf());
+            return;
+        }
         let result = created.and_then(|f| {
             let holes = data::write_file(&self.img.io, &self.csums, &extents, size, Some(&f))?;
             f.set_len(size)?;
@@ -410,6 +443,80 @@ impl Walk<'_> {
             }
             Err(e) => self.error(format!("{}: {e}", out.display())),
         }
+    }
+
+    /// What kind of file `ino` is. The directory entry's type wins over an inode mode that
+    /// says otherwise (as `btrfs check` repairs a bad mode from it); with neither, the items
+    /// tell: entries make a directory, extents a regular file.
+    fn kind(tree: &Tree, ino: u64, inode: Option<&InodeItem>, ftype: Option<u8>) -> Option<u32> {
+        let from_entry = ftype.and_then(|t| match t {
+            1 => Some(libc::S_IFREG),
+            2 => Some(libc::S_IFDIR),
+            3 => Some(libc::S_IFCHR),
+            4 => Some(libc::S_IFBLK),
+            5 => Some(libc::S_IFIFO),
+            6 => Some(libc::S_IFSOCK),
+            7 => Some(libc::S_IFLNK),
+            _ => None,
+        });
+        let from_inode = inode.map(|i| i.mode & libc::S_IFMT).filter(|f| {
+            matches!(
+                *f,
+                libc::S_IFREG
+                    | libc::S_IFDIR
+                    | libc::S_IFLNK
+                    | libc::S_IFIFO
+                    | libc::S_IFCHR
+                    | libc::S_IFBLK
+                    | libc::S_IFSOCK
+            )
+        });
+        let has = |t: u8| {
+            tree.items
+                .range(Key::new(ino, t, 0)..=Key::new(ino, t, u64::MAX))
+                .next()
+                .is_some()
+        };
+        from_entry.or(from_inode).or_else(|| {
+            if has(item::DIR_INDEX) || has(item::DIR_ITEM) {
+                Some(libc::S_IFDIR)
+            } else if has(item::EXTENT_DATA) || inode.is_some() {
+                Some(libc::S_IFREG)
+            } else {
+                None
+            }
+        })
+    }
+
+    /// A FIFO, socket or device node, made with mknod; a device node needs root, and
+    /// without it the name is reported and left out.
+    fn special(
+        &mut self,
+        tree: &Tree,
+        ino: u64,
+        fmt: u32,
+        inode: &InodeItem,
+        out: &Path,
+        rel: &Path,
+    ) {
+        let rdev = if matches!(fmt, libc::S_IFCHR | libc::S_IFBLK) {
+            crate::inode::inode::disk_rdev_to_user(inode.rdev)
+        } else {
+            0
+        };
+        let Ok(c) = CString::new(out.as_os_str().as_bytes()) else {
+            return;
+        };
+        // SAFETY: `c` is a NUL-terminated path.
+        let made =
+            unsafe { libc::mknod(c.as_ptr(), fmt | (inode.mode & 0o7777), rdev as libc::dev_t) };
+        if made != 0 {
+            let e = std::io::Error::last_os_error();
+            self.error(format!("{}: special file not made: {e}", rel.display()));
+            return;
+        }
+        self.attrs(tree, ino, out, false);
+        self.report.specials += 1;
     }
 
     /// Makes directory `out` and its missing parents inside DEST, each with mkdir: a name

@@ -1,7 +1,8 @@
 //! Tolerant tree walks: every readable leaf's items, the unreadable blocks reported.
 
 use super::{Report, SkippedBlock};
-use crate::io::disk_io::DiskIo;
+use crate::io::disk_io::{Block, DiskIo};
+use oleo_format::tree_block::Header;
 use oleo_format::{Key, TreeBlock};
 use std::collections::{BTreeMap, HashSet};
 
@@ -36,7 +37,7 @@ pub(crate) fn collect(
         if !seen.insert(bytenr) {
             continue;
         }
-        let block = match io.read_tree_block(bytenr, level, generation, first_key) {
+        let block = match read_block(io, bytenr, level, generation, first_key) {
             Ok(b) => b,
             Err(e) => {
                 skip(report, bytenr, start.owner, e.to_string());
@@ -84,6 +85,49 @@ pub(crate) fn collect(
         }
     }
     items
+}
+
+/// A tree block as [`DiskIo::read_tree_block`] reads it; when every copy fails that, a copy
+/// whose checksum, address, fsid and level still hold is used anyway (as `btrfs restore`
+/// ignores a wrong transid): a bad item in it is no reason to lose the good ones beside it,
+/// which the walk takes one by one.
+pub(crate) fn read_block(
+    io: &DiskIo,
+    bytenr: u64,
+    level: Option<u8>,
+    generation: Option<u64>,
+    first_key: Option<Key>,
+) -> crate::error::Result<Block> {
+    let err = match io.read_tree_block(bytenr, level, generation, first_key) {
+        Ok(b) => return Ok(b),
+        Err(e) => e,
+    };
+    let ctx = io.context();
+    let nodesize = ctx.nodesize as usize;
+    if nodesize < oleo_format::tree_block::HEADER_SIZE {
+        return Err(err);
+    }
+    for mirror in 0..io.num_mirrors(bytenr).clamp(1, 4) {
+        let mut buf = vec![0u8; nodesize];
+        if io.read_logical(bytenr, &mut buf, mirror).is_err()
+            || !ctx.csum_type.verify(&buf[32..], &buf[..32])
+        {
+            continue;
+        }
+        let Ok(h) = Header::parse(&buf) else {
+            continue;
+        };
+        let level_ok = h.level <= MAX_LEVEL && level.is_none_or(|l| l == h.level);
+        if h.bytenr != bytenr || h.fsid != ctx.metadata_fsid || !level_ok {
+            continue;
+        }
+        if TreeBlock::new(&buf).is_err() {
+            continue;
+        }
+        eprintln!("tree block {bytenr}: {err}; its copy {mirror} is used as far as it reads");
+        return Ok(buf.into());
+    }
+    Err(err)
 }
 
 fn skip(report: &mut Report, bytenr: u64, owner: u64, why: String) {

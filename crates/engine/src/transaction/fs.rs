@@ -211,6 +211,9 @@ pub(crate) struct FsCore {
     pub(crate) csum_tree: Option<TreeRoot>,
     /// Subvolume trees by id (None: no such live subvolume). Read-only, so never stale.
     pub(crate) subvol_roots: RwLock<HashMap<u64, Option<TreeRoot>>>,
+    /// Trees whose root comes from a backup slot rather than the root tree
+    /// (`usebackuproot` with the newest root tree lost); read-only opens only.
+    pub(crate) rescue_roots: HashMap<u64, TreeRoot>,
     pub(crate) inodes: Cache<InodeId, Arc<InodeItem>>,
     pub(crate) extents: Arc<ExtentCache>,
     pub(crate) top: InodeId,
@@ -358,6 +361,7 @@ impl FsCore {
             root_tree,
             csum_tree: None,
             subvol_roots: RwLock::new(HashMap::new()),
+            rescue_roots: HashMap::new(),
             inodes: Cache::new(entries),
             extents: Arc::new(Cache::with_weighter(entries, extent_bytes, ExtentWeight)),
             top: InodeId {
@@ -391,8 +395,19 @@ impl FsCore {
         }
         let own = (fs.root_tree, fs.sb.clone(), fs.pending_log);
         let strict = !backups.is_empty();
+        // The slot of the superblock's own commit still names that commit's tree 5 and
+        // csum tree: with an older root tree for the rest, the newest files show.
+        let newest = sb_slot(&fs.sb).filter(|_| strict);
+        let mut tries = vec![(None, false)];
+        for b in &backups {
+            if newest.is_some() {
+                tries.push((Some(b), true));
+            }
+            tries.push((Some(b), false));
+        }
         let mut first_err = None;
-        for slot in std::iter::once(None).chain(backups.iter().map(Some)) {
+        for (slot, newest_trees) in tries {
+            fs.rescue_roots.clear();
             if let Some(b) = slot {
                 let r = fs.root_tree;
                 let why = first_err
@@ -408,8 +423,16 @@ impl FsCore {
                 fs.drop_running();
                 fs.use_backup_root(b);
             }
+            if let Some(n) = newest.as_ref().filter(|_| newest_trees) {
+                fs.rescue_roots.insert(objectid::FS_TREE, n.0);
+            }
             match fs.load_roots(strict) {
-                Ok(()) => return Ok(fs),
+                Ok(()) => {
+                    if let Some(n) = newest.as_ref().filter(|_| newest_trees) {
+                        fs.use_newest_slot(n);
+                    }
+                    return Ok(fs);
+                }
                 Err(e) => {
                     first_err.get_or_insert(e);
                 }
@@ -421,6 +444,7 @@ impl FsCore {
         }
         // No backup did better: the superblock's own root, showing what of it reads.
         fs.drop_running();
+        fs.rescue_roots.clear();
         (fs.root_tree, fs.sb, fs.pending_log) = own;
         fs.load_roots(false).map_err(|_| e)?;
         Ok(fs)
@@ -480,6 +504,27 @@ impl FsCore {
                 .map_err(|e| Error::Unusable(format!("cannot read tree 5's root: {e}")))?;
         }
         Ok(())
+    }
+
+    /// Takes the csum tree of the superblock's own commit from its backup slot too (tree
+    /// 5's is taken already), when it reads; says which trees are how old.
+    fn use_newest_slot(&mut self, n: &(TreeRoot, Option<TreeRoot>)) {
+        if let Some(c) = n.1 {
+            if self
+                .io
+                .read_tree_block(c.bytenr, Some(c.level), Some(c.generation), None)
+                .is_ok()
+            {
+                self.csum_tree = Some(c);
+            }
+        }
+        let (newest, rest) = (n.0.generation, self.root_tree.generation);
+        self.io.skips().note("usebackuproot", n.0.bytenr, || {
+            format!(
+                "tree 5 (and the csum tree) of generation {newest} from its backup slot; \
+                 the root tree and other subvolumes as of generation {rest}"
+            )
+        });
     }
 
     /// Opens from the root tree block at `bytenr` (`Rescue::tree_root`): its level and
@@ -789,6 +834,28 @@ fn check_devices(io: &mut DiskIo, chunk_root: &TreeRoot, options: &OpenOptions) 
         ));
     }
     Ok(())
+}
+
+/// Tree 5's and the csum tree's roots as the backup slot of the superblock's own commit
+/// records them.
+fn sb_slot(sb: &Superblock) -> Option<(TreeRoot, Option<TreeRoot>)> {
+    let b = sb
+        .backup_roots
+        .iter()
+        .find(|b| b.tree_root_gen == sb.generation && b.fs_root != 0)?;
+    let fs = TreeRoot {
+        id: objectid::FS_TREE,
+        bytenr: b.fs_root,
+        level: b.fs_root_level,
+        generation: b.fs_root_gen,
+    };
+    let csum = (b.csum_root != 0).then_some(TreeRoot {
+        id: objectid::CSUM_TREE,
+        bytenr: b.csum_root,
+        level: b.csum_root_level,
+        generation: b.csum_root_gen,
+    });
+    Some((fs, csum))
 }
 
 /// The backup roots to try after the superblock's own (`usebackuproot`), newest first:

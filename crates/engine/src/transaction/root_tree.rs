@@ -18,6 +18,9 @@ impl FsCore {
         if let Some(r) = self.running_root(id) {
             return Ok(Some(r));
         }
+        if let Some(r) = self.rescue_roots.get(&id) {
+            return Ok(Some(*r));
+        }
         if let Some(r) = self.subvol_roots.read().get(&id) {
             return Ok(*r);
         }
