@@ -190,7 +190,9 @@ pub(super) fn versions(
 /// the metadata chunks still hold; newest first, each once.
 fn older_roots(fs: &Filesystem, image: &Path, scan: bool) -> Vec<(Root, u64)> {
     let sb = fs.superblock();
-    let mut seen = HashSet::from([sb.root]);
+    // The current root tree too: a rescue open may show tree 5 from elsewhere (the newest
+    // backup slot); rows that repeat what is shown are dropped anyway.
+    let mut seen = HashSet::new();
     let mut out = Vec::new();
     let mut backups: Vec<_> = sb
         .backup_roots

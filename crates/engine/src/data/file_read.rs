@@ -192,15 +192,33 @@ impl FsCore {
                 let plain: &[u8] = if m.compression == Compression::None {
                     data
                 } else {
-                    decoded = decompress(
+                    decoded = match decompress(
                         m.compression,
                         data,
                         m.ram_bytes.min(1 << 20) as usize,
                         self.sb.sectorsize as usize,
-                    )
-                    .map_err(|e| {
-                        Error::corrupt(0, format!("inline extent of inode {}: {e}", id.ino))
-                    })?;
+                    ) {
+                        Ok(d) => d,
+                        Err(e) if self.io.rescue().ignore_data_csums => {
+                            self.io.skips().note(
+                                "ignoredatacsums",
+                                id.ino ^ (id.subvol << 48),
+                                || {
+                                    format!(
+                                    "inline extent of inode {} (subvolume {}): {e}; read as zeros",
+                                    id.ino, id.subvol
+                                )
+                                },
+                            );
+                            Vec::new()
+                        }
+                        Err(e) => {
+                            return Err(Error::corrupt(
+                                0,
+                                format!("inline extent of inode {}: {e}", id.ino),
+                            ))
+                        }
+                    };
                     &decoded
                 };
                 Source::Ready(copy_or_zero(plain, rel as usize, len))
@@ -388,13 +406,29 @@ impl ReadPlan {
         }
         let mut buf = crate::io::device::IoBuf::zeroed((raw.end - raw.start) as usize);
         self.read_verified(raw, &mut buf)?;
-        let plain =
-            decompress(compression, &buf, ram as usize, self.sector as usize).map_err(|e| {
-                Error::corrupt(
+        let plain = match decompress(compression, &buf, ram as usize, self.sector as usize) {
+            Ok(p) => p,
+            // The user asked for what there is: the extent reads as zeros, said once.
+            Err(e) if self.io.rescue().ignore_data_csums => {
+                self.io
+                    .skips()
+                    .note("ignoredatacsums", raw.logical ^ (1 << 63), || {
+                        format!(
+                            "{} extent at logical {} (inode {}): {e}; read as zeros",
+                            compression.name(),
+                            raw.logical,
+                            raw.id.ino
+                        )
+                    });
+                Vec::new()
+            }
+            Err(e) => {
+                return Err(Error::corrupt(
                     raw.logical,
                     format!("{} extent of inode {}: {e}", compression.name(), raw.id.ino),
-                )
-            })?;
+                ))
+            }
+        };
         let plain = Arc::new(plain);
         self.extents.insert(raw.logical, Arc::clone(&plain));
         Ok(plain)

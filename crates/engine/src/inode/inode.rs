@@ -3,7 +3,7 @@
 use crate::ctree::{for_each_in_range, lookup};
 use crate::error::{Error, Result};
 use crate::transaction::fs::{Attr, FileKind, FsCore, InodeId, Timespec};
-use oleo_format::items::{InodeItem, InodeRef, Timespec as DiskTime};
+use oleo_format::items::{FileExtent, FileExtentBody, InodeItem, InodeRef, Timespec as DiskTime};
 use oleo_format::key::{item, objectid, Key};
 use std::ops::ControlFlow;
 use std::sync::Arc;
@@ -35,15 +35,80 @@ impl FsCore {
             return Ok(i);
         }
         let tree = self.tree_of(id)?;
-        let body =
-            lookup(self, &tree, &Key::new(id.ino, item::INODE_ITEM, 0))?.ok_or(Error::NotFound)?;
-        let inode = Arc::new(InodeItem::parse(&body).map_err(|e| {
+        let Some(body) = lookup(self, &tree, &Key::new(id.ino, item::INODE_ITEM, 0))? else {
+            if self.io.rescue().ignore_bad_roots {
+                let inode = Arc::new(self.made_up_inode(id, &tree)?);
+                self.inodes.insert(id, inode.clone());
+                return Ok(inode);
+            }
+            return Err(Error::NotFound);
+        };
+        let mut inode = InodeItem::parse(&body).map_err(|e| {
             Error::corrupt(
                 0,
                 format!("inode {} of subvolume {}: {e}", id.ino, id.subvol),
             )
-        })?);
+        })?;
+        let bad_mode = inode.mode & !0o177777 != 0 || FileKind::from_mode(inode.mode).is_none();
+        if bad_mode && self.io.rescue().ignore_bad_roots {
+            // The type the other items say, the permissions the item says.
+            let made = self.made_up_inode(id, &tree)?;
+            inode.mode = (made.mode & 0o170000) | (inode.mode & 0o7777);
+        }
+        let inode = Arc::new(inode);
         self.inodes.insert(id, inode.clone());
+        Ok(inode)
+    }
+
+    /// Under `rescue=ignorebadroots`, for an inode whose INODE_ITEM is gone (or whose mode
+    /// is not one) but that a directory entry names (as `btrfs restore` writes one): a
+    /// directory if it is a subvolume's root or has entries, else a regular file as long
+    /// as its extents reach (empty without any).
+    fn made_up_inode(&self, id: InodeId, tree: &crate::ctree::TreeRoot) -> Result<InodeItem> {
+        let has = |ty| -> Result<bool> {
+            let mut any = false;
+            for_each_in_range(
+                self,
+                tree,
+                Key::new(id.ino, ty, 0),
+                Key::new(id.ino, ty, u64::MAX),
+                |_, _| {
+                    any = true;
+                    Ok(ControlFlow::Break(()))
+                },
+            )?;
+            Ok(any)
+        };
+        let dir = id.ino == objectid::FIRST_FREE || has(item::DIR_INDEX)? || has(item::DIR_ITEM)?;
+        let mut inode = InodeItem {
+            nlink: 1,
+            mode: if dir { 0o040755 } else { 0o100644 },
+            ..InodeItem::default()
+        };
+        if !dir {
+            let last = crate::ctree::lookup_le(
+                self,
+                tree,
+                &Key::new(id.ino, item::EXTENT_DATA, u64::MAX),
+            )?;
+            if let Some((k, body)) = last {
+                let len = match FileExtent::parse(&body).map(|e| (e.ram_bytes, e.body)) {
+                    Ok((_, FileExtentBody::Extent { num_bytes, .. })) => num_bytes,
+                    Ok((ram, FileExtentBody::Inline { .. })) => ram,
+                    Err(_) => 0,
+                };
+                inode.size = k.offset.saturating_add(len);
+                inode.nbytes = inode.size;
+            }
+        }
+        self.io.skips().note("ignorebadroots", id.ino ^ (id.subvol << 48), || {
+            format!(
+                "inode {} of subvolume {} has no inode item or no valid mode; shown as a {} made up from its other items",
+                id.ino,
+                id.subvol,
+                if dir { "directory" } else { "regular file" }
+            )
+        });
         Ok(inode)
     }
 
