@@ -559,6 +559,17 @@ impl Superblock {
         self.compat_ro_flags & bit != 0
     }
 
+    /// What every tree block of this filesystem is checked against.
+    pub fn fs_context(&self) -> crate::validate::FsContext {
+        crate::validate::FsContext {
+            nodesize: self.nodesize,
+            sectorsize: self.sectorsize,
+            csum_type: self.csum_type(),
+            metadata_fsid: self.metadata_fsid(),
+            super_generation: self.generation,
+        }
+    }
+
     /// The fsid tree block headers carry.
     pub fn metadata_fsid(&self) -> [u8; 16] {
         if self.has_incompat(incompat::METADATA_UUID) {

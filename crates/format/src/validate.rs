@@ -93,8 +93,13 @@ pub fn check_tree_block_identity(data: &[u8], ctx: &FsContext, expect: &Expect) 
     if h.fsid != ctx.metadata_fsid {
         invalid!("block belongs to another filesystem (fsid mismatch)");
     }
-    if h.level >= MAX_LEVEL || expect.level.is_some_and(|l| l != h.level) {
-        invalid!("level {} where {:?} was expected", h.level, expect.level);
+    if h.level >= MAX_LEVEL {
+        invalid!("level {} out of range", h.level);
+    }
+    if let Some(level) = expect.level {
+        if h.level != level {
+            invalid!("level {} where {} was expected", h.level, level);
+        }
     }
     let per = if block.is_leaf() {
         ITEM_SIZE
@@ -110,37 +115,12 @@ pub fn check_tree_block_identity(data: &[u8], ctx: &FsContext, expect: &Expect) 
 /// Every check of [`check_tree_block`] but the checksum: for a block whose checksum failed
 /// on every copy, when the user asked to read it anyway (`rescue=ignoremetacsums`).
 pub fn check_tree_block_but_csum(data: &[u8], ctx: &FsContext, expect: &Expect) -> Result<()> {
-    if (ctx.nodesize as usize) < HEADER_SIZE
-        || ctx.sectorsize == 0
-        || data.len() != ctx.nodesize as usize
-    {
-        invalid!(
-            "block is {} bytes, nodesize is {}, sectorsize {}",
-            data.len(),
-            ctx.nodesize,
-            ctx.sectorsize
-        );
+    if ctx.sectorsize == 0 {
+        invalid!("sectorsize 0 unusable");
     }
+    check_tree_block_identity(data, ctx, expect)?;
     let block = TreeBlock::new(data)?;
     let h = block.header()?;
-    if h.bytenr != expect.bytenr {
-        invalid!(
-            "block claims bytenr {} but was read at {}",
-            h.bytenr,
-            expect.bytenr
-        );
-    }
-    if h.fsid != ctx.metadata_fsid {
-        invalid!("block belongs to another filesystem (fsid mismatch)");
-    }
-    if h.level >= MAX_LEVEL {
-        invalid!("level {} out of range", h.level);
-    }
-    if let Some(level) = expect.level {
-        if h.level != level {
-            invalid!("level {} where {} was expected", h.level, level);
-        }
-    }
     if let Some(generation) = expect.generation {
         if h.generation != generation {
             invalid!(

@@ -38,13 +38,7 @@ struct Found {
 
 /// Adds to `map` the chunks a scan of the devices finds that it lacks. Returns how many.
 pub(crate) fn recover(io: &DiskIo, sb: &Superblock, map: &mut ChunkMap) -> usize {
-    let ctx = FsContext {
-        nodesize: sb.nodesize,
-        sectorsize: sb.sectorsize,
-        csum_type: sb.csum_type(),
-        metadata_fsid: sb.metadata_fsid(),
-        super_generation: sb.generation,
-    };
+    let ctx = sb.fs_context();
     let nodesize = sb.nodesize as usize;
     let step = (sb.sectorsize as usize).max(512);
     if !(HEADER_SIZE..=PIECE).contains(&nodesize) || !nodesize.is_multiple_of(step) {

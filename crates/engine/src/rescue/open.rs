@@ -37,11 +37,8 @@ pub(crate) fn open(
     let (devices, _) = DeviceSet::open_with(&[path.to_path_buf()], false, true)?;
     let (sb, newest_gen) = pick_superblock(&devices, super_copy)?;
     let ctx = FsContext {
-        nodesize: sb.nodesize,
-        sectorsize: sb.sectorsize,
-        csum_type: sb.csum_type(),
-        metadata_fsid: sb.metadata_fsid(),
         super_generation: newest_gen,
+        ..sb.fs_context()
     };
     let mut sys = ChunkMap::default();
     let sys_chunks = sb

@@ -13,7 +13,6 @@ use crate::transaction::options::OpenOptions;
 use oleo_format::items::{block_group as bg, ChunkItem, DevItem, InodeItem, RootItem};
 use oleo_format::key::{item, objectid, Key};
 use oleo_format::superblock::{self, incompat, BackupRoot, Superblock};
-use oleo_format::validate::FsContext;
 use parking_lot::{Mutex, RwLock};
 use quick_cache::sync::Cache;
 use std::collections::HashMap;
@@ -323,13 +322,7 @@ impl FsCore {
                 log::warn!("{}: {why}: reading what it holds", m.path.display());
             }
         }
-        let ctx = FsContext {
-            nodesize: sb.nodesize,
-            sectorsize: sb.sectorsize,
-            csum_type: sb.csum_type(),
-            metadata_fsid: sb.metadata_fsid(),
-            super_generation: sb.generation,
-        };
+        let ctx = sb.fs_context();
         let mut sys = ChunkMap::default();
         for (logical, chunk) in sb
             .sys_chunks()
