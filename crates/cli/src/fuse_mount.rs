@@ -22,6 +22,8 @@ pub struct FuseOptions {
     pub default_permissions: bool,
     /// fusermount3 stays behind and unmounts when the server goes away.
     pub auto_unmount: bool,
+    /// The kernel's VFS flags (nosuid, noexec, noatime, ...), given to mount(2).
+    pub vfs: crate::vfs_flags::VfsFlags,
 }
 
 /// A mounted connection: the descriptor to serve, and what must live as long as the
@@ -76,7 +78,7 @@ fn mount_directly(mountpoint: &Path, o: &FuseOptions) -> Result<Mounted, String>
     if o.default_permissions {
         data.push_str(",default_permissions");
     }
-    let flags = if o.writable { 0 } else { libc::MS_RDONLY };
+    let flags = o.vfs.ms | if o.writable { 0 } else { libc::MS_RDONLY };
     sys_mount(&o.source, mountpoint, Some("fuse.oleo"), flags, &data)?;
     Ok(Mounted {
         fd,
@@ -172,9 +174,10 @@ pub fn unescape(s: &str) -> String {
         .replace("\\134", "\\")
 }
 
-/// `mount -o remount,ro|rw`: FUSE lets the superblock's read-only flag change.
-pub fn remount(mountpoint: &Path, writable: bool) -> Result<(), String> {
-    let flags = libc::MS_REMOUNT | if writable { 0 } else { libc::MS_RDONLY };
+/// `mount -o remount,...`: FUSE lets the superblock's read-only flag change, and the VFS
+/// flags `vfs` (MS_*, all of those the mount is to have) replace the mount's.
+pub fn remount(mountpoint: &Path, writable: bool, vfs: libc::c_ulong) -> Result<(), String> {
+    let flags = libc::MS_REMOUNT | vfs | if writable { 0 } else { libc::MS_RDONLY };
     sys_mount_errno("", mountpoint, None, flags, "").map_err(|(e, errno)| {
         let Some(errno) = errno else { return e };
         let e = format!(
@@ -194,6 +197,19 @@ pub fn remount(mountpoint: &Path, writable: bool) -> Result<(), String> {
             _ => e,
         }
     })
+}
+
+/// Tells the server of the mount at `mountpoint` which VFS flags are now in force (after a
+/// remount): the atime, sync and dirsync ones are its to act on.
+pub fn tell_server_flags(
+    mountpoint: &Path,
+    vfs: &crate::vfs_flags::VfsFlags,
+) -> Result<(), String> {
+    let f =
+        std::fs::File::open(mountpoint).map_err(|e| format!("{}: {e}", mountpoint.display()))?;
+    let mut arg = vfs.server().to_ms().to_le_bytes();
+    crate::on_mount::raw_ioctl(&f, oleo_fuse::subvol_ioctl::SET_MOUNT_FLAGS, &mut arg)
+        .map_err(|e| format!("{}: {e}", mountpoint.display()))
 }
 
 /// The mount at `mountpoint` (which cannot be stat'ed: a dead FUSE mount), from mountinfo:
@@ -297,6 +313,7 @@ fn escape(s: &str) -> String {
 
 fn mount_with_fusermount(mountpoint: &Path, o: &FuseOptions) -> Result<Mounted, String> {
     let helper = find_fusermount()?;
+    // fusermount3 forces nosuid and nodev on a user's mount; they are said anyway.
     let mut opts = vec![
         if o.writable { "rw" } else { "ro" }.to_string(),
         "nosuid".into(),
@@ -304,6 +321,11 @@ fn mount_with_fusermount(mountpoint: &Path, o: &FuseOptions) -> Result<Mounted, 
         "subtype=oleo".into(),
         format!("fsname={}", escape(&o.source)),
     ];
+    for n in o.vfs.fusermount_names() {
+        if !opts.iter().any(|o| o == n) {
+            opts.push(n.into());
+        }
+    }
     if o.allow_other {
         opts.push("allow_other".into());
     }

@@ -23,6 +23,7 @@ mod send;
 mod stop;
 mod subvolume;
 mod units;
+mod vfs_flags;
 
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;

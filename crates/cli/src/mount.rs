@@ -54,40 +54,34 @@ struct Plan {
     log: Option<PathBuf>,
     /// `mount -o remount,...` of an existing mount.
     remount: bool,
+    /// The kernel's VFS flags asked for.
+    vfs: crate::vfs_flags::VfsFlags,
+    /// Their names as given, in order (a remount applies them to the mount's own).
+    vfs_names: Vec<String>,
 }
 
-/// Generic options mount(8) and fstab may pass that change nothing for a read-only FUSE mount.
-const IGNORED: &[&str] = &[
-    "defaults",
-    "auto",
-    "noauto",
-    "user",
-    "nouser",
-    "users",
-    "nofail",
-    "_netdev",
-    "atime",
-    "noatime",
-    "relatime",
-    "strictatime",
-    "lazytime",
-    "nodiratime",
-    "diratime",
-    "exec",
-    "noexec",
-    "suid",
-    "nosuid",
-    "dev",
-    "nodev",
-    "async",
-    "sync",
-    "silent",
-    "loud",
+/// Options of mount(8) and fstab that are mount(8)'s own, not the filesystem's or the
+/// kernel's: mount(8) has acted on them before it runs the helper (`defaults` stands for
+/// the kernel's defaults, which apply unless another flag says otherwise).
+const MOUNT8_OWN: &[&str] = &[
+    "defaults", "auto", "noauto", "nouser", "nofail", "_netdev", "silent", "loud",
 ];
 
-/// btrfs's own mount options oleo does not act on (allocation tuning, recovery modes): accepted so an fstab line written for the kernel works. Options
-/// with a value are matched by name.
-const BTRFS_IGNORED: &[&str] = &[
+/// mount(8)'s options that let users mount an fstab entry, and the flags each implies
+/// unless a later option overrides them (mount(8): `user` implies noexec, nosuid and
+/// nodev; `owner` and `group` imply nosuid and nodev).
+const USER_MOUNT: &[(&str, &[&str])] = &[
+    ("user", &["noexec", "nosuid", "nodev"]),
+    ("users", &["noexec", "nosuid", "nodev"]),
+    ("owner", &["nosuid", "nodev"]),
+    ("group", &["nosuid", "nodev"]),
+];
+
+/// btrfs's mount options that change nothing oleo stores or promises: they tune the
+/// kernel's allocator, threads, discards or debugging, or ask for what oleo always does
+/// (`barrier`, `acl`, `treelog`, `noflushoncommit`). Accepted so that an fstab line written
+/// for the kernel works; each is logged. Options with a value are matched by name.
+const BTRFS_HINTS: &[&str] = &[
     "ssd",
     "nossd",
     "ssd_spread",
@@ -101,19 +95,30 @@ const BTRFS_IGNORED: &[&str] = &[
     "noautodefrag",
     "skip_balance",
     "acl",
-    "noacl",
     "barrier",
-    "nobarrier",
-    "flushoncommit",
     "noflushoncommit",
     "thread_pool",
-    "user_subvol_rm_allowed",
     "metadata_ratio",
     "fatal_errors",
     "enospc_debug",
     "noenospc_debug",
     "treelog",
-    "notreelog",
+];
+
+/// btrfs's mount options that change what the kernel promises and that oleo does not do:
+/// refused, with why, rather than dropped.
+const BTRFS_REFUSED: &[(&str, &str)] = &[
+    ("noacl", "oleo always enforces POSIX ACLs"),
+    ("nobarrier", "oleo always flushes the device at each commit"),
+    (
+        "flushoncommit",
+        "with FUSE's writeback cache the kernel holds dirty data oleo cannot flush at a commit; use fsync or sync",
+    ),
+    ("notreelog", "oleo always makes fsync durable through the log tree"),
+    (
+        "user_subvol_rm_allowed",
+        "users cannot delete subvolumes through an oleo mount",
+    ),
 ];
 
 fn parse_size(s: &str) -> Option<u64> {
@@ -146,6 +151,8 @@ fn plan(options: &[String], rw_is_explicit: bool) -> Result<Plan, String> {
         fsname: None,
         log: None,
         remount: false,
+        vfs: Default::default(),
+        vfs_names: Vec::new(),
     };
     for opt in options
         .iter()
@@ -155,6 +162,17 @@ fn plan(options: &[String], rw_is_explicit: bool) -> Result<Plan, String> {
         let (name, value) = opt
             .split_once('=')
             .map_or((opt, None), |(n, v)| (n, Some(v)));
+        if value.is_none() && p.vfs.apply(name) {
+            p.vfs_names.push(name.to_string());
+            continue;
+        }
+        if let Some((_, implied)) = USER_MOUNT.iter().find(|(n, _)| *n == name) {
+            for f in implied.iter() {
+                p.vfs.apply(f);
+                p.vfs_names.push(f.to_string());
+            }
+            continue;
+        }
         match (name, value) {
             ("ro", None) => p.writable = Some(false),
             ("device", Some(v)) => p.open.devices.push(PathBuf::from(v)),
@@ -247,11 +265,16 @@ fn plan(options: &[String], rw_is_explicit: bool) -> Result<Plan, String> {
             ("log", Some(v)) => p.log = Some(PathBuf::from(v)),
             // The kernel's FUSE options, which mount(8) repeats on a remount: set by oleo.
             ("user_id" | "group_id" | "rootmode" | "max_read" | "blksize" | "fd", Some(_)) => {}
-            _ if IGNORED.contains(&opt) || name.starts_with("x-") || name == "comment" => {}
-            _ if BTRFS_IGNORED.contains(&name) => {
-                log::info!("ignoring {opt}: oleo does not implement it")
+            _ if MOUNT8_OWN.contains(&opt) || name.starts_with("x-") || name == "comment" => {}
+            _ if BTRFS_HINTS.contains(&name) => {
+                log::info!("{opt}: a tuning of the kernel's btrfs that changes nothing in oleo")
             }
-            _ => return Err(format!("unknown mount option {opt:?}")),
+            _ => {
+                if let Some((_, why)) = BTRFS_REFUSED.iter().find(|(n, _)| *n == name) {
+                    return Err(format!("mount option {opt} is not supported: {why}"));
+                }
+                return Err(format!("unknown mount option {opt:?}"));
+            }
         }
     }
     // As in the kernel, a rescue mount is read-only; oleo also keeps usebackuproot and
@@ -355,16 +378,52 @@ fn mount(
     // The other devices given as arguments, as if by device=.
     plan.open.devices.extend(devices.iter().cloned());
     if plan.remount {
-        // The mount exists: only its read-only flag changes (the server refuses writes by
-        // itself if it was mounted read-only).
+        // The mount exists: its read-only flag and VFS flags change, the ones named and no
+        // others (the server refuses writes by itself if it was mounted read-only).
         let writable = plan.writable != Some(false);
-        crate::fuse_mount::remount(mountpoint, writable)?;
+        // mount(8) hands its helper the whole set the mount is to have (the mount's own
+        // merged with the ones asked for); `oleo mount -o remount,...` names changes only.
+        let mut vfs = if refuse_rw {
+            crate::vfs_flags::VfsFlags::of_mount(mountpoint)?
+        } else {
+            crate::vfs_flags::VfsFlags::default()
+        };
+        for n in &plan.vfs_names {
+            vfs.apply(n);
+        }
+        let was = crate::vfs_flags::VfsFlags::of_mount(mountpoint)?;
+        if (was.ms ^ vfs.ms) & libc::MS_DIRSYNC != 0 {
+            return Err(format!(
+                "{}: dirsync cannot change on a remount (the kernel keeps a superblock's \
+                 dirsync from its mount): unmount and mount again",
+                mountpoint.display()
+            ));
+        }
+        crate::fuse_mount::remount(mountpoint, writable, vfs.ms)?;
+        // The server acts on the new atime and sync flags from now on.
+        if let Err(e) = crate::fuse_mount::tell_server_flags(mountpoint, &vfs) {
+            log::warn!(
+                "{}: the server keeps its old mount flags: {e}",
+                mountpoint.display()
+            );
+        }
+        if mode.verbose {
+            eprintln!(
+                "oleo: {} remounted {}",
+                mountpoint.display(),
+                crate::vfs_flags::effective(mountpoint)?
+            );
+        }
         if !writable {
             // Read-only from now: what was written should be on disk now, not at the next
             // periodic commit.
             crate::fuse_mount::ask_server_to_commit(mountpoint);
         }
         return Ok(());
+    }
+    // SAFETY: geteuid cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        plan.vfs.check_user_may()?;
     }
     check_mountpoint(mountpoint, image)?;
     // Resolved now: once mounted, touching the path would wait on this very server.
@@ -393,6 +452,7 @@ fn mount(
             allow_other,
             default_permissions: true,
             auto_unmount: plan.auto_unmount,
+            vfs: plan.vfs.clone(),
         },
         threads: plan.threads,
         access,
@@ -403,6 +463,7 @@ fn mount(
         writable,
         commit_interval: std::time::Duration::from_secs(plan.commit_secs),
         uring: plan.uring,
+        flags: plan.vfs.server(),
     };
     // A sixteenth of the filesystem may sit dirty in the kernel (at least 8 MiB): small
     // images then keep their writes cached until nearly full (see oleo_fuse::DirtyCap).
@@ -415,7 +476,11 @@ fn mount(
     if mode.foreground {
         let _ = crate::stop::block();
         commit_on_sigusr1();
-        return start.begin(server, mountpoint, image)?.run();
+        let serving = start.begin(server, mountpoint, image)?;
+        if mode.verbose {
+            say_flags(mountpoint);
+        }
+        return serving.run();
     }
     let log = logging::background_target(plan.log.as_deref(), image)?;
     daemonize_and_serve(server, mountpoint, image, &start, &log, mode.verbose)
@@ -730,8 +795,9 @@ fn daemonize_and_serve(
             let mut msg = String::new();
             let _ = std::fs::File::from(read_end).read_to_string(&mut msg);
             if msg == "OK" {
-                // Silent as mount(8) is; -v says where the log goes.
+                // Silent as mount(8) is; -v says where the log goes and the flags in force.
                 if verbose {
+                    say_flags(mountpoint);
                     match log {
                         logging::Target::File(path) => {
                             eprintln!("oleo: logging to {}", path.display())
@@ -746,6 +812,14 @@ fn daemonize_and_serve(
                 Err(msg)
             }
         }
+    }
+}
+
+/// `-v`: the flags the kernel shows for the new mount, as /proc/mounts has them.
+fn say_flags(mountpoint: &Path) {
+    match crate::vfs_flags::effective(mountpoint) {
+        Ok(f) => eprintln!("oleo: mounted on {} with {f}", mountpoint.display()),
+        Err(e) => eprintln!("oleo: {e}"),
     }
 }
 

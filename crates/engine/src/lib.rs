@@ -125,7 +125,7 @@ pub use transaction::options::{Compress, OpenOptions};
 pub use transaction::Transaction;
 pub use vfs::file_ops::FallocMode;
 pub use vfs::inode_ops::{NewInode, RenameFlags};
-pub use vfs::setattr::SetAttr;
+pub use vfs::setattr::{AtimeRule, SetAttr};
 
 /// Compression settings: the mount option and the property (kept at this path for
 /// programs written against it).

@@ -70,6 +70,7 @@
 
 mod fileattr_ops;
 mod listings;
+mod mount_flags;
 mod nodeid;
 mod ops;
 mod space_guard;
@@ -87,6 +88,7 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 use transport::{abi, Errno};
 
+pub use mount_flags::{Atime, MountFlags};
 pub use ops::init_flags;
 pub use space_guard::NotifierSlot;
 pub use stream_ops::{set_stream_handler, Note, ReceiveJob, SendJob, StreamHandler};
@@ -111,6 +113,8 @@ pub struct MountSettings {
     pub commit_interval: Duration,
     /// Take requests over io_uring where the kernel offers it (see `transport::uring`).
     pub uring: bool,
+    /// What the mount's VFS flags ask of the server (atime, sync, dirsync).
+    pub flags: MountFlags,
 }
 
 impl Default for MountSettings {
@@ -119,6 +123,7 @@ impl Default for MountSettings {
             writable: false,
             commit_interval: Duration::from_secs(30),
             uring: true,
+            flags: MountFlags::default(),
         }
     }
 }
@@ -144,6 +149,8 @@ pub struct OleoFuse {
     kernel_times: AtomicBool,
     /// The mount's last or running scrub (`oleo scrub start|status` on a mount).
     scrub: Arc<parking_lot::Mutex<subvol_ioctl::ScrubStatus>>,
+    /// The VFS flags in force (a remount changes them).
+    flags: mount_flags::FlagsCell,
 }
 
 impl OleoFuse {
@@ -154,7 +161,9 @@ impl OleoFuse {
         let ids = NodeIds::new(fs.root());
         let ttl = if settings.writable { RW_TTL } else { TTL };
         let fs = Arc::new(fs);
+        let flags = mount_flags::FlagsCell::new(settings.flags);
         OleoFuse {
+            flags,
             fs,
             ids,
             settings,
@@ -389,7 +398,10 @@ impl OleoFuse {
                 }
             })
             .map_err(errno)?;
-        err.map_or(Ok(()), Err)
+        err.map_or(Ok(()), Err)?;
+        // getdents moves the directory's atime (the kernel's iterate_dir).
+        self.read_happened(dir, true);
+        Ok(())
     }
 }
 

@@ -275,8 +275,10 @@ impl Handler for OleoFuse {
                 xattr_answer(r, size, reply)
             }
             Op::Removexattr { name } => empty(
-                self.id(node)
-                    .and_then(|id| self.mutate(|fs| fs.removexattr(id, name))),
+                self.id(node).and_then(|id| {
+                    self.mutate(|fs| fs.removexattr(id, name))?;
+                    self.inode_change_done(id)
+                }),
                 reply,
             ),
             // Nothing to do on close (durability is fsync's job). ENOSYS tells the kernel to
@@ -285,11 +287,20 @@ impl Handler for OleoFuse {
             Op::Flush => reply.error(Errno::ENOSYS),
             // Zero-message opendir where the kernel has it (ENOSYS turns it on): it then
             // caches listings as with these flags. A listing's end is kept in `listings`.
-            Op::Opendir { .. } if self.no_opendir.load(Ordering::Relaxed) => {
+            Op::Opendir { .. }
+                if self.no_opendir.load(Ordering::Relaxed)
+                    && self.listings_cacheable_without_open() =>
+            {
                 reply.error(Errno::ENOSYS)
             }
-            Op::Opendir { .. } => answer(self.id(node), reply, |_, r| {
-                r.opened(0, abi::fopen::KEEP_CACHE | abi::fopen::CACHE_DIR)
+            // A cached listing would hide a listing that moves the atime.
+            Op::Opendir { .. } => answer(self.id(node), reply, |id, r| {
+                let keep = if self.may_keep_cache(id, true) {
+                    abi::fopen::KEEP_CACHE | abi::fopen::CACHE_DIR
+                } else {
+                    0
+                };
+                r.opened(0, keep)
             }),
             Op::Readdir(arg) => self.readdir(req, node, &arg, reply),
             Op::Readdirplus(arg) => self.readdirplus(req, node, &arg, reply),
@@ -479,6 +490,7 @@ impl OleoFuse {
             }
         }
         let a = self.mutate(|fs| fs.setattr(id, &set))?;
+        self.inode_change_done(id)?;
         self.attr_out(&a)
     }
 
@@ -512,32 +524,41 @@ impl OleoFuse {
         target: &[u8],
     ) -> Result<abi::EntryOut, Errno> {
         let dir = self.id(parent)?;
-        self.new_entry(self.mutate(|fs| fs.symlink(dir, name, target, req.uid, req.gid)))
+        let a = self.mutate(|fs| fs.symlink(dir, name, target, req.uid, req.gid))?;
+        self.dir_change_done(&[dir], Some(a.id))?;
+        self.new_entry(Ok(a))
     }
 
     fn mknod(&self, parent: u64, name: &[u8], new: &NewInode) -> Result<abi::EntryOut, Errno> {
         let dir = self.id(parent)?;
-        self.new_entry(self.mutate(|fs| fs.mknod(dir, name, new)))
+        let a = self.mutate(|fs| fs.mknod(dir, name, new))?;
+        self.dir_change_done(&[dir], Some(a.id))?;
+        self.new_entry(Ok(a))
     }
 
     fn mkdir(&self, parent: u64, name: &[u8], new: &NewInode) -> Result<abi::EntryOut, Errno> {
         let dir = self.id(parent)?;
-        self.new_entry(self.mutate(|fs| fs.mkdir(dir, name, new)))
+        let a = self.mutate(|fs| fs.mkdir(dir, name, new))?;
+        self.dir_change_done(&[dir], Some(a.id))?;
+        self.new_entry(Ok(a))
     }
 
     fn link(&self, node: u64, newparent: u64, name: &[u8]) -> Result<abi::EntryOut, Errno> {
         let id = self.id(node)?;
         let dir = self.id(newparent)?;
-        self.new_entry(self.mutate(|fs| fs.link(id, dir, name)))
+        let a = self.mutate(|fs| fs.link(id, dir, name))?;
+        self.dir_change_done(&[dir], Some(a.id))?;
+        self.new_entry(Ok(a))
     }
 
     fn unlink(&self, parent: u64, name: &[u8], dir: bool) -> Result<(), Errno> {
         let parent = self.id(parent)?;
         if dir {
-            self.mutate(|fs| fs.rmdir(parent, name))
+            self.mutate(|fs| fs.rmdir(parent, name))?;
         } else {
-            self.mutate(|fs| fs.unlink(parent, name))
+            self.mutate(|fs| fs.unlink(parent, name))?;
         }
+        self.dir_change_done(&[parent], None)
     }
 
     fn rename(
@@ -560,7 +581,8 @@ impl OleoFuse {
         };
         let from = self.id(parent)?;
         let to = self.id(newparent)?;
-        self.mutate(|fs| fs.rename(from, name, to, newname, flags))
+        self.mutate(|fs| fs.rename(from, name, to, newname, flags))?;
+        self.dir_change_done(&[from, to], None)
     }
 
     fn open(
@@ -609,7 +631,13 @@ impl OleoFuse {
         }
         // An open file outlives its last name (it becomes an orphan until release).
         self.fs.pin_open(id);
-        Ok(self.open_handle(node, flags, inode_flags & INODE_FLAG_SYNC != 0))
+        let (fh, mut fopen) = self.open_handle(node, flags, inode_flags & INODE_FLAG_SYNC != 0);
+        // The kernel drops the file's pages when told not to keep them: the reads that
+        // follow reach us and move the atime (relatime: once after each change).
+        if flags & libc::O_ACCMODE != libc::O_WRONLY && !self.may_keep_cache(id, false) {
+            fopen &= !abi::fopen::KEEP_CACHE;
+        }
+        Ok((fh, fopen))
     }
 
     /// CREATE, or with no name TMPFILE: a regular file with no name, which lives while
@@ -634,8 +662,14 @@ impl OleoFuse {
                 if name.is_some() {
                     fs.pin_open(a.id);
                 }
-                Ok(a)
+                Ok((a, dir))
             })
+        });
+        let r = r.and_then(|(a, dir)| {
+            if name.is_some() {
+                self.dir_change_done(&[dir], Some(a.id))?;
+            }
+            Ok(a)
         });
         match r.and_then(|a| Ok((self.entry_out(&a)?, a.id))) {
             Ok((e, id)) => {
@@ -654,9 +688,12 @@ impl OleoFuse {
         };
         let uncached = is_o_direct(arg.fh);
         reply.data_into(arg.size as usize, |buf| {
-            self.fs
+            let n = self
+                .fs
                 .read_into(id, arg.offset, buf, uncached)
-                .map_err(errno)
+                .map_err(errno)?;
+            self.read_happened(id, false);
+            Ok(n)
         });
     }
 
@@ -678,6 +715,11 @@ impl OleoFuse {
             })
         });
         let r = r.and_then(|x| {
+            // Under `sync` the kernel fsyncs after each write itself, but not after one
+            // through a FOPEN_DIRECT_IO handle (fuse_direct_write_iter).
+            if direct && self.flags.get().sync {
+                self.fs.fsync(self.id(node)?, true).map_err(errno)?;
+            }
             if arg.write_flags & abi::WRITE_KILL_SUIDGID != 0 {
                 self.kill_suid(node, self.id(node)?, req.gid)?;
             }
@@ -729,6 +771,7 @@ impl OleoFuse {
         };
         let id = self.id(node)?;
         self.mutate(|fs| fs.setxattr(id, name, value, how))?;
+        self.inode_change_done(id)?;
         // posix_acl_update_mode's rule, which FUSE leaves to us: an access ACL set by a
         // caller outside the file's group without CAP_FSETID drops S_ISGID.
         if setxattr_flags & abi::SETXATTR_ACL_KILL_SGID != 0 && name == b"system.posix_acl_access" {

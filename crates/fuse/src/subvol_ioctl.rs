@@ -41,6 +41,10 @@ pub const SET_DEFAULT: u32 = ioc(WRITE, 7, 8);
 /// On any file: the default subvolume's id (u64).
 pub const GET_DEFAULT: u32 = ioc(READ, 8, 8);
 
+/// On the mount's root: the mount's VFS flags changed (`mount -o remount,...`); the u64
+/// argument is mount(2)'s MS_* flags now in force. Root only (EPERM otherwise).
+pub const SET_MOUNT_FLAGS: u32 = ioc(WRITE, 16, 8);
+
 /// Flags of SNAPSHOT and SET_FLAGS, and of `SubvolOf` and `SubvolInfo`.
 pub const RO: u64 = 1;
 /// SET_FLAGS: make a received subvolume writable (clears its received uuid).

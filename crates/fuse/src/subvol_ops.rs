@@ -29,6 +29,7 @@ impl OleoFuse {
             cmd::SCRUB_START,
             cmd::SCRUB_STATUS,
             cmd::DEV_STATS,
+            cmd::SET_MOUNT_FLAGS,
         ]
         .contains(&c)
             || OleoFuse::is_stream_ioctl(c)
@@ -47,6 +48,16 @@ impl OleoFuse {
         }
         let id = self.id(node)?;
         match c {
+            cmd::SET_MOUNT_FLAGS => {
+                // Only root remounts; a user must not turn sync or atime updates on or off.
+                if req.uid != 0 {
+                    return Err(Errno(libc::EPERM));
+                }
+                let flags = crate::MountFlags::from_ms(cmd::u64_arg(data));
+                log::info!("mount flags now {flags:?}");
+                self.flags.set(flags);
+                Ok(Vec::new())
+            }
             cmd::SUBVOL_OF => {
                 let ro = self.fs.subvolume_readonly(id.subvol).map_err(errno)?;
                 Ok(cmd::SubvolOf {

@@ -31,7 +31,7 @@ use crate::transaction::Transaction;
 use crate::tree_log::{write_batch, FsyncPlan, Synced};
 use crate::vfs::file_ops::FallocMode;
 use crate::vfs::inode_ops::{NewInode, RenameFlags};
-use crate::vfs::setattr::SetAttr;
+use crate::vfs::setattr::{AtimeRule, SetAttr};
 use oleo_format::superblock::Superblock;
 use oleo_format::TreeBlock;
 use parking_lot::{RwLock, RwLockReadGuard, RwLockWriteGuard};
@@ -342,6 +342,22 @@ impl Filesystem {
 
     pub(crate) fn nocow_writers(&self) -> &crate::data::nocow::NocowWriters {
         &self.nocow
+    }
+
+    /// Whether a read of `id` now would move its atime under `rule` (a FUSE server asks
+    /// at open: a read the kernel answers from its cache never reaches it).
+    pub fn atime_due(&self, id: InodeId, rule: AtimeRule) -> Result<bool> {
+        self.lookup_op(|core| core.atime_due(id, rule))
+    }
+
+    /// A read of `id` happened: its atime moves to now if `rule` says so, in the running
+    /// transaction (no commit of its own, as the kernel's atime updates). True if it
+    /// moved. The check shares the lock; only an atime that moves takes it alone.
+    pub fn touch_atime(&self, id: InodeId, rule: AtimeRule) -> Result<bool> {
+        if !self.atime_due(id, rule)? {
+            return Ok(false);
+        }
+        self.core_mut().touch_atime(id, rule)
     }
 
     /// Changes a file's size, owner, mode or times (its data changes with its size).

@@ -69,6 +69,13 @@ impl Transaction<'_> {
         self.queue_inode(id, inode)
     }
 
+    /// `write_inode` for a change of atime alone: no change counted in the sequence number
+    /// (the kernel leaves i_version alone for S_ATIME).
+    pub(crate) fn write_inode_atime(&mut self, id: InodeId, inode: &mut InodeItem) -> Result<()> {
+        inode.sequence = inode.sequence.wrapping_sub(1);
+        self.write_inode(id, inode)
+    }
+
     pub(crate) fn insert_inode(&mut self, id: InodeId, inode: &InodeItem) -> Result<()> {
         self.insert_item(
             id.subvol,

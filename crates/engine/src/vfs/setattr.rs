@@ -146,3 +146,135 @@ impl FsCore {
         self.write_op(Reserve::items(4), |t| t.remove_xattr(id, name))
     }
 }
+
+/// How reads move a file's atime: the mount's atime flags, as the kernel's touch_atime
+/// applies them (`noatime` and `nodiratime` are the caller's: it does not ask then).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum AtimeRule {
+    /// `relatime`, the kernel's default: only while atime is not newer than mtime or
+    /// ctime, or once it is a day old.
+    #[default]
+    Relative,
+    /// `strictatime`: at every read (at most once per tick of the coarse clock).
+    Strict,
+}
+
+/// A day: relatime moves an older atime even when it is newer than mtime and ctime.
+const RELATIME_MAX_AGE: i64 = 24 * 60 * 60;
+
+/// Whether a read at `now` moves the atime of an inode with these times and flags (the
+/// kernel's atime_needs_update and relatime_need_update): never for a NOATIME inode
+/// (chattr +A), never twice in one tick.
+fn atime_due(
+    rule: AtimeRule,
+    flags: u64,
+    atime: Timespec,
+    mtime: Timespec,
+    ctime: Timespec,
+    now: Timespec,
+) -> bool {
+    if flags & oleo_format::items::INODE_FLAG_NOATIME != 0 {
+        return false;
+    }
+    let key = |t: Timespec| (t.sec, t.nsec);
+    let due = match rule {
+        AtimeRule::Strict => true,
+        AtimeRule::Relative => {
+            key(mtime) >= key(atime)
+                || key(ctime) >= key(atime)
+                || now.sec.saturating_sub(atime.sec) >= RELATIME_MAX_AGE
+        }
+    };
+    due && key(atime) != key(now)
+}
+
+impl FsCore {
+    /// Whether a read of `id` now would move its atime under `rule`: false in a read-only
+    /// subvolume (a read-only snapshot keeps its times, as in the kernel).
+    pub(crate) fn atime_due(&self, id: InodeId, rule: AtimeRule) -> Result<bool> {
+        let a = self.getattr(id)?;
+        if !atime_due(rule, a.flags, a.atime, a.mtime, a.ctime, now_ts()) {
+            return Ok(false);
+        }
+        Ok(self.check_subvol_writable(id.subvol).is_ok())
+    }
+
+    /// A read of `id` happened: moves its atime to now if `rule` says so (the kernel's
+    /// btrfs_update_time for S_ATIME). Only the inode item changes, in the running
+    /// transaction, like any other change: no commit of its own, no new ctime, no new
+    /// sequence number. True if it moved.
+    pub(crate) fn touch_atime(&mut self, id: InodeId, rule: AtimeRule) -> Result<bool> {
+        if !self.atime_due(id, rule)? {
+            return Ok(false);
+        }
+        self.write_op(Reserve::items(1), |t| {
+            let mut inode = t.read_inode(id)?;
+            inode.atime = disk_time(now_ts());
+            t.write_inode_atime(id, &mut inode)
+        })?;
+        Ok(true)
+    }
+}
+
+fn now_ts() -> Timespec {
+    let t = now();
+    Timespec {
+        sec: t.sec,
+        nsec: t.nsec,
+    }
+}
+
+#[cfg(test)]
+mod atime_tests {
+    use super::*;
+
+    fn t(sec: i64) -> Timespec {
+        Timespec { sec, nsec: 0 }
+    }
+
+    #[test]
+    fn relatime_as_the_kernel_decides() {
+        let r = AtimeRule::Relative;
+        // Not newer than mtime or ctime: moves.
+        assert!(atime_due(r, 0, t(100), t(100), t(50), t(200)));
+        assert!(atime_due(r, 0, t(100), t(50), t(150), t(200)));
+        // Newer than both and younger than a day: stays.
+        assert!(!atime_due(r, 0, t(100), t(50), t(50), t(200)));
+        // A day old: moves.
+        assert!(atime_due(
+            r,
+            0,
+            t(100),
+            t(50),
+            t(50),
+            t(100 + RELATIME_MAX_AGE)
+        ));
+        // strictatime moves it always, but not twice in one tick.
+        assert!(atime_due(
+            AtimeRule::Strict,
+            0,
+            t(100),
+            t(50),
+            t(50),
+            t(101)
+        ));
+        assert!(!atime_due(
+            AtimeRule::Strict,
+            0,
+            t(101),
+            t(50),
+            t(50),
+            t(101)
+        ));
+        // chattr +A: never.
+        let noatime = oleo_format::items::INODE_FLAG_NOATIME;
+        assert!(!atime_due(
+            AtimeRule::Strict,
+            noatime,
+            t(100),
+            t(150),
+            t(150),
+            t(200)
+        ));
+    }
+}
