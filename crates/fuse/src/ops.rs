@@ -491,6 +491,9 @@ impl OleoFuse {
         }
         let a = self.mutate(|fs| fs.setattr(id, &set))?;
         self.inode_change_done(id)?;
+        if set.atime.is_some() && a.kind == oleo::FileKind::Dir {
+            self.listing_cache_stale(node);
+        }
         self.attr_out(&a)
     }
 
@@ -786,6 +789,19 @@ impl OleoFuse {
             self.attrs_changed(node);
         }
         Ok(())
+    }
+
+    /// Drops the kernel's cached listing of directory `node`: a listing it answers from
+    /// its cache never reaches us, and an atime set back (utimes) makes the next one move
+    /// it again.
+    fn listing_cache_stale(&self, node: u64) {
+        if let Some(n) = self.notifier() {
+            if let Err(e) = n.inval_inode(node, 0, 0) {
+                if e.raw_os_error() != Some(libc::ENOENT) {
+                    log::debug!("cannot drop the kernel's listing of {node}: {e}");
+                }
+            }
+        }
     }
 
     /// Tells the kernel that what it caches of `node`'s attributes is stale (a change it
