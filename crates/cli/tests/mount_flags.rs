@@ -352,6 +352,9 @@ const SEQUENCE: &[Step] = &[
     Step::List("snap/d"),
 ];
 
+/// What a step does to the path it names.
+type Action = Box<dyn Fn(&Path)>;
+
 fn atime(p: &Path) -> (i64, i64) {
     let m = std::fs::metadata(p).unwrap();
     (m.atime(), m.atime_nsec())
@@ -368,7 +371,7 @@ fn run_sequence(root: &Path, snapshot: &dyn Fn()) -> Vec<(String, bool)> {
     let mut out = Vec::new();
     for step in SEQUENCE {
         tick();
-        let (path, act): (&str, Box<dyn Fn(&Path)>) = match *step {
+        let (path, act): (&str, Action) = match *step {
             Step::Read(p) => (p, Box::new(|p| drop(std::fs::read(p).unwrap()))),
             Step::OpenOnly(p) => (p, Box::new(|p| drop(std::fs::File::open(p).unwrap()))),
             Step::List(p) => (
