@@ -22,6 +22,7 @@ mod scrub;
 mod send;
 mod stop;
 mod subvolume;
+mod umount;
 mod units;
 
 use clap::{Parser, Subcommand};
@@ -43,6 +44,9 @@ struct Cli {
 enum Command {
     /// Mount a btrfs image or device through FUSE.
     Mount(mount::MountArgs),
+    /// Unmount oleo mounts and wait until each server has written its final commit and
+    /// released the image; exits with the server's status.
+    Umount(umount::UmountArgs),
     /// Print the superblock.
     DumpSuper {
         image: PathBuf,
@@ -106,6 +110,7 @@ fn main() -> ExitCode {
     logging::init();
     let result = match cli.command {
         Command::Mount(m) => return mount::run(m),
+        Command::Umount(a) => return umount::run(&a),
         Command::DumpSuper { image, mirror } => dump_super::run(&image, mirror),
         Command::DumpTree(a) => dump_tree::run(&a),
         Command::Mkfs(a) => mkfs::run(&a),

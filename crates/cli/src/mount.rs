@@ -415,7 +415,9 @@ fn mount(
     if mode.foreground {
         let _ = crate::stop::block();
         commit_on_sigusr1();
-        return start.begin(server, mountpoint, image)?.run();
+        let r = start.begin(server, mountpoint, image)?.run();
+        crate::umount::record_exit(&r);
+        return r;
     }
     let log = logging::background_target(plan.log.as_deref(), image)?;
     daemonize_and_serve(server, mountpoint, image, &start, &log, mode.verbose)
@@ -520,6 +522,8 @@ impl Start {
     ) -> Result<Serving, String> {
         let (session, keeper) = self.session(server, mountpoint)?;
         let conn = crate::stop::connection_of(mountpoint);
+        // For `oleo umount`: the record it finds this server by (see umount.rs).
+        crate::umount::announce(conn);
         let image = &std::fs::canonicalize(image).unwrap_or_else(|_| image.to_path_buf());
         let guard = if self.options.writable {
             crate::guard::start(image, conn)
@@ -714,7 +718,9 @@ fn daemonize_and_serve(
                 start.options.source,
                 mountpoint.display()
             );
-            if let Err(e) = serving.run() {
+            let r = serving.run();
+            crate::umount::record_exit(&r);
+            if let Err(e) = r {
                 log::error!("{e}");
                 std::process::exit(1);
             }
