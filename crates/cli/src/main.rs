@@ -61,9 +61,10 @@ enum Command {
     /// Print a file's extents from the image, like `filefrag -v` (FUSE has no FIEMAP).
     Extents(extents::ExtentsArgs),
     /// Read-only forensics of an image: subvolumes, a file's versions across snapshots,
-    /// an inode's attributes, xattrs and extents.
+    /// an inode's attributes, xattrs and extents, deleted files and undelete.
     Inspect(inspect::InspectArgs),
-    /// Create, snapshot and list subvolumes, on a mount or an image (`btrfs subvolume`).
+    /// Create, snapshot, delete, list and show subvolumes, get and set the default one, on a
+    /// mount or an image (`btrfs subvolume`).
     Subvolume(subvolume::SubvolumeArgs),
     /// Get or set a subvolume's read-only flag or a file's compression, on a mount or an
     /// image (`btrfs property`).
@@ -71,16 +72,18 @@ enum Command {
     /// Show a filesystem's devices and space, on a mount or an image set (`btrfs
     /// filesystem show | df | usage`).
     Filesystem(filesystem::FilesystemArgs),
-    /// Verify every copy of every block and repair bad copies from good ones, on an
-    /// unmounted image or device set (`btrfs scrub`).
+    /// Verify every copy of every block and repair bad copies from good ones, on a mount or
+    /// an image or device set (`btrfs scrub`).
     Scrub(scrub::ScrubArgs),
     /// Copy files out of an image that will not mount (`btrfs restore`); never writes to it.
     Restore(restore::RestoreArgs),
-    /// Device error counters (`btrfs device stats`), on an unmounted image or device set.
+    /// Device error counters (`btrfs device stats`), on a mount or an image or device set.
     Device(device::DeviceArgs),
-    /// Apply a send stream to an image (`btrfs receive`), or print it with `--dump`.
+    /// Apply send streams, full or incremental, on a mount or to an image (`btrfs
+    /// receive`), or print one with `--dump`.
     Receive(receive::ReceiveArgs),
-    /// Write a send stream of a read-only snapshot of an image (`btrfs send`, full only).
+    /// Write a send stream, full or incremental (-p, -c), of read-only snapshots on a mount
+    /// or in an image (`btrfs send`).
     Send(send::SendArgs),
 }
 

@@ -41,6 +41,11 @@ enum Verb {
         /// Quiet: no summary.
         #[arg(short = 'q')]
         quiet: bool,
+        /// Also print each bad or repaired range as it is found (an image scrub; otherwise
+        /// those lines go to syslog, as the kernel's go to its log, and a mount's to the
+        /// mount's log).
+        #[arg(short = 'v')]
+        verbose: bool,
         /// At most this many bytes per second (suffixes K, M, G).
         #[arg(long)]
         limit: Option<String>,
@@ -70,6 +75,9 @@ struct Record {
     /// "finished", "running", "aborted".
     status: &'static str,
     devices: BTreeMap<u64, (String, ScrubProgress)>,
+    /// Each device's allocated bytes (DEV_ITEM bytes_used): btrfs-progs' "Total to scrub"
+    /// of a device, and summed over the devices, of the filesystem. Every copy counts.
+    allocated: BTreeMap<u64, u64>,
 }
 
 /// A mount's scrub status as a record to print.
@@ -106,6 +114,11 @@ fn record_of(
                     (path_of(*d), oleo_fuse::subvol_ioctl::scrub_progress(c)),
                 )
             })
+            .collect(),
+        allocated: usage
+            .devices
+            .iter()
+            .map(|d| (d.devid, d.bytes_used))
             .collect(),
     }
 }
@@ -144,6 +157,9 @@ fn finished(rec: &Record) -> Result<(), String> {
             "there are uncorrectable errors ({} sectors)",
             total.uncorrectable_errors
         ));
+    }
+    if total.corrected_errors > 0 || total.unverified_errors > 0 {
+        eprintln!("WARNING: errors detected during scrubbing, corrected");
     }
     Ok(())
 }
@@ -246,18 +262,26 @@ pub fn run(args: &ScrubArgs) -> Result<(), String> {
             per_device,
             raw,
             quiet,
+            verbose,
             limit,
             degraded,
             ..
-        } => start(
-            image,
-            *readonly,
-            *per_device,
-            *raw,
-            *quiet,
-            limit.as_deref(),
-            *degraded,
-        ),
+        } => {
+            if !*verbose {
+                // The engine's lines: a bad copy found, a range repaired (its target is
+                // `oleo::...`, as this binary's own, which prints with eprintln here).
+                crate::logging::details_off_terminal("oleo::");
+            }
+            start(
+                image,
+                *readonly,
+                *per_device,
+                *raw,
+                *quiet,
+                limit.as_deref(),
+                *degraded,
+            )
+        }
         Verb::Status {
             path: Some(path),
             per_device,
@@ -327,9 +351,9 @@ fn start(
     .map_err(show)?;
     let sb = fs.superblock();
     let fsid = uuid_string(&sb.fsid);
-    let paths: BTreeMap<u64, String> = fs
-        .devices()
-        .map_err(show)?
+    let devices = fs.devices().map_err(show)?;
+    let allocated: BTreeMap<u64, u64> = devices.iter().map(|d| (d.devid, d.bytes_used)).collect();
+    let paths: BTreeMap<u64, String> = devices
         .into_iter()
         .map(|d| {
             let p = d
@@ -375,9 +399,10 @@ fn start(
             .into_iter()
             .map(|(d, s)| (d, (paths.get(&d).cloned().unwrap_or_default(), s)))
             .collect(),
+        allocated,
     };
     if let Err(e) = save(&rec) {
-        log::warn!("could not keep the scrub's result for `oleo scrub status`: {e}");
+        eprintln!("oleo: could not keep the scrub's result for `oleo scrub status`: {e}");
     }
     if !quiet {
         print_record(&rec, per_device, raw, true);
@@ -394,11 +419,14 @@ fn total(rec: &Record) -> ScrubProgress {
 }
 
 /// The report `btrfs scrub start -B` / `btrfs scrub status` prints.
+/// "Total to scrub" as btrfs-progs 6.2 gives it: a device's allocated bytes, and for the
+/// filesystem after `start` their sum (every copy counts). `status` of the filesystem gives
+/// the bytes in use times their copies, which for a finished scrub is what it read.
 fn print_record(rec: &Record, per_device: bool, raw: bool, done: bool) {
-    if done {
-        println!("scrub done for {}", rec.fsid);
-    } else {
+    if !done {
         println!("UUID:             {}", rec.fsid);
+    } else if !per_device {
+        println!("scrub done for {}", rec.fsid);
     }
     let header = |rec: &Record| {
         println!("Scrub started:    {}", ctime(rec.started));
@@ -411,7 +439,7 @@ fn print_record(rec: &Record, per_device: bool, raw: bool, done: bool) {
             d % 60
         );
     };
-    let body = |p: &ScrubProgress| {
+    let body = |p: &ScrubProgress, to_scrub: Option<u64>| {
         if raw {
             for f in FIELDS {
                 println!("\t{f}: {}", get(p, f));
@@ -419,7 +447,7 @@ fn print_record(rec: &Record, per_device: bool, raw: bool, done: bool) {
             return;
         }
         let bytes = p.data_bytes_scrubbed + p.tree_bytes_scrubbed;
-        println!("Total to scrub:   {}", pretty(bytes));
+        println!("Total to scrub:   {}", pretty(to_scrub.unwrap_or(bytes)));
         let rate = bytes.checked_div(rec.duration).unwrap_or(0);
         println!("Rate:             {}/s", pretty(rate));
         summary(p);
@@ -427,13 +455,15 @@ fn print_record(rec: &Record, per_device: bool, raw: bool, done: bool) {
     if per_device {
         for (devid, (path, s)) in &rec.devices {
             println!();
-            println!("Scrub device {path} (id {devid}) history");
+            let what = if done { "done" } else { "history" };
+            println!("Scrub device {path} (id {devid}) {what}");
             header(rec);
-            body(s);
+            body(s, rec.allocated.get(devid).copied());
         }
     } else {
         header(rec);
-        body(&total(rec));
+        let allocated = (done && !rec.allocated.is_empty()).then(|| rec.allocated.values().sum());
+        body(&total(rec), allocated);
     }
 }
 
@@ -519,6 +549,9 @@ fn save(rec: &Record) -> Result<(), String> {
         std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     }
     let mut text = format!("started {}\nduration {}\n", rec.started, rec.duration);
+    for (devid, bytes) in &rec.allocated {
+        text += &format!("allocated {devid} {bytes}\n");
+    }
     for (devid, (p, s)) in &rec.devices {
         text += &format!("device {devid} {p}\n");
         for f in FIELDS {
@@ -544,12 +577,18 @@ fn load(fsid: &str) -> Result<Option<Record>, String> {
         duration: 0,
         status: "finished",
         devices: BTreeMap::new(),
+        allocated: BTreeMap::new(),
     };
     for line in text.lines() {
         let w: Vec<&str> = line.splitn(3, ' ').collect();
         match w.as_slice() {
             ["started", v] => rec.started = v.parse().unwrap_or(0),
             ["duration", v] => rec.duration = v.parse().unwrap_or(0),
+            ["allocated", id, v] => {
+                if let (Ok(id), Ok(v)) = (id.parse(), v.parse()) {
+                    rec.allocated.insert(id, v);
+                }
+            }
             ["device", id, p] => {
                 if let Ok(id) = id.parse() {
                     rec.devices

@@ -83,6 +83,10 @@ enum Verb {
         /// Print the parent subvolume's id.
         #[arg(short = 'p')]
         parent: bool,
+        /// (btrfs's -a: every subvolume of the filesystem, which is what is always listed,
+        /// paths from the top level.)
+        #[arg(short = 'a')]
+        all: bool,
         /// Print the generation each was created in.
         #[arg(short = 'c')]
         cgen: bool,
@@ -305,6 +309,7 @@ pub fn run(a: &SubvolumeArgs) -> Result<(), String> {
         Verb::List {
             image,
             parent,
+            all: _,
             cgen,
             generation: _,
             uuid,
