@@ -300,6 +300,56 @@ impl Drop for KernelRo {
     }
 }
 
+/// A scrub report without what changes from run to run (start time, duration, rate).
+fn scrub_report(text: &str) -> String {
+    text.lines()
+        .filter(|l| {
+            !["Scrub started:", "Duration:", "Rate:"]
+                .iter()
+                .any(|f| l.starts_with(f))
+        })
+        .map(|l| format!("{l}\n"))
+        .collect()
+}
+
+/// `btrfs scrub start -Br [-d]` on a read-only kernel mount against `oleo scrub start -r
+/// [-d]` on the image files: the same summary (and nothing else), the same "Total to scrub"
+/// (every copy counted, per device with -d).
+fn check_scrub(images: &[PathBuf], mnt: &Path, dir: &TempDir, diffs: &mut Diffs) {
+    let state = dir.subdir("state").unwrap();
+    for per_device in [false, true] {
+        let flags: &[&str] = if per_device { &["-Br", "-d"] } else { &["-Br"] };
+        let k = KernelRo::mount(images, mnt, false);
+        let want = run(Command::new("btrfs")
+            .args(["scrub", "start"])
+            .args(flags)
+            .arg(mnt));
+        let names: Vec<(String, String)> = k
+            .devices()
+            .iter()
+            .zip(images)
+            .map(|(d, i)| (d.display().to_string(), i.display().to_string()))
+            .collect();
+        drop(k);
+        let mut c = Command::new(OLEO);
+        c.args(["scrub", "start", "-r"])
+            .env("XDG_STATE_HOME", &state);
+        if per_device {
+            c.arg("-d");
+        }
+        for i in images {
+            c.arg("--image").arg(i);
+        }
+        let got = run(&mut c);
+        diffs.check(
+            &format!("scrub {flags:?}"),
+            &substitute(&scrub_report(&want.stdout), &names),
+            &scrub_report(&got.stdout),
+        );
+        diffs.check(&format!("scrub {flags:?} stderr"), "", &got.stderr);
+    }
+}
+
 /// What btrfs prints for each view on a kernel mount of `images` (loop device paths), and
 /// what oleo prints on the same loop devices before the mount.
 fn kernel_and_loops(
@@ -406,6 +456,8 @@ fn check_set(set: &Set) {
         }
         drop(m);
     }
+
+    check_scrub(&images, &mnt, &dir, &mut diffs);
 
     // Degraded: members left out, on both sides.
     if !set.leave_out.is_empty() {
