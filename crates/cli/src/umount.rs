@@ -239,11 +239,32 @@ fn is_root() -> bool {
     unsafe { libc::geteuid() == 0 }
 }
 
-/// umount2 as root, `fusermount3 -u` otherwise.
+/// umount2 as root, `fusermount3 -u` otherwise. A mount is busy for a moment whenever
+/// another process walks a path into it (a stat of /proc/PID/fd/N, as tools that look for
+/// open files do): "busy" is tried again for a second before it is believed.
 fn unmount(point: &Path, lazy: bool) -> Result<(), String> {
+    let mut tries = 0;
+    loop {
+        match unmount_once(point, lazy) {
+            Err((e, true)) if tries < 10 => {
+                tries += 1;
+                log::debug!("{e}; trying again");
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            r => return r.map_err(|(e, _)| e),
+        }
+    }
+}
+
+/// One unmount; an error says whether the mount was busy.
+fn unmount_once(point: &Path, lazy: bool) -> Result<(), (String, bool)> {
     if is_root() {
-        let t = CString::new(point.as_os_str().as_bytes())
-            .map_err(|_| format!("{}: a NUL byte in the path", point.display()))?;
+        let t = CString::new(point.as_os_str().as_bytes()).map_err(|_| {
+            (
+                format!("{}: a NUL byte in the path", point.display()),
+                false,
+            )
+        })?;
         let flags = if lazy { libc::MNT_DETACH } else { 0 };
         // SAFETY: t is a NUL-terminated path.
         if unsafe { libc::umount2(t.as_ptr(), flags) } == 0 {
@@ -251,12 +272,15 @@ fn unmount(point: &Path, lazy: bool) -> Result<(), String> {
         }
         let e = std::io::Error::last_os_error();
         return Err(match e.raw_os_error() {
-            Some(libc::EBUSY) => format!(
-                "{}: target is busy (files are open on it; -l detaches it now and waits \
-                 until they are closed)",
-                point.display()
+            Some(libc::EBUSY) => (
+                format!(
+                    "{}: target is busy (files are open on it; -l detaches it now and waits \
+                     until they are closed)",
+                    point.display()
+                ),
+                true,
             ),
-            _ => format!("{}: {e}", point.display()),
+            _ => (format!("{}: {e}", point.display()), false),
         });
     }
     let mut c = Command::new("fusermount3");
@@ -269,15 +293,19 @@ fn unmount(point: &Path, lazy: bool) -> Result<(), String> {
         .arg(point)
         .stdin(Stdio::null())
         .output()
-        .map_err(|e| format!("fusermount3: {e}"))?;
+        .map_err(|e| (format!("fusermount3: {e}"), false))?;
     if out.status.success() {
         return Ok(());
     }
     let said = String::from_utf8_lossy(&out.stderr).trim().to_string();
+    let busy = said.contains("busy");
     Err(if said.is_empty() {
-        format!("fusermount3 could not unmount {}", point.display())
+        (
+            format!("fusermount3 could not unmount {}", point.display()),
+            false,
+        )
     } else {
-        said
+        (said, busy)
     })
 }
 

@@ -274,3 +274,38 @@ fn a_failed_final_commit_fails_umount_and_says_why() {
     // The image keeps its last commit: clean, without the file.
     assert_btrfs_check(&image, "a failed final commit");
 }
+
+/// A mount made the way mount(8) makes it (its helper `mount.fuse.oleo SOURCE TARGET -o
+/// OPTIONS`, here by a link of that name, not installed in /sbin) is unmounted and waited
+/// for the same way.
+#[test]
+fn a_mount_by_the_mount8_helper() {
+    let name = "umount_mount8";
+    if !require_fuse_mount(name) {
+        return;
+    }
+    let dir = TempDir::new(name).unwrap();
+    let image = dir.join("h.img");
+    oleo_mkfs(OLEO, &image, 128);
+    let mp = dir.subdir("mnt").unwrap();
+    let helper = dir.join("mount.fuse.oleo");
+    std::os::unix::fs::symlink(OLEO, &helper).unwrap();
+    ok(
+        Command::new(&helper)
+            .arg(&image)
+            .arg(&mp)
+            .args(["-o", "rw,commit=300"])
+            .output()
+            .unwrap(),
+        "mount.fuse.oleo",
+    );
+    std::fs::write(mp.join("f0"), contents(7)).unwrap();
+    ok(oleo(&["umount"], &[&mp]), "oleo umount");
+    let copy = dir.join("copy.img");
+    std::fs::copy(&image, &copy).unwrap();
+    let fs = Filesystem::open(&copy, OpenOptions::default()).unwrap();
+    let id = fs.lookup(fs.root(), b"f0").unwrap();
+    assert_eq!(fs.read(id, 0, 1 << 20).unwrap(), contents(7));
+    drop(fs);
+    assert_btrfs_check(&copy, "a mount(8) helper mount");
+}
