@@ -350,6 +350,35 @@ fn check_scrub(images: &[PathBuf], mnt: &Path, dir: &TempDir, diffs: &mut Diffs)
     }
 }
 
+/// `btrfs subvolume list` (plain and `-a`) on a read-only kernel mount against `oleo
+/// subvolume list --image A --image B ...`: every device of the set given.
+fn check_subvolume_list(images: &[PathBuf], mnt: &Path, diffs: &mut Diffs) {
+    let k = KernelRo::mount(images, mnt, false);
+    let want: Vec<Output> = [&[][..], &["-a"][..]]
+        .iter()
+        .map(|flags| {
+            run(Command::new("btrfs")
+                .args(["subvolume", "list"])
+                .args(*flags)
+                .arg(mnt))
+        })
+        .collect();
+    drop(k);
+    for (flags, want) in [&[][..], &["-a"][..]].iter().zip(&want) {
+        let mut c = Command::new(OLEO);
+        c.args(["subvolume", "list"]).args(*flags);
+        for i in images {
+            c.arg("--image").arg(i);
+        }
+        let got = run(&mut c);
+        diffs.check(
+            &format!("subvolume list {flags:?}"),
+            &want.stdout,
+            &got.stdout,
+        );
+    }
+}
+
 /// What btrfs prints for each view on a kernel mount of `images` (loop device paths), and
 /// what oleo prints on the same loop devices before the mount.
 fn kernel_and_loops(
@@ -401,6 +430,14 @@ fn check_set(set: &Set) {
     {
         let k = KernelSet::mount(&images, &[], &mnt, &[]).expect("kernel mount");
         fill(k.root(), seed(0x5eed)).expect("fill");
+        // Subvolumes for `subvolume list` to list.
+        run(Command::new("btrfs")
+            .args(["subvolume", "create"])
+            .arg(k.root().join("sv")));
+        run(Command::new("btrfs")
+            .args(["subvolume", "snapshot", "-r"])
+            .arg(k.root())
+            .arg(k.root().join("snap")));
         k.unmount().expect("kernel unmount");
     }
     if let Some(profile) = set.convert_one {
@@ -458,6 +495,7 @@ fn check_set(set: &Set) {
     }
 
     check_scrub(&images, &mnt, &dir, &mut diffs);
+    check_subvolume_list(&images, &mnt, &mut diffs);
 
     // Degraded: members left out, on both sides.
     if !set.leave_out.is_empty() {
