@@ -145,6 +145,10 @@ impl<H: Handler> Session<H> {
             }
         }
         let closed = self.handler.destroy();
+        if let (Err(_), Err(e)) = (&result, &closed) {
+            // Only the first error is returned: this one must not go unsaid.
+            log::error!("{e}");
+        }
         result.and(closed)
     }
 
