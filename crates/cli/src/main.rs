@@ -122,7 +122,11 @@ fn main() -> ExitCode {
         Command::Subvolume(a) => subvolume::run(&a),
         Command::Property(a) => property::run(&a),
         Command::Filesystem(a) => filesystem::run(&a),
-        Command::Scrub(a) => scrub::run(&a),
+        Command::Scrub(a) => match scrub::run(&a) {
+            Ok(true) => return ExitCode::from(3),
+            Ok(false) => Ok(()),
+            Err(e) => Err(e),
+        },
         Command::Restore(a) => restore::run(&a),
         Command::Receive(a) => receive::run(&a),
         Command::Send(a) => send::run(&a),

@@ -149,19 +149,21 @@ fn wait_on_mount(path: &Path, usage: &oleo_fuse::subvol_ioctl::FsUsage) -> Resul
     }
 }
 
-/// Ok, or the error a scrub with uncorrectable errors ends with.
-fn finished(rec: &Record) -> Result<(), String> {
+/// What btrfs-progs says after a scrub's report; true when errors were uncorrectable (the
+/// exit status is then 3, as btrfs scrub's).
+fn finished(rec: &Record) -> bool {
     let total = total(rec);
     if total.uncorrectable_errors > 0 {
-        return Err(format!(
-            "there are uncorrectable errors ({} sectors)",
+        eprintln!(
+            "ERROR: there are uncorrectable errors ({} sectors)",
             total.uncorrectable_errors
-        ));
+        );
+        return true;
     }
     if total.corrected_errors > 0 || total.unverified_errors > 0 {
         eprintln!("WARNING: errors detected during scrubbing, corrected");
     }
-    Ok(())
+    false
 }
 
 const FIELDS: &[&str] = &[
@@ -225,7 +227,8 @@ fn set(p: &mut ScrubProgress, f: &str, v: u64) {
     *slot = v;
 }
 
-pub fn run(args: &ScrubArgs) -> Result<(), String> {
+/// Runs the command; Ok(true) when a scrub found uncorrectable errors (exit status 3).
+pub fn run(args: &ScrubArgs) -> Result<bool, String> {
     match &args.verb {
         Verb::Start {
             path: Some(path),
@@ -248,13 +251,13 @@ pub fn run(args: &ScrubArgs) -> Result<(), String> {
                         uuid_string(&usage.fsid)
                     );
                 }
-                return Ok(());
+                return Ok(false);
             }
             let rec = wait_on_mount(path, &usage)?;
             if !*quiet {
                 print_record(&rec, *per_device, *raw, true);
             }
-            finished(&rec)
+            Ok(finished(&rec))
         }
         Verb::Start {
             image,
@@ -297,7 +300,7 @@ pub fn run(args: &ScrubArgs) -> Result<(), String> {
                 ));
             }
             print_record(&record_of(&st, &usage), *per_device, *raw, false);
-            Ok(())
+            Ok(false)
         }
         Verb::Status {
             image,
@@ -309,7 +312,7 @@ pub fn run(args: &ScrubArgs) -> Result<(), String> {
             let rec =
                 load(&fsid)?.ok_or_else(|| format!("no scrub of filesystem {fsid} recorded"))?;
             print_record(&rec, *per_device, *raw, false);
-            Ok(())
+            Ok(false)
         }
     }
 }
@@ -334,7 +337,7 @@ fn start(
     quiet: bool,
     limit: Option<&str>,
     degraded: bool,
-) -> Result<(), String> {
+) -> Result<bool, String> {
     let rate_limit = limit.map(parse_limit).transpose()?;
     let opts = OpenOptions {
         read_only: readonly,
@@ -407,7 +410,7 @@ fn start(
     if !quiet {
         print_record(&rec, per_device, raw, true);
     }
-    finished(&rec)
+    Ok(finished(&rec))
 }
 
 fn total(rec: &Record) -> ScrubProgress {

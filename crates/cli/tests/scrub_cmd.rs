@@ -219,3 +219,34 @@ fn scrub_through_a_mount() {
     let check = md::offline_check(&images).unwrap();
     assert!(check.clean, "{}", check.output);
 }
+
+/// Both copies of some sectors bad: the report counts them uncorrectable and the exit
+/// status is 3, as btrfs scrub's, with its error line.
+#[test]
+fn uncorrectable_errors_exit_3() {
+    if !require_fuse_mount("uncorrectable_errors_exit_3") {
+        return;
+    }
+    let dir = TempDir::new("scrub-cmd-uncorrectable").unwrap();
+    let images = md::mkfs_set(dir.path(), "u", 2, 256 * MIB, "raid1", "raid1").expect("mkfs");
+    let k = md::KernelSet::mount(&images, &[], &dir.join("kmnt"), &[]).expect("kernel mount");
+    md::fill(k.root(), 5).expect("fill");
+    let big = md::PATTERN_FILES.iter().max_by_key(|f| f.2).unwrap();
+    let ext = md::file_logical_extents(&k.root().join(big.1)).expect("fiemap");
+    k.unmount().unwrap();
+    let chunks = md::chunk_map_all(&images).unwrap();
+    for (devid, phys) in md::copies(&chunks, ext[0].1 + 8192) {
+        md::overwrite(&images[devid as usize - 1], phys, 2 * 4096, 0x55).unwrap();
+    }
+    let names: Vec<String> = images.iter().map(|p| p.display().to_string()).collect();
+    let out = oleo(&args_with_images(&["scrub", "start"], &names));
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(3), "{t}");
+    assert!(t.contains("  Uncorrectable:  4"), "{t}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr)
+            .trim()
+            .starts_with("ERROR: there are uncorrectable errors"),
+        "{t}"
+    );
+}
