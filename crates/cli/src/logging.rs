@@ -141,6 +141,16 @@ pub fn switch_to(target: &Target) {
     }
 }
 
+/// Log lines whose target starts with this stay off the terminal (see `details_off_terminal`).
+static OFF_TERMINAL: OnceLock<(&'static str, bool)> = OnceLock::new();
+
+/// Keeps the per-block lines of `target` (a module path, e.g. `oleo::scrub`) off the
+/// terminal, as btrfs-progs leaves such details to the kernel log: they go to syslog where
+/// something listens, else nowhere. The command prints its summary instead.
+pub fn details_off_terminal(target: &'static str) {
+    let _ = OFF_TERMINAL.set((target, syslog_listening()));
+}
+
 const TO_STDERR: u8 = 0;
 const TO_SYSLOG: u8 = 1;
 const TO_FILE: u8 = 2;
@@ -178,7 +188,14 @@ impl Log for Switch {
                 }
             }
             TO_FILE => {}
-            _ => self.stderr.log(r),
+            _ => match OFF_TERMINAL.get() {
+                Some((target, syslog)) if r.target().starts_with(target) => {
+                    if *syslog {
+                        self.syslog.log(r)
+                    }
+                }
+                _ => self.stderr.log(r),
+            },
         }
     }
 

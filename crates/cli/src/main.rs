@@ -22,6 +22,7 @@ mod scrub;
 mod send;
 mod stop;
 mod subvolume;
+mod umount;
 mod units;
 mod vfs_flags;
 
@@ -44,6 +45,9 @@ struct Cli {
 enum Command {
     /// Mount a btrfs image or device through FUSE.
     Mount(mount::MountArgs),
+    /// Unmount oleo mounts and wait until each server has written its final commit and
+    /// released the image; exits with the server's status.
+    Umount(umount::UmountArgs),
     /// Print the superblock.
     DumpSuper {
         image: PathBuf,
@@ -58,9 +62,10 @@ enum Command {
     /// Print a file's extents from the image, like `filefrag -v` (FUSE has no FIEMAP).
     Extents(extents::ExtentsArgs),
     /// Read-only forensics of an image: subvolumes, a file's versions across snapshots,
-    /// an inode's attributes, xattrs and extents.
+    /// an inode's attributes, xattrs and extents, deleted files and undelete.
     Inspect(inspect::InspectArgs),
-    /// Create, snapshot and list subvolumes, on a mount or an image (`btrfs subvolume`).
+    /// Create, snapshot, delete, list and show subvolumes, get and set the default one, on a
+    /// mount or an image (`btrfs subvolume`).
     Subvolume(subvolume::SubvolumeArgs),
     /// Get or set a subvolume's read-only flag or a file's compression, on a mount or an
     /// image (`btrfs property`).
@@ -68,16 +73,18 @@ enum Command {
     /// Show a filesystem's devices and space, on a mount or an image set (`btrfs
     /// filesystem show | df | usage`).
     Filesystem(filesystem::FilesystemArgs),
-    /// Verify every copy of every block and repair bad copies from good ones, on an
-    /// unmounted image or device set (`btrfs scrub`).
+    /// Verify every copy of every block and repair bad copies from good ones, on a mount or
+    /// an image or device set (`btrfs scrub`).
     Scrub(scrub::ScrubArgs),
     /// Copy files out of an image that will not mount (`btrfs restore`); never writes to it.
     Restore(restore::RestoreArgs),
-    /// Device error counters (`btrfs device stats`), on an unmounted image or device set.
+    /// Device error counters (`btrfs device stats`), on a mount or an image or device set.
     Device(device::DeviceArgs),
-    /// Apply a send stream to an image (`btrfs receive`), or print it with `--dump`.
+    /// Apply send streams, full or incremental, on a mount or to an image (`btrfs
+    /// receive`), or print one with `--dump`.
     Receive(receive::ReceiveArgs),
-    /// Write a send stream of a read-only snapshot of an image (`btrfs send`, full only).
+    /// Write a send stream, full or incremental (-p, -c), of read-only snapshots on a mount
+    /// or in an image (`btrfs send`).
     Send(send::SendArgs),
 }
 
@@ -107,6 +114,7 @@ fn main() -> ExitCode {
     logging::init();
     let result = match cli.command {
         Command::Mount(m) => return mount::run(m),
+        Command::Umount(a) => return umount::run(&a),
         Command::DumpSuper { image, mirror } => dump_super::run(&image, mirror),
         Command::DumpTree(a) => dump_tree::run(&a),
         Command::Mkfs(a) => mkfs::run(&a),
@@ -115,7 +123,11 @@ fn main() -> ExitCode {
         Command::Subvolume(a) => subvolume::run(&a),
         Command::Property(a) => property::run(&a),
         Command::Filesystem(a) => filesystem::run(&a),
-        Command::Scrub(a) => scrub::run(&a),
+        Command::Scrub(a) => match scrub::run(&a) {
+            Ok(true) => return ExitCode::from(3),
+            Ok(false) => Ok(()),
+            Err(e) => Err(e),
+        },
         Command::Restore(a) => restore::run(&a),
         Command::Receive(a) => receive::run(&a),
         Command::Send(a) => send::run(&a),

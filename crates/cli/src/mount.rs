@@ -480,7 +480,9 @@ fn mount(
         if mode.verbose {
             say_flags(mountpoint);
         }
-        return serving.run();
+        let r = serving.run();
+        crate::umount::record_exit(&r);
+        return r;
     }
     let log = logging::background_target(plan.log.as_deref(), image)?;
     daemonize_and_serve(server, mountpoint, image, &start, &log, mode.verbose)
@@ -585,6 +587,8 @@ impl Start {
     ) -> Result<Serving, String> {
         let (session, keeper) = self.session(server, mountpoint)?;
         let conn = crate::stop::connection_of(mountpoint);
+        // For `oleo umount`: the record it finds this server by (see umount.rs).
+        crate::umount::announce(conn);
         let image = &std::fs::canonicalize(image).unwrap_or_else(|_| image.to_path_buf());
         let guard = if self.options.writable {
             crate::guard::start(image, conn)
@@ -779,7 +783,9 @@ fn daemonize_and_serve(
                 start.options.source,
                 mountpoint.display()
             );
-            if let Err(e) = serving.run() {
+            let r = serving.run();
+            crate::umount::record_exit(&r);
+            if let Err(e) = r {
                 log::error!("{e}");
                 std::process::exit(1);
             }

@@ -4,7 +4,7 @@
 //! (`--image`) on an image or device that is not mounted.
 
 use crate::on_mount;
-use crate::subvolume::{open, resolve, shown, subvolume_at};
+use crate::subvolume::{image_set, open, resolve, shown, subvolume_at};
 use oleo::compression::PROPERTY;
 use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;
@@ -21,9 +21,10 @@ pub struct PropertyArgs {
 enum Verb {
     /// Print a property of PATH (all that apply without NAME).
     Get {
-        /// Image file or block device (not mounted) to work on instead of a mount.
+        /// Image file or block device (not mounted) to work on instead of a mount; once per
+        /// device of a multi-device filesystem.
         #[arg(long)]
-        image: Option<PathBuf>,
+        image: Vec<PathBuf>,
         path: String,
         name: Option<String>,
     },
@@ -31,7 +32,7 @@ enum Verb {
     /// zlib|lzo|zstd|no|none, or "" to remove it.
     Set {
         #[arg(long)]
-        image: Option<PathBuf>,
+        image: Vec<PathBuf>,
         /// Make a received subvolume writable (clears its received_uuid).
         #[arg(short = 'f')]
         force: bool,
@@ -100,8 +101,8 @@ fn mount_set_compression(path: &Path, value: &str) -> Result<(), String> {
     Ok(())
 }
 
-fn get_compression(image: &Option<PathBuf>, path: &str) -> Result<Option<Vec<u8>>, String> {
-    match image {
+fn get_compression(image: &[PathBuf], path: &str) -> Result<Option<Vec<u8>>, String> {
+    match image_set(image) {
         None => mount_get_compression(Path::new(path)),
         Some(image) => {
             let fs = open(image, true)?;
@@ -115,8 +116,8 @@ fn get_compression(image: &Option<PathBuf>, path: &str) -> Result<Option<Vec<u8>
     }
 }
 
-fn set_compression(image: &Option<PathBuf>, path: &str, value: &str) -> Result<(), String> {
-    match image {
+fn set_compression(image: &[PathBuf], path: &str, value: &str) -> Result<(), String> {
+    match image_set(image) {
         None => mount_set_compression(Path::new(path), value),
         Some(image) => {
             let fs = open(image, false)?;
@@ -136,8 +137,8 @@ fn set_compression(image: &Option<PathBuf>, path: &str, value: &str) -> Result<(
 }
 
 /// The read-only flag of the subvolume `path` is the root of (`any`: or is in).
-fn get_ro(image: &Option<PathBuf>, path: &str, any: bool) -> Result<bool, String> {
-    match image {
+fn get_ro(image: &[PathBuf], path: &str, any: bool) -> Result<bool, String> {
+    match image_set(image) {
         None => {
             let s = if any {
                 on_mount::subvol_of(Path::new(path))?
@@ -192,7 +193,7 @@ pub fn run(a: &PropertyArgs) -> Result<(), String> {
                 "false" => false,
                 v => return Err(format!("invalid value for property: {v} (true or false)")),
             };
-            match image {
+            match image_set(image) {
                 None => on_mount::set_readonly(Path::new(path), ro, *force),
                 Some(image) => {
                     let fs = open(image, false)?;

@@ -41,6 +41,11 @@ enum Verb {
         /// Quiet: no summary.
         #[arg(short = 'q')]
         quiet: bool,
+        /// Also print each bad or repaired range as it is found (an image scrub; otherwise
+        /// those lines go to syslog, as the kernel's go to its log, and a mount's to the
+        /// mount's log).
+        #[arg(short = 'v')]
+        verbose: bool,
         /// At most this many bytes per second (suffixes K, M, G).
         #[arg(long)]
         limit: Option<String>,
@@ -70,6 +75,9 @@ struct Record {
     /// "finished", "running", "aborted".
     status: &'static str,
     devices: BTreeMap<u64, (String, ScrubProgress)>,
+    /// Each device's allocated bytes (DEV_ITEM bytes_used): btrfs-progs' "Total to scrub"
+    /// of a device, and summed over the devices, of the filesystem. Every copy counts.
+    allocated: BTreeMap<u64, u64>,
 }
 
 /// A mount's scrub status as a record to print.
@@ -107,6 +115,11 @@ fn record_of(
                 )
             })
             .collect(),
+        allocated: usage
+            .devices
+            .iter()
+            .map(|d| (d.devid, d.bytes_used))
+            .collect(),
     }
 }
 
@@ -136,16 +149,21 @@ fn wait_on_mount(path: &Path, usage: &oleo_fuse::subvol_ioctl::FsUsage) -> Resul
     }
 }
 
-/// Ok, or the error a scrub with uncorrectable errors ends with.
-fn finished(rec: &Record) -> Result<(), String> {
+/// What btrfs-progs says after a scrub's report; true when errors were uncorrectable (the
+/// exit status is then 3, as btrfs scrub's).
+fn finished(rec: &Record) -> bool {
     let total = total(rec);
     if total.uncorrectable_errors > 0 {
-        return Err(format!(
-            "there are uncorrectable errors ({} sectors)",
+        eprintln!(
+            "ERROR: there are uncorrectable errors ({} sectors)",
             total.uncorrectable_errors
-        ));
+        );
+        return true;
     }
-    Ok(())
+    if total.corrected_errors > 0 || total.unverified_errors > 0 {
+        eprintln!("WARNING: errors detected during scrubbing, corrected");
+    }
+    false
 }
 
 const FIELDS: &[&str] = &[
@@ -209,7 +227,8 @@ fn set(p: &mut ScrubProgress, f: &str, v: u64) {
     *slot = v;
 }
 
-pub fn run(args: &ScrubArgs) -> Result<(), String> {
+/// Runs the command; Ok(true) when a scrub found uncorrectable errors (exit status 3).
+pub fn run(args: &ScrubArgs) -> Result<bool, String> {
     match &args.verb {
         Verb::Start {
             path: Some(path),
@@ -232,13 +251,13 @@ pub fn run(args: &ScrubArgs) -> Result<(), String> {
                         uuid_string(&usage.fsid)
                     );
                 }
-                return Ok(());
+                return Ok(false);
             }
             let rec = wait_on_mount(path, &usage)?;
             if !*quiet {
                 print_record(&rec, *per_device, *raw, true);
             }
-            finished(&rec)
+            Ok(finished(&rec))
         }
         Verb::Start {
             image,
@@ -246,18 +265,26 @@ pub fn run(args: &ScrubArgs) -> Result<(), String> {
             per_device,
             raw,
             quiet,
+            verbose,
             limit,
             degraded,
             ..
-        } => start(
-            image,
-            *readonly,
-            *per_device,
-            *raw,
-            *quiet,
-            limit.as_deref(),
-            *degraded,
-        ),
+        } => {
+            if !*verbose {
+                // The engine's lines: a bad copy found, a range repaired (its target is
+                // `oleo::...`, as this binary's own, which prints with eprintln here).
+                crate::logging::details_off_terminal("oleo::");
+            }
+            start(
+                image,
+                *readonly,
+                *per_device,
+                *raw,
+                *quiet,
+                limit.as_deref(),
+                *degraded,
+            )
+        }
         Verb::Status {
             path: Some(path),
             per_device,
@@ -273,7 +300,7 @@ pub fn run(args: &ScrubArgs) -> Result<(), String> {
                 ));
             }
             print_record(&record_of(&st, &usage), *per_device, *raw, false);
-            Ok(())
+            Ok(false)
         }
         Verb::Status {
             image,
@@ -285,7 +312,7 @@ pub fn run(args: &ScrubArgs) -> Result<(), String> {
             let rec =
                 load(&fsid)?.ok_or_else(|| format!("no scrub of filesystem {fsid} recorded"))?;
             print_record(&rec, *per_device, *raw, false);
-            Ok(())
+            Ok(false)
         }
     }
 }
@@ -310,7 +337,7 @@ fn start(
     quiet: bool,
     limit: Option<&str>,
     degraded: bool,
-) -> Result<(), String> {
+) -> Result<bool, String> {
     let rate_limit = limit.map(parse_limit).transpose()?;
     let opts = OpenOptions {
         read_only: readonly,
@@ -327,9 +354,9 @@ fn start(
     .map_err(show)?;
     let sb = fs.superblock();
     let fsid = uuid_string(&sb.fsid);
-    let paths: BTreeMap<u64, String> = fs
-        .devices()
-        .map_err(show)?
+    let devices = fs.devices().map_err(show)?;
+    let allocated: BTreeMap<u64, u64> = devices.iter().map(|d| (d.devid, d.bytes_used)).collect();
+    let paths: BTreeMap<u64, String> = devices
         .into_iter()
         .map(|d| {
             let p = d
@@ -375,14 +402,15 @@ fn start(
             .into_iter()
             .map(|(d, s)| (d, (paths.get(&d).cloned().unwrap_or_default(), s)))
             .collect(),
+        allocated,
     };
     if let Err(e) = save(&rec) {
-        log::warn!("could not keep the scrub's result for `oleo scrub status`: {e}");
+        eprintln!("oleo: could not keep the scrub's result for `oleo scrub status`: {e}");
     }
     if !quiet {
         print_record(&rec, per_device, raw, true);
     }
-    finished(&rec)
+    Ok(finished(&rec))
 }
 
 fn total(rec: &Record) -> ScrubProgress {
@@ -394,11 +422,14 @@ fn total(rec: &Record) -> ScrubProgress {
 }
 
 /// The report `btrfs scrub start -B` / `btrfs scrub status` prints.
+/// "Total to scrub" as btrfs-progs 6.2 gives it: a device's allocated bytes, and for the
+/// filesystem after `start` their sum (every copy counts). `status` of the filesystem gives
+/// the bytes in use times their copies, which for a finished scrub is what it read.
 fn print_record(rec: &Record, per_device: bool, raw: bool, done: bool) {
-    if done {
-        println!("scrub done for {}", rec.fsid);
-    } else {
+    if !done {
         println!("UUID:             {}", rec.fsid);
+    } else if !per_device {
+        println!("scrub done for {}", rec.fsid);
     }
     let header = |rec: &Record| {
         println!("Scrub started:    {}", ctime(rec.started));
@@ -411,7 +442,7 @@ fn print_record(rec: &Record, per_device: bool, raw: bool, done: bool) {
             d % 60
         );
     };
-    let body = |p: &ScrubProgress| {
+    let body = |p: &ScrubProgress, to_scrub: Option<u64>| {
         if raw {
             for f in FIELDS {
                 println!("\t{f}: {}", get(p, f));
@@ -419,7 +450,7 @@ fn print_record(rec: &Record, per_device: bool, raw: bool, done: bool) {
             return;
         }
         let bytes = p.data_bytes_scrubbed + p.tree_bytes_scrubbed;
-        println!("Total to scrub:   {}", pretty(bytes));
+        println!("Total to scrub:   {}", pretty(to_scrub.unwrap_or(bytes)));
         let rate = bytes.checked_div(rec.duration).unwrap_or(0);
         println!("Rate:             {}/s", pretty(rate));
         summary(p);
@@ -427,13 +458,15 @@ fn print_record(rec: &Record, per_device: bool, raw: bool, done: bool) {
     if per_device {
         for (devid, (path, s)) in &rec.devices {
             println!();
-            println!("Scrub device {path} (id {devid}) history");
+            let what = if done { "done" } else { "history" };
+            println!("Scrub device {path} (id {devid}) {what}");
             header(rec);
-            body(s);
+            body(s, rec.allocated.get(devid).copied());
         }
     } else {
         header(rec);
-        body(&total(rec));
+        let allocated = (done && !rec.allocated.is_empty()).then(|| rec.allocated.values().sum());
+        body(&total(rec), allocated);
     }
 }
 
@@ -519,6 +552,9 @@ fn save(rec: &Record) -> Result<(), String> {
         std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     }
     let mut text = format!("started {}\nduration {}\n", rec.started, rec.duration);
+    for (devid, bytes) in &rec.allocated {
+        text += &format!("allocated {devid} {bytes}\n");
+    }
     for (devid, (p, s)) in &rec.devices {
         text += &format!("device {devid} {p}\n");
         for f in FIELDS {
@@ -544,12 +580,18 @@ fn load(fsid: &str) -> Result<Option<Record>, String> {
         duration: 0,
         status: "finished",
         devices: BTreeMap::new(),
+        allocated: BTreeMap::new(),
     };
     for line in text.lines() {
         let w: Vec<&str> = line.splitn(3, ' ').collect();
         match w.as_slice() {
             ["started", v] => rec.started = v.parse().unwrap_or(0),
             ["duration", v] => rec.duration = v.parse().unwrap_or(0),
+            ["allocated", id, v] => {
+                if let (Ok(id), Ok(v)) = (id.parse(), v.parse()) {
+                    rec.allocated.insert(id, v);
+                }
+            }
             ["device", id, p] => {
                 if let Ok(id) = id.parse() {
                     rec.devices

@@ -33,16 +33,17 @@ pub struct SubvolumeArgs {
 enum Verb {
     /// Create an empty subvolume at PATH.
     Create {
-        /// Image file or block device (not mounted) to work on instead of a mount.
+        /// Image file or block device (not mounted) to work on instead of a mount; once per
+        /// device of a multi-device filesystem.
         #[arg(long)]
-        image: Option<PathBuf>,
+        image: Vec<PathBuf>,
         /// Path of the new subvolume, from the top level.
         path: String,
     },
     /// Snapshot subvolume SOURCE as DEST (or into DEST, if it is a directory).
     Snapshot {
         #[arg(long)]
-        image: Option<PathBuf>,
+        image: Vec<PathBuf>,
         /// Make the snapshot read-only.
         #[arg(short = 'r')]
         readonly: bool,
@@ -52,37 +53,41 @@ enum Verb {
     /// Delete subvolumes (their space returns once their trees are dropped).
     Delete {
         #[arg(long)]
-        image: Option<PathBuf>,
+        image: Vec<PathBuf>,
         #[arg(required = true)]
         paths: Vec<String>,
     },
     /// Print what is known of the subvolume at PATH, as `btrfs subvolume show`.
     Show {
         #[arg(long)]
-        image: Option<PathBuf>,
+        image: Vec<PathBuf>,
         path: String,
     },
     /// Print the default subvolume (the one a mount without subvol= shows).
     GetDefault {
         #[arg(long)]
-        image: Option<PathBuf>,
+        image: Vec<PathBuf>,
         /// A path on the mounted filesystem (without --image).
         path: Option<String>,
     },
     /// Make a subvolume the default: `set-default SUBVOLUME` or `set-default ID PATH`.
     SetDefault {
         #[arg(long)]
-        image: Option<PathBuf>,
+        image: Vec<PathBuf>,
         #[arg(required = true, num_args = 1..=2)]
         args: Vec<String>,
     },
     /// List the subvolumes and snapshots.
     List {
         #[arg(long)]
-        image: Option<PathBuf>,
+        image: Vec<PathBuf>,
         /// Print the parent subvolume's id.
         #[arg(short = 'p')]
         parent: bool,
+        /// (btrfs's -a: every subvolume of the filesystem, which is what is always listed,
+        /// paths from the top level.)
+        #[arg(short = 'a')]
+        all: bool,
         /// Print the generation each was created in.
         #[arg(short = 'c')]
         cgen: bool,
@@ -111,17 +116,17 @@ enum Verb {
 
 pub fn run(a: &SubvolumeArgs) -> Result<(), String> {
     match &a.verb {
-        Verb::Create { image: None, path } => {
+        Verb::Create { image, path } if image.is_empty() => {
             let (dir, name) = host_parent_and_name(path)?;
             println!("Create subvolume '{}'", dir.join(&name).display());
             on_mount::create(&dir, &name)
         }
         Verb::Snapshot {
-            image: None,
+            image,
             readonly,
             source,
             dest,
-        } => {
+        } if image.is_empty() => {
             let src = Path::new(source);
             let (dir, name) = if Path::new(dest).is_dir() {
                 let base = src
@@ -138,7 +143,7 @@ pub fn run(a: &SubvolumeArgs) -> Result<(), String> {
             );
             on_mount::snapshot(src, &dir, &name, *readonly)
         }
-        Verb::Delete { image: None, paths } => {
+        Verb::Delete { image, paths } if image.is_empty() => {
             for path in paths {
                 let (dir, name) = host_parent_and_name(path)?;
                 println!(
@@ -149,10 +154,7 @@ pub fn run(a: &SubvolumeArgs) -> Result<(), String> {
             }
             Ok(())
         }
-        Verb::Delete {
-            image: Some(image),
-            paths,
-        } => {
+        Verb::Delete { image, paths } => {
             let fs = open(image, false)?;
             for path in paths {
                 let (parent, name) = parent_and_name(&fs, path)?;
@@ -166,7 +168,7 @@ pub fn run(a: &SubvolumeArgs) -> Result<(), String> {
             Ok(())
         }
         Verb::Show { image, path } => {
-            let (id, subs) = match image {
+            let (id, subs) = match image_set(image) {
                 None => {
                     let p = Path::new(path);
                     (on_mount::subvolume_root(p)?.id, on_mount::list(p)?)
@@ -184,7 +186,7 @@ pub fn run(a: &SubvolumeArgs) -> Result<(), String> {
             Ok(())
         }
         Verb::GetDefault { image, path } => {
-            let (id, subs) = match image {
+            let (id, subs) = match image_set(image) {
                 None => {
                     let p = Path::new(
                         path.as_deref()
@@ -227,7 +229,7 @@ pub fn run(a: &SubvolumeArgs) -> Result<(), String> {
                 [path] => (None, path),
                 _ => return Err("set-default SUBVOLUME, or set-default ID PATH".into()),
             };
-            match image {
+            match image_set(image) {
                 None => {
                     let p = Path::new(path);
                     let id = match id {
@@ -252,10 +254,7 @@ pub fn run(a: &SubvolumeArgs) -> Result<(), String> {
                 }
             }
         }
-        Verb::Create {
-            image: Some(image),
-            path,
-        } => {
+        Verb::Create { image, path } => {
             let fs = open(image, false)?;
             let (parent, name) = parent_and_name(&fs, path)?;
             println!("Create subvolume '{}'", shown(path));
@@ -266,7 +265,7 @@ pub fn run(a: &SubvolumeArgs) -> Result<(), String> {
             Ok(())
         }
         Verb::Snapshot {
-            image: Some(image),
+            image,
             readonly,
             source,
             dest,
@@ -305,6 +304,7 @@ pub fn run(a: &SubvolumeArgs) -> Result<(), String> {
         Verb::List {
             image,
             parent,
+            all: _,
             cgen,
             generation: _,
             uuid,
@@ -314,7 +314,7 @@ pub fn run(a: &SubvolumeArgs) -> Result<(), String> {
             snapshots,
             path,
         } => {
-            let subs = match image {
+            let subs = match image_set(image) {
                 None => {
                     let path = path
                         .as_deref()
@@ -484,13 +484,21 @@ fn image_subvolumes(fs: &Filesystem) -> Result<Vec<SubvolInfo>, String> {
     Ok(v)
 }
 
-pub fn open(image: &PathBuf, read_only: bool) -> Result<Filesystem, String> {
+/// `--image`s given, or None (a mount).
+pub fn image_set(images: &[PathBuf]) -> Option<&[PathBuf]> {
+    (!images.is_empty()).then_some(images)
+}
+
+/// Opens the filesystem on `images` (the first, then the other devices of a multi-device
+/// one) at its top level.
+pub fn open(images: &[PathBuf], read_only: bool) -> Result<Filesystem, String> {
     let opts = OpenOptions {
         read_only,
         subvolid: Some(oleo::format::key::objectid::FS_TREE),
+        devices: images[1..].to_vec(),
         ..OpenOptions::default()
     };
-    Filesystem::open(image, opts).map_err(|e| format!("{}: {e}", image.display()))
+    Filesystem::open(&images[0], opts).map_err(|e| format!("{}: {e}", images[0].display()))
 }
 
 pub fn resolve(fs: &Filesystem, path: &str) -> Result<InodeId, String> {

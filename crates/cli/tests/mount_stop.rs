@@ -227,6 +227,94 @@ fn a_second_signal_exits_at_once_and_the_image_stays_consistent() {
     );
 }
 
+/// A stop signal whose final commit cannot be written (the device turned read-only under
+/// the server) exits non-zero and says why, in the foreground and in the background.
+#[test]
+fn a_failed_final_commit_after_a_stop_signal_exits_nonzero_and_says_why() {
+    let name = "mount_stop_failed_commit";
+    if !require_fuse_mount(name) {
+        return;
+    }
+    become_subreaper();
+    let dir = TempDir::new(name).unwrap();
+    let image = dir.join("f.img");
+    oleo_mkfs(OLEO, &image, 256);
+    let mp = dir.subdir("mnt").unwrap();
+    let log = dir.join("oleo.log");
+    for (sig, foreground) in [(libc::SIGTERM, false), (libc::SIGINT, true)] {
+        let when = format!(
+            "{} to a {} server",
+            signal_name(sig),
+            if foreground {
+                "foreground"
+            } else {
+                "background"
+            }
+        );
+        let dev = LoopDevice::attach(&image, false).unwrap();
+        let _ = std::fs::remove_file(&log);
+        let mut cmd = Command::new(OLEO);
+        cmd.arg("mount");
+        if foreground {
+            cmd.arg("-f");
+        }
+        cmd.arg("-o")
+            .arg(format!("rw,commit=300,log={}", log.display()))
+            .arg(dev.path())
+            .arg(&mp)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let (pid, fg_child): (i32, Option<Child>) = if foreground {
+            let c = cmd.spawn().unwrap();
+            let until = Instant::now() + Duration::from_secs(20);
+            while !is_mounted(&mp) || std::fs::metadata(&mp).is_err() {
+                assert!(Instant::now() < until, "{when}: not mounted");
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            (c.id() as i32, Some(c))
+        } else {
+            let out = cmd.output().unwrap();
+            assert!(out.status.success(), "{when}: {out:?}");
+            (server_pid(&mp).expect("the server runs"), None)
+        };
+        std::fs::write(mp.join("lost"), when.as_bytes()).unwrap();
+        // Into the server, not committed (commit=300).
+        oleo_testkit::mount::syncfs(&mp).unwrap();
+        run(Command::new("blockdev").arg("--setro").arg(dev.path())).unwrap();
+        // SAFETY: plain kill.
+        assert_eq!(unsafe { libc::kill(pid, sig) }, 0);
+        let (status, said) = match fg_child {
+            Some(c) => {
+                let out = c.wait_with_output().unwrap();
+                let code = out.status.code().unwrap_or(-1);
+                (code, String::from_utf8_lossy(&out.stderr).into_owned())
+            }
+            None => {
+                let st = wait_pid(pid, Duration::from_secs(60));
+                let code = if libc::WIFEXITED(st) {
+                    libc::WEXITSTATUS(st)
+                } else {
+                    -1
+                };
+                (code, std::fs::read_to_string(&log).unwrap_or_default())
+            }
+        };
+        let _ = Command::new("blockdev")
+            .arg("--setrw")
+            .arg(dev.path())
+            .status();
+        assert_ne!(status, 0, "{when}: exit status; said: {said}");
+        assert!(
+            said.contains("final commit at unmount failed"),
+            "{when}: no reason given: {said}"
+        );
+        assert!(!is_mounted(&mp), "{when}: the mount point is free");
+        drop(dev);
+        assert_btrfs_check(&image, &when);
+    }
+}
+
 /// How many times `umount` is followed by `btrfs check` and a kernel mount
 /// (OLEO_UMOUNT_ROUNDS, default 100).
 fn rounds() -> usize {

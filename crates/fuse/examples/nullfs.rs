@@ -238,7 +238,9 @@ impl Handler for NullFs {
         }
     }
 
-    fn destroy(&self) {}
+    fn destroy(&self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 fn main() {

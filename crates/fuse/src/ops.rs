@@ -143,12 +143,15 @@ impl Handler for OleoFuse {
         }
     }
 
-    fn destroy(&self) {
+    fn destroy(&self) -> std::io::Result<()> {
         if !self.settings.writable {
-            return;
+            return Ok(());
         }
-        if let Err(e) = self.fs.close_all_and_sync() {
-            log::error!("final commit at unmount failed: {e}");
+        match self.fs.close_all_and_sync() {
+            Ok(_) => Ok(()),
+            Err(e) => Err(std::io::Error::other(format!(
+                "final commit at unmount failed (the image keeps its last commit): {e}"
+            ))),
         }
     }
 

@@ -36,7 +36,7 @@ pub fn run(
     opts: &Options,
     note: &mut dyn FnMut(Note),
 ) -> Result<(), String> {
-    let fs = crate::subvolume::open(&image.to_path_buf(), false)?;
+    let fs = crate::subvolume::open(&[image.to_path_buf()], false)?;
     let dest = crate::subvolume::resolve(&fs, dir)?;
     let kind = fs.getattr(dest).map_err(|e| format!("{dir}: {e}"))?.kind;
     if kind != FileKind::Dir {

@@ -115,7 +115,7 @@ pub fn run(a: &SendArgs) -> Result<(), String> {
             a.quiet,
         );
     };
-    let fs = open(image, true)?;
+    let fs = open(std::slice::from_ref(image), true)?;
     let opts = StreamOptions {
         snapshots: a.snapshots.clone(),
         parent: a.parent.clone(),

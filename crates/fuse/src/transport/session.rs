@@ -24,8 +24,9 @@ pub trait Handler: Send + Sync + 'static {
     fn init(&self, kernel_flags: u64) -> InitConfig;
     /// Answers one request (every path must consume `reply`).
     fn dispatch(&self, req: &Request, op: Op<'_>, reply: Reply<'_>);
-    /// The mount is gone: called once, after the last request.
-    fn destroy(&self);
+    /// The mount is gone: called once, after the last request. An error (the final commit
+    /// failed) is what [`Session::run`] returns.
+    fn destroy(&self) -> std::io::Result<()>;
 }
 
 /// What the server asks for at INIT.
@@ -90,7 +91,8 @@ impl<H: Handler> Session<H> {
         }
     }
 
-    /// Serves until the filesystem is unmounted, then calls `destroy`.
+    /// Serves until the filesystem is unmounted, then calls `destroy`; fails if serving or
+    /// `destroy` failed.
     pub fn run(self) -> std::io::Result<()> {
         let (max_write, over_uring) = self.handshake()?;
         // Over io_uring, the device still brings FORGETs and INTERRUPTs.
@@ -142,8 +144,12 @@ impl<H: Handler> Session<H> {
                 Err(_) => result = Err(std::io::Error::other("a FUSE worker panicked")),
             }
         }
-        self.handler.destroy();
-        result
+        let closed = self.handler.destroy();
+        if let (Err(_), Err(e)) = (&result, &closed) {
+            // Only the first error is returned: this one must not go unsaid.
+            log::error!("{e}");
+        }
+        result.and(closed)
     }
 
     /// Reads INIT and answers it; returns the negotiated max_write and whether requests
