@@ -54,8 +54,8 @@ pub fn run(args: &DeviceArgs) -> Result<bool, String> {
         degraded,
     } = &args.verb;
     if let Some(path) = path {
-        let usage = crate::on_mount::fs_usage(path)?;
-        let stats = crate::on_mount::dev_stats(path, *reset)?;
+        let usage = crate::common::on_mount::fs_usage(path)?;
+        let stats = crate::common::on_mount::dev_stats(path, *reset)?;
         let rows: Vec<(u64, String, [u64; 5])> = stats
             .devices
             .into_iter()

@@ -33,7 +33,7 @@ pub fn run(a: &ExtentsArgs) -> Result<(), String> {
                 at.display()
             ));
         }
-        let (size, bs, extents) = crate::on_mount::extents(&at.join(rel))?;
+        let (size, bs, extents) = crate::common::on_mount::extents(&at.join(rel))?;
         print(&a.path, size, u64::from(bs), &extents);
         return Ok(());
     }
@@ -123,9 +123,9 @@ fn oleo_mount_of(image: &std::path::Path) -> Option<PathBuf> {
     let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
     info.lines().find_map(|l| {
         let (left, right) = l.split_once(" - ")?;
-        let point = crate::fuse_mount::unescape(left.split(' ').nth(4)?);
+        let point = crate::daemon::fuse_mount::unescape(left.split(' ').nth(4)?);
         let mut r = right.split(' ');
-        let (fstype, source) = (r.next()?, crate::fuse_mount::unescape(r.next()?));
+        let (fstype, source) = (r.next()?, crate::daemon::fuse_mount::unescape(r.next()?));
         (fstype == "fuse.oleo" && std::path::Path::new(&source) == image)
             .then(|| PathBuf::from(point))
     })

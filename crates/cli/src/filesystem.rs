@@ -19,8 +19,8 @@
 //! superblock's bytes used, the devices found, "*** Some devices missing"); on a mount,
 //! what it prints for a mounted one (the bytes used of the space infos, "MISSING" devices).
 
-use crate::on_mount;
-use crate::units::Units;
+use crate::common::on_mount;
+use crate::common::units::Units;
 use oleo::format::bytes::uuid_string;
 use oleo::format::items::block_group as bg;
 use oleo::{Filesystem, OpenOptions};

@@ -1,30 +1,24 @@
 //! The `oleo` command. One file per verb, as a user's command maps to one place.
 
+mod common;
+use common::logging;
+mod daemon;
 mod device;
 mod dump_super;
 mod dump_tree;
 mod extents;
 mod filesystem;
-mod fuse_mount;
-mod guard;
 mod inspect;
-mod logging;
 mod mkfs;
 mod mount;
-mod mount_stream;
-mod on_mount;
-mod progress;
 mod property;
 mod receive;
 mod restore;
 mod rootdir;
 mod scrub;
 mod send;
-mod stop;
 mod subvolume;
 mod umount;
-mod units;
-mod vfs_flags;
 
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;

@@ -2,7 +2,7 @@
 //! default. Errors in the image are reported before daemonizing, so a failed mount says why
 //! on the terminal that asked for it.
 
-use crate::logging;
+use crate::common::logging;
 use oleo::{Filesystem, OpenOptions};
 use std::io::{Read, Write};
 use std::os::fd::{FromRawFd, OwnedFd};
@@ -55,7 +55,7 @@ struct Plan {
     /// `mount -o remount,...` of an existing mount.
     remount: bool,
     /// The kernel's VFS flags asked for.
-    vfs: crate::vfs_flags::VfsFlags,
+    vfs: crate::daemon::vfs_flags::VfsFlags,
     /// Their names as given, in order (a remount applies them to the mount's own).
     vfs_names: Vec<String>,
 }
@@ -384,14 +384,14 @@ fn mount(
         // mount(8) hands its helper the whole set the mount is to have (the mount's own
         // merged with the ones asked for); `oleo mount -o remount,...` names changes only.
         let mut vfs = if refuse_rw {
-            crate::vfs_flags::VfsFlags::of_mount(mountpoint)?
+            crate::daemon::vfs_flags::VfsFlags::of_mount(mountpoint)?
         } else {
-            crate::vfs_flags::VfsFlags::default()
+            crate::daemon::vfs_flags::VfsFlags::default()
         };
         for n in &plan.vfs_names {
             vfs.apply(n);
         }
-        let was = crate::vfs_flags::VfsFlags::of_mount(mountpoint)?;
+        let was = crate::daemon::vfs_flags::VfsFlags::of_mount(mountpoint)?;
         if (was.ms ^ vfs.ms) & libc::MS_DIRSYNC != 0 {
             return Err(format!(
                 "{}: dirsync cannot change on a remount (the kernel keeps a superblock's \
@@ -399,9 +399,9 @@ fn mount(
                 mountpoint.display()
             ));
         }
-        crate::fuse_mount::remount(mountpoint, writable, vfs.ms)?;
+        crate::daemon::fuse_mount::remount(mountpoint, writable, vfs.ms)?;
         // The server acts on the new atime and sync flags from now on.
-        if let Err(e) = crate::fuse_mount::tell_server_flags(mountpoint, &vfs) {
+        if let Err(e) = crate::daemon::fuse_mount::tell_server_flags(mountpoint, &vfs) {
             log::warn!(
                 "{}: the server keeps its old mount flags: {e}",
                 mountpoint.display()
@@ -411,13 +411,13 @@ fn mount(
             eprintln!(
                 "oleo: {} remounted {}",
                 mountpoint.display(),
-                crate::vfs_flags::effective(mountpoint)?
+                crate::daemon::vfs_flags::effective(mountpoint)?
             );
         }
         if !writable {
             // Read-only from now: what was written should be on disk now, not at the next
             // periodic commit.
-            crate::fuse_mount::ask_server_to_commit(mountpoint);
+            crate::daemon::fuse_mount::ask_server_to_commit(mountpoint);
         }
         return Ok(());
     }
@@ -446,7 +446,7 @@ fn mount(
         oleo_fuse::Access::All
     };
     let start = Start {
-        options: crate::fuse_mount::FuseOptions {
+        options: crate::daemon::fuse_mount::FuseOptions {
             source,
             writable,
             allow_other,
@@ -474,7 +474,7 @@ fn mount(
         ..start
     };
     if mode.foreground {
-        let _ = crate::stop::block();
+        let _ = crate::daemon::stop::block();
         commit_on_sigusr1();
         let serving = start.begin(server, mountpoint, image)?;
         if mode.verbose {
@@ -510,7 +510,7 @@ fn check_mountpoint(mountpoint: &Path, image: &Path) -> Result<(), String> {
     ) {
         return Err(format!("{}: {e}", mountpoint.display()));
     }
-    let dead = crate::fuse_mount::dead_mount(mountpoint);
+    let dead = crate::daemon::fuse_mount::dead_mount(mountpoint);
     let ours = dead.as_ref().is_some_and(|(fstype, source)| {
         fstype == "fuse.oleo" && std::fs::canonicalize(image).is_ok_and(|i| Path::new(source) == i)
     });
@@ -520,7 +520,7 @@ fn check_mountpoint(mountpoint: &Path, image: &Path) -> Result<(), String> {
             mountpoint.display(),
             image.display()
         );
-        crate::fuse_mount::unmount(mountpoint);
+        crate::daemon::fuse_mount::unmount(mountpoint);
         if std::fs::metadata(mountpoint).is_ok_and(|m| m.is_dir()) {
             return Ok(());
         }
@@ -542,7 +542,7 @@ fn check_mountpoint(mountpoint: &Path, image: &Path) -> Result<(), String> {
 
 /// What it takes to mount and start serving.
 struct Start {
-    options: crate::fuse_mount::FuseOptions,
+    options: crate::daemon::fuse_mount::FuseOptions,
     /// FUSE worker threads.
     threads: usize,
     access: oleo_fuse::Access,
@@ -560,12 +560,12 @@ impl Start {
     ) -> Result<
         (
             oleo_fuse::Session<oleo_fuse::OleoFuse>,
-            crate::fuse_mount::Keeper,
+            crate::daemon::fuse_mount::Keeper,
         ),
         String,
     > {
         let slot = server.notifier_slot();
-        let mounted = crate::fuse_mount::mount(mountpoint, &self.options)?;
+        let mounted = crate::daemon::fuse_mount::mount(mountpoint, &self.options)?;
         let session = oleo_fuse::Session::from_fd(server, mounted.fd, self.threads, self.access);
         let _ = slot.set(session.notifier());
         tune(mountpoint, self.readahead_kib);
@@ -586,16 +586,16 @@ impl Start {
         image: &Path,
     ) -> Result<Serving, String> {
         let (session, keeper) = self.session(server, mountpoint)?;
-        let conn = crate::stop::connection_of(mountpoint);
+        let conn = crate::daemon::stop::connection_of(mountpoint);
         // For `oleo umount`: the record it finds this server by (see umount.rs).
         crate::umount::announce(conn);
         let image = &std::fs::canonicalize(image).unwrap_or_else(|_| image.to_path_buf());
         let guard = if self.options.writable {
-            crate::guard::start(image, conn)
+            crate::daemon::guard::start(image, conn)
         } else {
             None
         };
-        crate::stop::spawn(crate::stop::Mount {
+        crate::daemon::stop::spawn(crate::daemon::stop::Mount {
             mountpoint: mountpoint.to_path_buf(),
             conn,
             on_stop: guard.as_ref().map(|g| {
@@ -616,8 +616,8 @@ impl Start {
 /// A mount being served.
 struct Serving {
     session: oleo_fuse::Session<oleo_fuse::OleoFuse>,
-    keeper: crate::fuse_mount::Keeper,
-    guard: Option<crate::guard::Guard>,
+    keeper: crate::daemon::fuse_mount::Keeper,
+    guard: Option<crate::daemon::guard::Guard>,
     mountpoint: PathBuf,
     image: PathBuf,
 }
@@ -635,10 +635,10 @@ impl Serving {
         }
         if let Err(e) = r {
             // A session that failed leaves a dead mount behind: take it away.
-            crate::fuse_mount::unmount(&self.mountpoint);
+            crate::daemon::fuse_mount::unmount(&self.mountpoint);
             return Err(format!("FUSE session: {e}"));
         }
-        match crate::stop::stopped_by() {
+        match crate::daemon::stop::stopped_by() {
             Some(sig) => log::warn!("stopped by {sig}: {mp} unmounted, image released"),
             None => log::info!("{mp} unmounted, image released"),
         }
@@ -755,11 +755,11 @@ fn daemonize_and_serve(
         unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
     // Blocked before the fork: a stop signal sent to the new server at once is taken by
     // its signal thread, not the default action.
-    let mask = crate::stop::block();
+    let mask = crate::daemon::stop::block();
     // SAFETY: single-threaded at this point (no FUSE threads yet).
     match unsafe { libc::fork() } {
         -1 => {
-            crate::stop::restore(mask);
+            crate::daemon::stop::restore(mask);
             Err(format!("fork: {}", std::io::Error::last_os_error()))
         }
         0 => {
@@ -792,7 +792,7 @@ fn daemonize_and_serve(
             std::process::exit(0);
         }
         _child => {
-            crate::stop::restore(mask);
+            crate::daemon::stop::restore(mask);
             // The filesystem is the child's now. The parent's copy must not be dropped: a
             // drop commits, and two processes committing one image from the same state
             // would write two different generations N+1.
@@ -823,7 +823,7 @@ fn daemonize_and_serve(
 
 /// `-v`: the flags the kernel shows for the new mount, as /proc/mounts has them.
 fn say_flags(mountpoint: &Path) {
-    match crate::vfs_flags::effective(mountpoint) {
+    match crate::daemon::vfs_flags::effective(mountpoint) {
         Ok(f) => eprintln!("oleo: mounted on {} with {f}", mountpoint.display()),
         Err(e) => eprintln!("oleo: {e}"),
     }

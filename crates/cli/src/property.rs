@@ -3,7 +3,7 @@
 //! btrfs.compression xattr the kernel honours too), on a mounted oleo filesystem or
 //! (`--image`) on an image or device that is not mounted.
 
-use crate::on_mount;
+use crate::common::on_mount;
 use crate::subvolume::{image_set, open, resolve, shown, subvolume_at};
 use oleo::compression::PROPERTY;
 use std::ffi::CString;

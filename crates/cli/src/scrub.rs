@@ -127,7 +127,7 @@ fn record_of(
 fn wait_on_mount(path: &Path, usage: &oleo_fuse::subvol_ioctl::FsUsage) -> Result<Record, String> {
     let tty = std::io::stderr().is_terminal();
     loop {
-        let st = crate::on_mount::scrub_status(path)?;
+        let st = crate::common::on_mount::scrub_status(path)?;
         if st.state != 1 {
             if tty {
                 eprint!("\r\x1b[K");
@@ -241,8 +241,8 @@ pub fn run(args: &ScrubArgs) -> Result<bool, String> {
             ..
         } => {
             let limit = limit.as_deref().map(parse_limit).transpose()?.unwrap_or(0);
-            crate::on_mount::scrub_start(path, *readonly, limit)?;
-            let usage = crate::on_mount::fs_usage(path)?;
+            crate::common::on_mount::scrub_start(path, *readonly, limit)?;
+            let usage = crate::common::on_mount::fs_usage(path)?;
             if !*no_background {
                 if !*quiet {
                     println!(
@@ -273,7 +273,7 @@ pub fn run(args: &ScrubArgs) -> Result<bool, String> {
             if !*verbose {
                 // The engine's lines: a bad copy found, a range repaired (its target is
                 // `oleo::...`, as this binary's own, which prints with eprintln here).
-                crate::logging::details_off_terminal("oleo::");
+                crate::common::logging::details_off_terminal("oleo::");
             }
             start(
                 image,
@@ -291,8 +291,8 @@ pub fn run(args: &ScrubArgs) -> Result<bool, String> {
             raw,
             ..
         } => {
-            let usage = crate::on_mount::fs_usage(path)?;
-            let st = crate::on_mount::scrub_status(path)?;
+            let usage = crate::common::on_mount::fs_usage(path)?;
+            let st = crate::common::on_mount::scrub_status(path)?;
             if st.state == 0 {
                 return Err(format!(
                     "no scrub of {} since it was mounted",

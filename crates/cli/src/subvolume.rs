@@ -3,7 +3,7 @@
 //! `on_mount`) or with `--image` on an image or device nothing has mounted (paths inside the
 //! filesystem, from its top-level subvolume).
 
-use crate::on_mount;
+use crate::common::on_mount;
 use oleo::{Filesystem, InodeId, OpenOptions};
 use oleo_fuse::subvol_ioctl::{SubvolInfo, RO};
 use std::path::{Path, PathBuf};

@@ -101,10 +101,10 @@ fn mounts() -> Vec<MountEntry> {
             let conn = (major.parse::<u64>().ok()? << 20) | minor.parse::<u64>().ok()?;
             let mut r = right.split(' ');
             Some(MountEntry {
-                point: PathBuf::from(crate::fuse_mount::unescape(f.get(4)?)),
+                point: PathBuf::from(crate::daemon::fuse_mount::unescape(f.get(4)?)),
                 conn,
                 fstype: r.next()?.to_string(),
-                source: crate::fuse_mount::unescape(r.next()?),
+                source: crate::daemon::fuse_mount::unescape(r.next()?),
             })
         })
         .collect()

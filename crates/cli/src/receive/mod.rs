@@ -1,7 +1,7 @@
 //! `oleo receive`: `btrfs receive`. `--dump` prints a send stream (`dump`); `--image IMAGE
 //! DIR` applies it to an image or device nothing has mounted, through the engine (`apply`);
 //! DIR alone is a directory on an oleo mount, whose server applies it with the same code
-//! (`crate::mount_stream`).
+//! (`crate::daemon::streams`).
 
 mod apply;
 mod data;
@@ -58,7 +58,7 @@ pub fn run(a: &ReceiveArgs) -> Result<(), String> {
     };
     let (input, name) = open_input(a)?;
     let Some(image) = &a.image else {
-        return crate::mount_stream::receive(target, input, &name, a.end, a.quiet);
+        return crate::daemon::streams::receive(target, input, &name, a.end, a.quiet);
     };
     let dir = target
         .to_str()
@@ -67,7 +67,7 @@ pub fn run(a: &ReceiveArgs) -> Result<(), String> {
         honor_end: a.end,
         quiet: a.quiet,
     };
-    let meter = crate::progress::Meter::new(a.quiet);
+    let meter = crate::common::progress::Meter::new(a.quiet);
     let mut input = meter.reader(input);
     let mut note = |n: Note| match n {
         Note::Stdout(s) => {

@@ -105,7 +105,7 @@ pub fn run(a: &SendArgs) -> Result<(), String> {
             );
         };
         let (snap, file) = (PathBuf::from(snapshot), a.file.as_deref());
-        return crate::mount_stream::send(
+        return crate::daemon::streams::send(
             &snap,
             parent.as_deref(),
             &clones,
@@ -132,7 +132,7 @@ pub fn run(a: &SendArgs) -> Result<(), String> {
         ),
         None => Box::new(std::io::stdout().lock()),
     };
-    let mut out = crate::progress::Meter::new(a.quiet).writer(out);
+    let mut out = crate::common::progress::Meter::new(a.quiet).writer(out);
     let sent = if a.one_end {
         stream_ending(&fs, &opts, true, &mut out)
     } else {

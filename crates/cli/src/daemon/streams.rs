@@ -5,8 +5,8 @@
 //! (`subvol_ioctl::SEND`, `RECEIVE`), and copies the stream between the FIFO and its own
 //! input or output meanwhile; the ioctl's answer brings the lines to print and the error.
 
-use crate::on_mount;
-use crate::progress::Meter;
+use crate::common::on_mount;
+use crate::common::progress::Meter;
 use oleo_fuse::subvol_ioctl as cmd;
 use std::ffi::CString;
 use std::fs::File;
@@ -80,7 +80,7 @@ fn own_descriptors() -> Result<(), String> {
 /// answers, so the signals are blocked in every thread and taken by one with sigwait. Call
 /// it before any other thread is started.
 fn clean_up_on_signals(fifo: &Path, dir: &Path) {
-    crate::stop::block();
+    crate::daemon::stop::block();
     // SAFETY: sigemptyset initializes the set; sigaddset takes valid signal numbers.
     let set = unsafe {
         let mut set = std::mem::zeroed::<libc::sigset_t>();

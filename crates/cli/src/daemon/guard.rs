@@ -160,7 +160,9 @@ impl Shared {
             return self.respond(fd.as_raw_fd(), libc::FAN_ALLOW);
         }
         let gone = self.stopping.load(Ordering::SeqCst)
-            || self.conn.is_some_and(|c| !crate::stop::still_mounted(c));
+            || self
+                .conn
+                .is_some_and(|c| !crate::daemon::stop::still_mounted(c));
         if gone {
             let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
             // `finish` may have run since the check above.

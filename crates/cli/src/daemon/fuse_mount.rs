@@ -23,7 +23,7 @@ pub struct FuseOptions {
     /// fusermount3 stays behind and unmounts when the server goes away.
     pub auto_unmount: bool,
     /// The kernel's VFS flags (nosuid, noexec, noatime, ...), given to mount(2).
-    pub vfs: crate::vfs_flags::VfsFlags,
+    pub vfs: crate::daemon::vfs_flags::VfsFlags,
 }
 
 /// A mounted connection: the descriptor to serve, and what must live as long as the
@@ -40,7 +40,7 @@ const FUSE_DEV: &str = "/dev/fuse";
 
 pub fn mount(mountpoint: &Path, o: &FuseOptions) -> Result<Mounted, String> {
     // The server this mount gets serves `oleo send` and `oleo receive` with the CLI's code.
-    crate::mount_stream::register();
+    crate::daemon::streams::register();
     if !Path::new(FUSE_DEV).exists() {
         return Err(format!(
             "{FUSE_DEV} does not exist: load the FUSE module (modprobe fuse), or in a \
@@ -203,12 +203,12 @@ pub fn remount(mountpoint: &Path, writable: bool, vfs: libc::c_ulong) -> Result<
 /// remount): the atime, sync and dirsync ones are its to act on.
 pub fn tell_server_flags(
     mountpoint: &Path,
-    vfs: &crate::vfs_flags::VfsFlags,
+    vfs: &crate::daemon::vfs_flags::VfsFlags,
 ) -> Result<(), String> {
     let f =
         std::fs::File::open(mountpoint).map_err(|e| format!("{}: {e}", mountpoint.display()))?;
     let mut arg = vfs.server().to_ms().to_le_bytes();
-    crate::on_mount::raw_ioctl(&f, oleo_fuse::subvol_ioctl::SET_MOUNT_FLAGS, &mut arg)
+    crate::common::on_mount::raw_ioctl(&f, oleo_fuse::subvol_ioctl::SET_MOUNT_FLAGS, &mut arg)
         .map_err(|e| format!("{}: {e}", mountpoint.display()))
 }
 

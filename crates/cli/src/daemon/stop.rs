@@ -188,7 +188,7 @@ fn plain_unmount(mp: &Path) -> bool {
         }
         return r == 0;
     }
-    crate::fuse_mount::fusermount_unmount(mp, false)
+    crate::daemon::fuse_mount::fusermount_unmount(mp, false)
 }
 
 fn lazy_unmount(mp: &Path) {
@@ -198,7 +198,7 @@ fn lazy_unmount(mp: &Path) {
             unsafe { libc::umount2(t.as_ptr(), libc::MNT_DETACH) };
         }
     } else {
-        crate::fuse_mount::fusermount_unmount(mp, true);
+        crate::daemon::fuse_mount::fusermount_unmount(mp, true);
     }
 }
 
@@ -224,7 +224,7 @@ pub fn connection_of(canonical_mountpoint: &Path) -> Option<u64> {
     info.lines()
         .filter_map(|l| {
             let f: Vec<&str> = l.split(' ').collect();
-            let point = crate::fuse_mount::unescape(f.get(4)?);
+            let point = crate::daemon::fuse_mount::unescape(f.get(4)?);
             if Path::new(&point) != canonical_mountpoint {
                 return None;
             }

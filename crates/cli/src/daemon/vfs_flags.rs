@@ -150,7 +150,7 @@ pub fn mount_options(mountpoint: &Path) -> Result<(String, String), String> {
         .filter_map(|l| {
             let (left, right) = l.split_once(" - ")?;
             let mut left = left.split(' ');
-            let point = crate::fuse_mount::unescape(left.nth(4)?);
+            let point = crate::daemon::fuse_mount::unescape(left.nth(4)?);
             let opts = left.next()?;
             let sopts = right.split(' ').nth(2)?;
             (Path::new(&point) == want).then(|| (opts.to_string(), sopts.to_string()))
