@@ -514,6 +514,14 @@ fn btrfs_ioc_sync(mp: &Path) {
     assert_eq!(r, 0, "BTRFS_IOC_SYNC on {}", mp.display());
 }
 
+/// The wall clock, in seconds.
+fn now_secs() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64
+}
+
 /// Sectors written to a block device so far (/sys/block/NAME/stat, field 7).
 fn sectors_written(dev: &Path) -> u64 {
     let name = dev.file_name().unwrap().to_str().unwrap();
@@ -565,10 +573,7 @@ fn a_read_mostly_workload_costs_no_more_than_on_kernel_btrfs() {
     let k = KernelMount::mount(&kimg, &kmp, &["rw"]).unwrap();
     let kdev = k.device().to_path_buf();
     let kw0 = sectors_written(&kdev);
-    let t0 = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_secs() as i64;
+    let t0 = now_secs();
     workload(&kmp);
     assert!(
         atime(&kmp.join("d0/f0")).0 >= t0,
@@ -590,10 +595,7 @@ fn a_read_mostly_workload_costs_no_more_than_on_kernel_btrfs() {
     let lo = LoopDevice::attach(&oimg, false).unwrap();
     let o = OleoMount::mount_rw(Path::new(OLEO), lo.path(), &omp, &[]).unwrap();
     let ow0 = sectors_written(lo.path());
-    let t0 = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_secs() as i64;
+    let t0 = now_secs();
     workload(&omp);
     assert!(
         atime(&omp.join("d0/f0")).0 >= t0,

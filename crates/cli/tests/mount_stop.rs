@@ -89,6 +89,47 @@ fn signal_name(sig: i32) -> &'static str {
     }
 }
 
+/// `oleo mount -o rw,commit=300,log=LOG SOURCE MP`, in the foreground (the child kept) or
+/// in the background (silent when it works); the server's pid.
+fn start_server(
+    source: &Path,
+    mp: &Path,
+    log: &Path,
+    foreground: bool,
+    when: &str,
+) -> (i32, Option<Child>) {
+    let _ = std::fs::remove_file(log);
+    let mut cmd = Command::new(OLEO);
+    cmd.arg("mount");
+    if foreground {
+        cmd.arg("-f");
+    }
+    cmd.arg("-o")
+        .arg(format!("rw,commit=300,log={}", log.display()))
+        .arg(source)
+        .arg(mp)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    if foreground {
+        let c = cmd.spawn().unwrap();
+        let until = Instant::now() + Duration::from_secs(20);
+        while !is_mounted(mp) || std::fs::metadata(mp).is_err() {
+            assert!(Instant::now() < until, "{when}: not mounted");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        (c.id() as i32, Some(c))
+    } else {
+        let out = cmd.output().unwrap();
+        assert!(out.status.success(), "{when}: {out:?}");
+        assert!(
+            out.stdout.is_empty() && out.stderr.is_empty(),
+            "{when}: a mount that worked says nothing: {out:?}"
+        );
+        (server_pid(mp).expect("the server runs"), None)
+    }
+}
+
 #[test]
 fn a_stop_signal_commits_unmounts_and_exits_zero() {
     let name = "mount_stop_signals";
@@ -117,36 +158,7 @@ fn a_stop_signal_commits_unmounts_and_exits_zero() {
                 "background"
             }
         );
-        let _ = std::fs::remove_file(&log);
-        let mut cmd = Command::new(OLEO);
-        cmd.arg("mount");
-        if foreground {
-            cmd.arg("-f");
-        }
-        cmd.arg("-o")
-            .arg(format!("rw,commit=300,log={}", log.display()))
-            .arg(&image)
-            .arg(&mp)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        let (pid, fg_child): (i32, Option<Child>) = if foreground {
-            let c = cmd.spawn().unwrap();
-            let until = Instant::now() + Duration::from_secs(20);
-            while !is_mounted(&mp) || std::fs::metadata(&mp).is_err() {
-                assert!(Instant::now() < until, "{when}: not mounted");
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            (c.id() as i32, Some(c))
-        } else {
-            let out = cmd.output().unwrap();
-            assert!(out.status.success(), "{when}: {out:?}");
-            assert!(
-                out.stdout.is_empty() && out.stderr.is_empty(),
-                "{when}: a mount that worked says nothing: {out:?}"
-            );
-            (server_pid(&mp).expect("the server runs"), None)
-        };
+        let (pid, fg_child) = start_server(&image, &mp, &log, foreground, &when);
         let files = write_unsynced(&mp, &when);
         let started = Instant::now();
         // SAFETY: plain kill.
@@ -252,32 +264,7 @@ fn a_failed_final_commit_after_a_stop_signal_exits_nonzero_and_says_why() {
             }
         );
         let dev = LoopDevice::attach(&image, false).unwrap();
-        let _ = std::fs::remove_file(&log);
-        let mut cmd = Command::new(OLEO);
-        cmd.arg("mount");
-        if foreground {
-            cmd.arg("-f");
-        }
-        cmd.arg("-o")
-            .arg(format!("rw,commit=300,log={}", log.display()))
-            .arg(dev.path())
-            .arg(&mp)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        let (pid, fg_child): (i32, Option<Child>) = if foreground {
-            let c = cmd.spawn().unwrap();
-            let until = Instant::now() + Duration::from_secs(20);
-            while !is_mounted(&mp) || std::fs::metadata(&mp).is_err() {
-                assert!(Instant::now() < until, "{when}: not mounted");
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            (c.id() as i32, Some(c))
-        } else {
-            let out = cmd.output().unwrap();
-            assert!(out.status.success(), "{when}: {out:?}");
-            (server_pid(&mp).expect("the server runs"), None)
-        };
+        let (pid, fg_child) = start_server(dev.path(), &mp, &log, foreground, &when);
         std::fs::write(mp.join("lost"), when.as_bytes()).unwrap();
         // Into the server, not committed (commit=300).
         oleo_testkit::mount::syncfs(&mp).unwrap();
