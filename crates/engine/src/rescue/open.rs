@@ -135,10 +135,7 @@ fn pick_superblock(devices: &DeviceSet, want: Option<usize>) -> Result<(Superblo
             .ok_or_else(|| Error::Unusable("no valid superblock copy".into()))?,
     };
     if !chosen.2 {
-        eprintln!(
-            "no superblock copy passes its checks: reading copy {} as mended",
-            chosen.0
-        );
+        eprintln!("reading superblock copy {} as mended", chosen.0);
     } else if chosen.0 > 0 && want.is_none() {
         eprintln!("using superblock copy {}", chosen.0);
     }
