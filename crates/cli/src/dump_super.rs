@@ -16,9 +16,14 @@ pub fn run(image: &Path, mirror: usize) -> Result<(), String> {
     let off = mirror_offset(mirror);
     file.read_exact_at(&mut buf, off)
         .map_err(|e| format!("reading superblock copy {mirror} at {off}: {e}"))?;
-    let sb =
-        Superblock::parse(&buf).map_err(|e| format!("superblock copy {mirror} at {off}: {e}"))?;
+    // Shown whatever its fields hold (as btrfs dump-super does), those that fail their
+    // sanity checks named after it.
+    let sb = Superblock::parse_unchecked(&buf)
+        .map_err(|e| format!("superblock copy {mirror} at {off}: {e}"))?;
     print!("{}", render(&sb));
+    for p in sb.problems() {
+        eprintln!("superblock copy {mirror} at {off}: {p} (fails its sanity check)");
+    }
     Ok(())
 }
 

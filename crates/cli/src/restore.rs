@@ -104,6 +104,15 @@ fn print_report(r: &Report, dry_run: bool) {
             ranges.join(", ")
         );
     }
+    if !r.files_unverified.is_empty() {
+        println!(
+            "unverified: {} files (data copied whose checksums could not be read)",
+            r.files_unverified.len()
+        );
+        for (path, bytes) in &r.files_unverified {
+            println!("  unverified: {} ({bytes} bytes)", path.display());
+        }
+    }
     println!(
         "names without inode or data: {}",
         r.names_without_inode.len()

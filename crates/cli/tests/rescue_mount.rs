@@ -10,7 +10,8 @@
 
 use oleo_testkit::cmd::{require_tools, run_with_timeout, sh_ok};
 use oleo_testkit::damage::{
-    files_under, image_hash, leaf_holding, physical_copies, super_field, write_at, write_every_copy,
+    files_under, image_hash, leaf_holding, physical_copies, set_super_u64, super_field, write_at,
+    write_every_copy,
 };
 use oleo_testkit::multi_device::file_logical_extents;
 use oleo_testkit::{require_fuse_mount, KernelMount, OleoMount, TempDir};
@@ -339,4 +340,133 @@ fn rescue_options_refuse_rw_and_imply_ro() {
         "a rescue mount took a write"
     );
     assert_eq!(image_hash(&img).unwrap(), before);
+}
+
+/// A read-only mount of `img` with `opts`: what it shows, and what oleo logged.
+fn shown(tmp: &TempDir, img: &Path, opts: &[&str]) -> (Seen, String) {
+    let mnt = tmp.subdir("omnt").unwrap();
+    let log_file = tmp.join("oleo.log");
+    let _ = std::fs::remove_file(&log_file);
+    let log_opt = format!("log={}", log_file.display());
+    let mut all = opts.to_vec();
+    all.push(&log_opt);
+    let m = OleoMount::mount(Path::new(OLEO), img, &mnt, &all)
+        .unwrap_or_else(|e| panic!("-o ro,{}: {e}", opts.join(",")));
+    let seen = files_under(&mnt);
+    let mut log = m.log_text();
+    m.unmount().unwrap();
+    log.push_str(&std::fs::read_to_string(&log_file).unwrap_or_default());
+    (seen, log)
+}
+
+/// A mount of `img` with `opts` that must fail: what oleo said. (In the background, so
+/// that a mount wrongly accepted returns, and is unmounted before the failure.)
+fn refused(img: &Path, mnt: &Path, opts: &str) -> String {
+    let o = Command::new(OLEO)
+        .args(["mount", "-o", opts])
+        .arg(img)
+        .arg(mnt)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    if o.status.success() {
+        let _ = Command::new("umount").arg(mnt).status();
+        panic!("-o {opts}: mounted: {err}");
+    }
+    assert_ne!(o.status.code(), Some(101), "-o {opts}: panicked: {err}");
+    err
+}
+
+/// Superblock `flags` the kernel does not mount with (a bit it does not know, an
+/// interrupted btrfstune's CHANGING_FSID; checksums recomputed, so only the flag is wrong)
+/// are refused, rw and ro, naming the flag, as the kernel refuses them;
+/// `-o ro,rescue=ignoresuperflags` mounts the filesystem and shows its files. A flag the
+/// kernel mounts with but oleo cannot write with (ERROR) is refused for writing only. And
+/// a superblock field that fails its sanity check (the primary's generation zeroed):
+/// a writable mount is refused naming the field, a read-only one uses the copy that
+/// passes. The image never changes.
+#[test]
+fn super_flags_and_a_bad_super_field_refuse_writes() {
+    if !tools() {
+        return;
+    }
+    let tmp = TempDir::new("rescue-superflags").unwrap();
+    let clean = tmp.join("clean.img");
+    sh_ok(
+        tmp.path(),
+        "truncate -s 256M clean.img && mkfs.btrfs -q clean.img",
+    );
+    let kmnt = tmp.subdir("kmnt").unwrap();
+    let m = KernelMount::mount(&clean, &kmnt, &["rw"]).unwrap();
+    sh_ok(
+        &kmnt,
+        "echo hello > f && mkdir d && head -c 100000 /dev/urandom > d/g",
+    );
+    let orig: BTreeMap<PathBuf, Vec<u8>> = files_under(&kmnt)
+        .into_iter()
+        .map(|(p, d)| (p, d.unwrap()))
+        .collect();
+    m.unmount().unwrap();
+    let mnt = tmp.subdir("mnt").unwrap();
+    let img = tmp.join("img");
+    let copies = [0, 1];
+    const FLAGS: usize = 56;
+    const GENERATION: usize = 72;
+    let written = 1u64;
+    for (bit, name) in [(1u64 << 50, "bit 50"), (1 << 35, "CHANGING_FSID")] {
+        std::fs::copy(&clean, &img).unwrap();
+        set_super_u64(&img, &copies, FLAGS, written | bit).unwrap();
+        let before = image_hash(&img).unwrap();
+        assert!(
+            KernelMount::mount(&img, &kmnt, &["ro"]).is_err(),
+            "{name}: the kernel mounts it"
+        );
+        for opts in ["rw", "ro"] {
+            let err = refused(&img, &mnt, opts);
+            assert!(
+                err.contains(&format!("superblock flags {name}"))
+                    && err.contains("rescue=ignoresuperflags"),
+                "{name}, -o {opts}: {err}"
+            );
+        }
+        let err = refused(&img, &mnt, "rw,rescue=ignoresuperflags");
+        assert!(err.contains("must be used with ro"), "{name}: {err}");
+        let (seen, log) = shown(&tmp, &img, &["rescue=ignoresuperflags"]);
+        assert_eq!(correct(&orig, &seen), orig.len(), "{name}: {log}");
+        assert!(
+            log.contains(&format!(
+                "rescue: ignoresuperflags: superblock flags {name}"
+            )),
+            "{name}: {log}"
+        );
+        assert_eq!(image_hash(&img).unwrap(), before, "{name}: image changed");
+    }
+
+    // ERROR: the kernel mounts it (then refuses to write); oleo reads it, never writes.
+    std::fs::copy(&clean, &img).unwrap();
+    set_super_u64(&img, &copies, FLAGS, written | 1 << 2).unwrap();
+    let before = image_hash(&img).unwrap();
+    let err = refused(&img, &mnt, "rw");
+    assert!(err.contains("superblock flag ERROR"), "{err}");
+    let (seen, log) = shown(&tmp, &img, &[]);
+    assert_eq!(correct(&orig, &seen), orig.len(), "ERROR: {log}");
+    assert_eq!(image_hash(&img).unwrap(), before, "ERROR: image changed");
+
+    // The primary's generation zeroed (checksum good).
+    std::fs::copy(&clean, &img).unwrap();
+    set_super_u64(&img, &[0], GENERATION, 0).unwrap();
+    let before = image_hash(&img).unwrap();
+    let err = refused(&img, &mnt, "rw");
+    assert!(
+        err.contains("field generation is 0") && err.contains("refusing to write"),
+        "{err}"
+    );
+    let (seen, log) = shown(&tmp, &img, &[]);
+    assert_eq!(correct(&orig, &seen), orig.len(), "generation: {log}");
+    assert!(log.contains("field generation is 0"), "{log}");
+    assert_eq!(
+        image_hash(&img).unwrap(),
+        before,
+        "generation: image changed"
+    );
 }

@@ -9,8 +9,8 @@
 
 use oleo_testkit::cmd::{require_tools, run_with_timeout, sh_ok};
 use oleo_testkit::damage::{
-    files_under, fsck_image_dir, image_hash, leaf_holding, leaves_of, physical_copies, super_field,
-    write_at, zero_block,
+    files_under, fsck_image_dir, image_hash, leaf_holding, leaves_of, physical_copies,
+    set_super_u64, shorten_last_item, super_copies, super_field, write_at, zero_block,
 };
 use oleo_testkit::{require_fuse_mount, KernelMount, OleoMount, TempDir};
 use std::collections::BTreeMap;
@@ -320,6 +320,131 @@ fn restore_damaged_images_vs_btrfs_restore() {
     // Damage that leaves a good copy or only csums behind loses nothing.
     for (name, o, _, _) in &table[2..] {
         assert_eq!(*o, orig.len(), "{name}: every file expected");
+    }
+}
+
+/// Damage only a sanity check sees, in structures whose checksums are good (issue 40):
+/// a superblock field (generation zeroed in the primary, then in every copy) and a csum
+/// item whose size is no multiple of the checksum size. `btrfs restore` restores every
+/// file of such images; oleo must restore each of them byte-identical too, say on stderr
+/// which superblock field it went around, and report the data it could not verify. Its
+/// rescue mount shows them all too. The image never changes.
+#[test]
+fn restore_past_a_bad_superblock_field_or_csum_item_vs_btrfs_restore() {
+    if !tools() {
+        return;
+    }
+    let tmp = TempDir::new("restore-insane").unwrap();
+    let clean = tmp.join("clean.img");
+    sh_ok(
+        tmp.path(),
+        "truncate -s 256M clean.img && mkfs.btrfs -q -m dup -d single clean.img",
+    );
+    let mnt = tmp.subdir("mnt").unwrap();
+    let m = KernelMount::mount(&clean, &mnt, &["rw", "noatime"]).unwrap();
+    sh_ok(
+        &mnt,
+        "set -e; head -c 5000000 /dev/urandom > big; sync; head -c 300000 /dev/urandom > mid; \
+         mkdir d; printf small > d/s; yes 'a line' | head -c 200000 > d/t",
+    );
+    let orig = contents(&mnt);
+    m.unmount().unwrap();
+
+    // (name, damage, what oleo must say on stderr or in its summary)
+    let cases: Vec<(&str, Damage, &str)> = vec![
+        (
+            "primary superblock generation 0",
+            Box::new(|img| set_super_u64(img, &[0], 72, 0).unwrap()),
+            "superblock copy 0 (at 65536) fails its checks: field generation is 0",
+        ),
+        (
+            "every superblock copy's generation 0",
+            Box::new(|img| set_super_u64(img, &super_copies(img).unwrap(), 72, 0).unwrap()),
+            "mended from its backup roots: generation",
+        ),
+        (
+            "csum item size no multiple of the checksum size",
+            Box::new(|img| {
+                let leaf = leaf_holding(img, "csum", "EXTENT_CSUM", "EXTENT_CSUM").unwrap();
+                let size = shorten_last_item(img, leaf, NODESIZE).unwrap();
+                assert_ne!(size % 4, 0);
+            }),
+            "copied unverified",
+        ),
+    ];
+    for (i, (name, damage, says)) in cases.iter().enumerate() {
+        let img = tmp.join(format!("case{i}.img"));
+        std::fs::copy(&clean, &img).unwrap();
+        damage(&img);
+        let before = image_hash(&img).unwrap();
+        let dest_b = tmp.subdir(&format!("btrfs{i}")).unwrap();
+        let dest_o = tmp.join(format!("oleo{i}"));
+        let _ = Command::new("btrfs")
+            .args(["restore", "-xmSi"])
+            .arg(&img)
+            .arg(&dest_b)
+            .output();
+        let o = Command::new(OLEO)
+            .arg("restore")
+            .arg(&img)
+            .arg(&dest_o)
+            .output()
+            .unwrap();
+        let (stdout, stderr) = (
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr),
+        );
+        assert_ne!(
+            o.status.code(),
+            Some(101),
+            "{name}: oleo panicked: {stderr}"
+        );
+        assert_eq!(
+            image_hash(&img).unwrap(),
+            before,
+            "{name}: the image changed"
+        );
+        let theirs: Vec<&PathBuf> = orig
+            .iter()
+            .filter(|(p, d)| std::fs::read(dest_b.join(p)).is_ok_and(|b| &b == *d))
+            .map(|(p, _)| p)
+            .collect();
+        assert_eq!(
+            theirs.len(),
+            orig.len(),
+            "{name}: btrfs restore restores every file of such an image"
+        );
+        for p in &theirs {
+            assert!(
+                std::fs::read(dest_o.join(p)).is_ok_and(|b| b == orig[*p]),
+                "{name}: {} not restored byte-identical (btrfs restore's is):\n{stdout}\n{stderr}",
+                p.display()
+            );
+        }
+        assert!(
+            stderr.contains(says) || stdout.contains(says),
+            "{name}: oleo does not say {says:?}:\n{stdout}\n{stderr}"
+        );
+        if name.starts_with("csum") {
+            assert!(
+                stdout.contains("data copied whose checksums could not be read")
+                    && stdout.contains("  unverified: /"),
+                "{name}: the unverified files are not reported: {stdout}"
+            );
+        }
+        let shown = through_rescue_mount(&img, &tmp.subdir("rescue-mnt").unwrap(), usize::MAX);
+        for p in &theirs {
+            use std::hash::{Hash, Hasher};
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            orig[*p].hash(&mut h);
+            assert_eq!(
+                shown.get(*p),
+                Some(&Some(h.finish())),
+                "{name}: the rescue mount does not show {}",
+                p.display()
+            );
+        }
+        println!("{name}: oleo and btrfs restore: all {} files", orig.len());
     }
 }
 

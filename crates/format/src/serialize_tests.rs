@@ -422,6 +422,37 @@ fn superblock_round_trip_every_csum() {
     assert!(bad.to_bytes().is_err());
 }
 
+#[test]
+fn a_bad_superblock_field_is_named_and_mended_from_the_backup_roots() {
+    let mut good = sample_superblock(CsumType::Crc32c);
+    good.backup_roots[0].tree_root_level = good.root_level;
+    let mut sb = good.clone();
+    sb.generation = 0;
+    let b = sb.to_bytes().unwrap();
+    let e = Superblock::parse(&b).unwrap_err().to_string();
+    assert!(e.contains("field generation is 0"), "{e}");
+    let mut p = Superblock::parse_unchecked(&b).unwrap();
+    assert_eq!(p.problems(), ["field generation is 0"]);
+    let mended = p.mend_from_backups().unwrap();
+    assert_eq!(p.generation, 6);
+    assert!(mended[0].starts_with("generation 6 (was 0)"), "{mended:?}");
+    assert!(p.problems().is_empty());
+
+    // num_devices and the root from the slot of the superblock's generation.
+    let mut q = good.clone();
+    (q.num_devices, q.root) = (0, 0);
+    assert_eq!(q.problems().len(), 2, "{:?}", q.problems());
+    q.mend_from_backups().unwrap();
+    assert_eq!((q.num_devices, q.root), (1, good.root));
+
+    // No slot vouches for a generation: nothing is guessed.
+    let mut r = good;
+    r.generation = 0;
+    r.backup_roots[0].tree_root += 4096;
+    let left = r.mend_from_backups().unwrap_err();
+    assert_eq!(left, ["field generation is 0"]);
+}
+
 fn ctx(nodesize: u32) -> FsContext {
     FsContext {
         nodesize,

@@ -111,6 +111,55 @@ pub mod incompat {
     ];
 }
 
+/// The superblock's own `flags` bits (not features: states of the filesystem).
+pub mod super_flags {
+    /// Set on every superblock written (shared with tree block headers).
+    pub const WRITTEN: u64 = 1 << 0;
+    /// A tree block header flag (relocation); the kernel accepts it in a superblock.
+    pub const RELOC: u64 = 1 << 1;
+    /// The kernel hit a fatal error: the filesystem needs checking.
+    pub const ERROR: u64 = 1 << 2;
+    /// A seed device: read-only, new writes go to sprouted devices.
+    pub const SEEDING: u64 = 1 << 32;
+    /// A btrfs-image metadata dump restored: data blocks are zeros.
+    pub const METADUMP: u64 = 1 << 33;
+    /// btrfs-image's newer dump format.
+    pub const METADUMP_V2: u64 = 1 << 34;
+    /// btrfstune changing the fsid was interrupted.
+    pub const CHANGING_FSID: u64 = 1 << 35;
+    /// btrfstune changing the metadata_uuid was interrupted.
+    pub const CHANGING_FSID_V2: u64 = 1 << 36;
+    /// btrfstune converting to the block group tree was interrupted.
+    pub const CHANGING_BG_TREE: u64 = 1 << 38;
+    /// btrfstune changing the data checksum type was interrupted.
+    pub const CHANGING_DATA_CSUM: u64 = 1 << 44;
+    /// btrfstune changing the metadata checksum type was interrupted.
+    pub const CHANGING_META_CSUM: u64 = 1 << 45;
+
+    /// The flags the kernel mounts with (its BTRFS_SUPER_FLAG_SUPP); any other bit makes
+    /// it refuse the mount unless `rescue=ignoresuperflags` (read-only).
+    pub const KERNEL_MOUNTS: u64 = WRITTEN | RELOC | ERROR | SEEDING | METADUMP | METADUMP_V2;
+    /// The flags oleo writes a filesystem with. The kernel's others stop writes: ERROR
+    /// (the kernel turns the mount read-only), SEEDING (seed devices are read-only),
+    /// METADUMP (a metadata dump whose data is zeros).
+    pub const WRITE_SUPPORTED: u64 = WRITTEN | RELOC;
+
+    /// Every bit with its btrfs-progs name, for [`flag_names`](super::flag_names).
+    pub const NAMES: &[(u64, &str)] = &[
+        (WRITTEN, "WRITTEN"),
+        (RELOC, "RELOC"),
+        (ERROR, "ERROR"),
+        (SEEDING, "SEEDING"),
+        (METADUMP, "METADUMP"),
+        (METADUMP_V2, "METADUMP_V2"),
+        (CHANGING_FSID, "CHANGING_FSID"),
+        (CHANGING_FSID_V2, "CHANGING_FSID_V2"),
+        (CHANGING_BG_TREE, "CHANGING_BG_TREE"),
+        (CHANGING_DATA_CSUM, "CHANGING_DATA_CSUM"),
+        (CHANGING_META_CSUM, "CHANGING_META_CSUM"),
+    ];
+}
+
 /// `compat_ro_flags` bits: an implementation that does not know a set bit may read the
 /// filesystem but must not write it.
 pub mod compat_ro {
@@ -338,6 +387,15 @@ pub struct Superblock {
 impl Superblock {
     /// Parses and checks a superblock copy: magic, checksum, then field sanity.
     pub fn parse(buf: &[u8]) -> Result<Superblock> {
+        let sb = Superblock::parse_unchecked(buf)?;
+        sb.check()?;
+        Ok(sb)
+    }
+
+    /// Parses a superblock copy whose magic and checksum are good, without the field
+    /// sanity checks ([`Superblock::problems`] lists what they would refuse): recovery
+    /// tools fall back to other copies, and to the rest of the superblock, field by field.
+    pub fn parse_unchecked(buf: &[u8]) -> Result<Superblock> {
         let b = slice(buf, 0, SUPER_INFO_SIZE)?;
         if u64_at(b, 64)? != MAGIC {
             return Err(FormatError::BadMagic);
@@ -397,58 +455,159 @@ impl Superblock {
             sys_chunk_array: slice(b, 811, sys_len)?.to_vec(),
             backup_roots,
         };
-        sb.check()?;
         Ok(sb)
     }
 
-    /// The sanity checks the kernel does on a superblock before using it.
+    /// The sanity checks the kernel does on a superblock before using it: the first field
+    /// that fails, as an error naming it.
     fn check(&self) -> Result<()> {
+        match self.problems().into_iter().next() {
+            Some(p) => invalid!("{p}"),
+            None => Ok(()),
+        }
+    }
+
+    /// Every field that fails a sanity check, each named (`field generation is 0`).
+    pub fn problems(&self) -> Vec<String> {
+        let mut out = Vec::new();
         let pow2_in = |v: u32, lo: u32, hi: u32| v.is_power_of_two() && (lo..=hi).contains(&v);
         if !pow2_in(self.sectorsize, 4096, 65536) {
-            invalid!(
-                "sectorsize {} is not a power of two in 4K..64K",
+            out.push(format!(
+                "field sectorsize is {}, not a power of two in 4K..64K",
                 self.sectorsize
-            );
+            ));
         }
         if !pow2_in(self.nodesize, self.sectorsize, 65536) {
-            invalid!(
-                "nodesize {} is not a power of two in sectorsize..64K",
+            out.push(format!(
+                "field nodesize is {}, not a power of two in sectorsize..64K",
                 self.nodesize
-            );
+            ));
         }
         if self.leafsize != self.nodesize {
-            invalid!(
-                "leafsize {} differs from nodesize {}",
-                self.leafsize,
-                self.nodesize
-            );
+            out.push(format!(
+                "field leafsize is {}, not nodesize {}",
+                self.leafsize, self.nodesize
+            ));
         }
         if self.sys_chunk_array_size as usize > SYS_CHUNK_ARRAY_MAX {
-            invalid!(
-                "sys_chunk_array_size {} exceeds {}",
-                self.sys_chunk_array_size,
-                SYS_CHUNK_ARRAY_MAX
-            );
+            out.push(format!(
+                "field sys_chunk_array_size is {}, more than {}",
+                self.sys_chunk_array_size, SYS_CHUNK_ARRAY_MAX
+            ));
         }
-        let aligned = |v: u64| v.is_multiple_of(self.sectorsize as u64);
-        if !aligned(self.root) || !aligned(self.chunk_root) || !aligned(self.log_root) {
-            invalid!("tree root addresses are not sectorsize aligned");
+        // An unaligned address is as bad as none (4096 when sectorsize itself is bad).
+        let ss = if self.sectorsize.is_power_of_two() {
+            self.sectorsize.max(4096) as u64
+        } else {
+            4096
+        };
+        for (name, v) in [
+            ("root", self.root),
+            ("chunk_root", self.chunk_root),
+            ("log_root", self.log_root),
+        ] {
+            if !v.is_multiple_of(ss) || (v == 0 && name != "log_root") {
+                out.push(format!("field {name} is {v}, no tree block address"));
+            }
         }
-        if self.root == 0 || self.chunk_root == 0 {
-            invalid!("root or chunk root address is zero");
-        }
-        if self.root_level >= 8 || self.chunk_root_level >= 8 || self.log_root_level >= 8 {
-            invalid!("tree root level out of range");
+        for (name, v) in [
+            ("root_level", self.root_level),
+            ("chunk_root_level", self.chunk_root_level),
+            ("log_root_level", self.log_root_level),
+        ] {
+            if v >= 8 {
+                out.push(format!("field {name} is {v}, more than 7"));
+            }
         }
         if self.num_devices == 0 {
-            invalid!("num_devices is zero");
+            out.push("field num_devices is 0".into());
         }
         // u64::MAX too: readers compute generation + 1 (the log tree's transid, the
         // "not newer than the next transaction" checks), which must not overflow.
         if self.generation == 0 || self.generation == u64::MAX {
-            invalid!("generation {} is invalid", self.generation);
+            out.push(format!("field generation is {}", self.generation));
         }
-        Ok(())
+        out
+    }
+
+    /// Mends the fields that fail a sanity check from the rest of this superblock: its
+    /// backup root records, the newest of which the kernel writes with the superblock's own
+    /// commit. A field is mended only where a record vouches for it (a backup slot naming
+    /// the same root tree block gives the generation; the slot of that generation gives
+    /// the roots, their levels and num_devices); nothing is guessed. Returns what was
+    /// mended, or the problems left. For reading only: never write such a superblock.
+    pub fn mend_from_backups(&mut self) -> std::result::Result<Vec<String>, Vec<String>> {
+        let problems = self.problems();
+        let bad = |f: &str| {
+            let p = format!("field {f} is");
+            problems.iter().any(|m| m.starts_with(&p))
+        };
+        let mut mended = Vec::new();
+        let gen_ok = !bad("generation");
+        // The slot of the superblock's own commit: by generation, else by root block.
+        let slot = self
+            .backup_roots
+            .iter()
+            .filter(|b| b.tree_root != 0 && b.tree_root_gen != 0 && b.tree_root_gen != u64::MAX)
+            .filter(|b| {
+                if gen_ok {
+                    b.tree_root_gen == self.generation
+                } else {
+                    !bad("root") && b.tree_root == self.root && b.tree_root_level == self.root_level
+                }
+            })
+            .max_by_key(|b| b.tree_root_gen)
+            .cloned();
+        if let Some(b) = slot {
+            if !gen_ok {
+                mended.push(format!(
+                    "generation {} (was {}), from the backup root naming root tree block {}",
+                    b.tree_root_gen, self.generation, b.tree_root
+                ));
+                self.generation = b.tree_root_gen;
+            }
+            if bad("root") || bad("root_level") {
+                mended.push(format!(
+                    "root {} level {} (was {} level {}), from the backup root of generation {}",
+                    b.tree_root, b.tree_root_level, self.root, self.root_level, b.tree_root_gen
+                ));
+                self.root = b.tree_root;
+                self.root_level = b.tree_root_level;
+            }
+            if (bad("chunk_root") || bad("chunk_root_level"))
+                && b.chunk_root_gen == self.chunk_root_generation
+            {
+                mended.push(format!(
+                    "chunk_root {} level {} (was {} level {}), from the backup root of generation {}",
+                    b.chunk_root, b.chunk_root_level, self.chunk_root, self.chunk_root_level,
+                    b.tree_root_gen
+                ));
+                self.chunk_root = b.chunk_root;
+                self.chunk_root_level = b.chunk_root_level;
+            }
+            if bad("num_devices") && b.num_devices != 0 {
+                mended.push(format!(
+                    "num_devices {} (was 0), from the backup root of generation {}",
+                    b.num_devices, b.tree_root_gen
+                ));
+                self.num_devices = b.num_devices;
+            }
+        }
+        if bad("log_root") || bad("log_root_level") {
+            // A log is only ever extra: without it, the last commit.
+            mended.push(format!(
+                "log_root 0 (was {} level {}): the log tree is not replayed",
+                self.log_root, self.log_root_level
+            ));
+            self.log_root = 0;
+            self.log_root_level = 0;
+        }
+        let left = self.problems();
+        if left.is_empty() {
+            Ok(mended)
+        } else {
+            Err(left)
+        }
     }
 
     /// The 4096-byte on-disk form of this copy, checksummed with `csum_type_raw`. `csum` and

@@ -174,3 +174,124 @@ pub fn files_under(root: &Path) -> std::collections::BTreeMap<std::path::PathBuf
     }
     out
 }
+
+/// CRC-32C (Castagnoli) as btrfs stores it in a checksum field: little-endian, then zeros.
+/// Bitwise: the tests checksum a superblock or a tree block at a time.
+fn crc32c(data: &[u8]) -> u32 {
+    let mut crc = !0u32;
+    for &b in data {
+        crc ^= u32::from(b);
+        for _ in 0..8 {
+            crc = if crc & 1 != 0 {
+                (crc >> 1) ^ 0x82F6_3B78
+            } else {
+                crc >> 1
+            };
+        }
+    }
+    !crc
+}
+
+/// Writes the crc32c checksum of `block[32..]` into `block[..32]`; an error for images
+/// of another checksum type (`csum_type` as the superblock gives it).
+fn set_crc32c(block: &mut [u8], csum_type: u16) -> io::Result<()> {
+    if csum_type != 0 {
+        return Err(io::Error::other(format!(
+            "checksum type {csum_type}: only crc32c images can be rewritten"
+        )));
+    }
+    let c = crc32c(&block[32..]);
+    block[..32].fill(0);
+    block[..4].copy_from_slice(&c.to_le_bytes());
+    Ok(())
+}
+
+/// Offset of superblock copy `copy` (0, 1, 2).
+fn super_offset(copy: usize) -> u64 {
+    if copy == 0 {
+        65536
+    } else {
+        (16 * 1024u64) << (12 * copy as u64)
+    }
+}
+
+/// Changes superblock copy `copy` with `edit`, then recomputes its checksum (crc32c), so
+/// that only the fields changed are wrong: a copy every tool believes.
+pub fn rewrite_super(image: &Path, copy: usize, edit: impl FnOnce(&mut [u8])) -> io::Result<()> {
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(image)?;
+    let at = super_offset(copy);
+    let mut sb = vec![0u8; 4096];
+    f.read_exact_at(&mut sb, at)?;
+    if &sb[64..72] != b"_BHRfS_M" {
+        return Err(io::Error::other(format!("no superblock copy {copy}")));
+    }
+    edit(&mut sb);
+    let csum_type = u16::from_le_bytes([sb[196], sb[197]]);
+    set_crc32c(&mut sb, csum_type)?;
+    f.write_all_at(&sb, at)
+}
+
+/// Sets the u64 superblock field at byte `field` (72 generation, 56 flags: btrfs-format.md
+/// 1.3) of every copy in `copies` to `value`, checksums recomputed.
+pub fn set_super_u64(image: &Path, copies: &[usize], field: usize, value: u64) -> io::Result<()> {
+    for &c in copies {
+        rewrite_super(image, c, |sb| {
+            sb[field..field + 8].copy_from_slice(&value.to_le_bytes())
+        })?;
+    }
+    Ok(())
+}
+
+/// How many superblock copies the image has room for (1 to 3).
+pub fn super_copies(image: &Path) -> io::Result<Vec<usize>> {
+    let size = std::fs::metadata(image)?.len();
+    Ok((0..3).filter(|&c| super_offset(c) + 4096 <= size).collect())
+}
+
+/// Changes the tree block at `logical` (`nodesize` bytes, read from its first copy) with
+/// `edit`, recomputes its checksum (crc32c) and writes it to every copy: damage only the
+/// tree checker can see.
+pub fn rewrite_block(
+    image: &Path,
+    logical: u64,
+    nodesize: usize,
+    edit: impl FnOnce(&mut [u8]),
+) -> io::Result<()> {
+    let places = physical_copies(image, logical)?;
+    let f = std::fs::File::open(image)?;
+    let mut block = vec![0u8; nodesize];
+    f.read_exact_at(&mut block, places[0])?;
+    edit(&mut block);
+    let mut sb = vec![0u8; 4096];
+    f.read_exact_at(&mut sb, 65536)?;
+    set_crc32c(&mut block, u16::from_le_bytes([sb[196], sb[197]]))?;
+    write_every_copy(image, logical, 0, &block)
+}
+
+/// Makes the last item of the leaf at `leaf` one byte shorter at its start (its data
+/// offset one up, its size one down): the leaf is still well formed, but a csum item's
+/// size is then no multiple of the checksum size. Returns the item's new size.
+pub fn shorten_last_item(image: &Path, leaf: u64, nodesize: usize) -> io::Result<u32> {
+    let mut size = 0;
+    rewrite_block(image, leaf, nodesize, |b| {
+        // Header: 101 bytes, nritems at 96; items of 25 bytes: key (17), offset, size.
+        let n = u32::from_le_bytes(b[96..100].try_into().unwrap()) as usize;
+        let h = 101 + (n - 1) * 25 + 17;
+        let off = u32::from_le_bytes(b[h..h + 4].try_into().unwrap());
+        size = u32::from_le_bytes(b[h + 4..h + 8].try_into().unwrap()) - 1;
+        b[h..h + 4].copy_from_slice(&(off + 1).to_le_bytes());
+        b[h + 4..h + 8].copy_from_slice(&size.to_le_bytes());
+    })?;
+    Ok(size)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn crc32c_check_value() {
+        assert_eq!(super::crc32c(b"123456789"), 0xE306_9283);
+    }
+}

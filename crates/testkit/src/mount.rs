@@ -541,10 +541,22 @@ impl OleoMount {
         let mut result = Ok(());
         if was_mounted {
             let mp = self.mountpoint.as_os_str();
-            let run = run_with_timeout(
-                &mut command("fusermount3", &[OsStr::new("-u"), mp]),
-                Duration::from_secs(15),
-            );
+            // EBUSY right after a mount is transient (the kernel or the server still holds
+            // a reference for a moment, seen without any file open): a few tries.
+            let mut tries = 0;
+            let run = loop {
+                let run = run_with_timeout(
+                    &mut command("fusermount3", &[OsStr::new("-u"), mp]),
+                    Duration::from_secs(15),
+                );
+                tries += 1;
+                let busy =
+                    matches!(&run, Ok(st) if !st.success()) && mount_at(&self.mountpoint).is_some();
+                if !busy || tries == 5 {
+                    break run;
+                }
+                std::thread::sleep(Duration::from_millis(200));
+            };
             let ok = matches!(&run, Ok(st) if st.success());
             let still = mount_at(&self.mountpoint);
             if !ok || still.is_some() {

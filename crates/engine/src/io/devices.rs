@@ -118,7 +118,7 @@ impl DeviceSet {
             };
             let sb = match copy {
                 Some(n) => read_superblock_copy(&device, n),
-                None => read_superblock(&device, any_copy),
+                None => read_superblock(&device, any_copy, writable),
             }
             .map_err(|e| named(path, e))?;
             let want = *fsid.get_or_insert(sb.fsid);
@@ -454,8 +454,6 @@ fn named(path: &Path, e: Error) -> Error {
     }
 }
 
-/// The primary superblock, or a mirror when the primary is damaged (the kernel would refuse;
-/// for recovery work a good mirror is worth using, loudly).
 /// Where the magic lies in a superblock (after the checksum, fsid, bytenr and flags).
 const MAGIC_AT: usize = 0x40;
 
@@ -474,8 +472,10 @@ pub(crate) fn read_superblock_copy(device: &Device, n: usize) -> Result<Superblo
     }
     let mut buf = vec![0u8; SUPER_INFO_SIZE];
     device.read_exact_at(&mut buf, off)?;
-    let sb = Superblock::parse(&buf)
-        .map_err(|e| Error::Unusable(format!("superblock copy {n} (at {off}): {e}")))?;
+    // sb= opens read-only: a field that fails its check is mended from the rest.
+    let sb = Superblock::parse_unchecked(&buf)
+        .map_err(|e| Error::Unusable(format!("superblock copy {n} (at {off}): {e}")))
+        .and_then(|sb| mended(sb, n, off))?;
     if sb.bytenr != off {
         return Err(Error::Unusable(format!(
             "superblock copy {n} (at {off}) claims to be at {}",
@@ -489,8 +489,21 @@ pub(crate) fn read_superblock_copy(device: &Device, n: usize) -> Result<Superblo
     Ok(sb)
 }
 
-pub(crate) fn read_superblock(device: &Device, any_copy: bool) -> Result<Superblock> {
-    let mut first_err = None;
+/// The primary superblock, or a later copy where the primary is damaged (the kernel
+/// would refuse; for recovery work a good copy is worth using, loudly). A copy whose
+/// checksum is good but a field of which fails its sanity check (a wrong value written,
+/// not a torn write) is not believed over the others: a read-only open uses a copy that
+/// passes, or else the copy mended from the rest of itself (its backup roots); a
+/// writable open is refused, naming the field, since oleo would write from a superblock
+/// that disagrees with itself.
+pub(crate) fn read_superblock(
+    device: &Device,
+    any_copy: bool,
+    writable: bool,
+) -> Result<Superblock> {
+    let mut first_err: Option<String> = None;
+    // Copies whose checksum is good but a field is not: (mirror, offset, superblock).
+    let mut insane = Vec::new();
     for mirror in 0..3 {
         let off = superblock::mirror_offset(mirror);
         if off + SUPER_INFO_SIZE as u64 > device.size() {
@@ -501,7 +514,8 @@ pub(crate) fn read_superblock(device: &Device, any_copy: bool) -> Result<Superbl
             .read_exact_at(&mut buf, off)
             .map_err(|e| e.to_string());
         let read_ok = read.is_ok();
-        let parsed = read.and_then(|_| Superblock::parse(&buf).map_err(|e| e.to_string()));
+        let parsed =
+            read.and_then(|_| Superblock::parse_unchecked(&buf).map_err(|e| e.to_string()));
         // A primary without btrfs's magic is no damaged btrfs superblock: the device was
         // most likely made into something else, and its old copies further in must not
         // bring a stale btrfs back over it (the kernel never reads them either).
@@ -519,6 +533,25 @@ pub(crate) fn read_superblock(device: &Device, any_copy: bool) -> Result<Superbl
         }
         match parsed {
             Ok(sb) if sb.bytenr == off => {
+                let problems = sb.problems();
+                if !problems.is_empty() {
+                    let why = format!(
+                        "superblock copy {mirror} (at {off}): {}",
+                        problems.join("; ")
+                    );
+                    log::warn!("{why}");
+                    if writable && mirror == 0 {
+                        return Err(Error::Unusable(format!(
+                            "{why}: refusing to write from a superblock that fails its checks \
+                             (a read-only mount falls back to another copy, or mends the field \
+                             from the superblock's backup roots; `btrfs rescue super-recover` \
+                             rewrites it from a good copy)"
+                        )));
+                    }
+                    first_err.get_or_insert(why);
+                    insane.push((mirror, off, sb));
+                    continue;
+                }
                 if mirror > 0 {
                     log::warn!(
                         "primary superblock unusable ({}); using the copy at {off}",
@@ -533,8 +566,44 @@ pub(crate) fn read_superblock(device: &Device, any_copy: bool) -> Result<Superbl
             Err(e) => first_err.get_or_insert(e),
         };
     }
-    Err(Error::Unusable(format!(
-        "no valid btrfs superblock: {}",
-        first_err.unwrap_or_else(|| "device too small".into())
-    )))
+    // No copy passes every check: read-only, the newest that its backup roots mend.
+    let mut best: Option<Superblock> = None;
+    if !writable {
+        for (mirror, off, sb) in insane {
+            if let Ok(sb) = mended(sb, mirror, off) {
+                if best.as_ref().is_none_or(|b| sb.generation > b.generation) {
+                    best = Some(sb);
+                }
+            }
+        }
+    }
+    best.ok_or_else(|| {
+        Error::Unusable(format!(
+            "no valid btrfs superblock: {}",
+            first_err.unwrap_or_else(|| "device too small".into())
+        ))
+    })
+}
+
+/// Copy `mirror` (at `off`) with the fields that fail their checks mended from its backup
+/// roots, logged field by field; an error naming the fields that cannot be.
+fn mended(mut sb: Superblock, mirror: usize, off: u64) -> Result<Superblock> {
+    let problems = sb.problems();
+    if problems.is_empty() {
+        return Ok(sb);
+    }
+    match sb.mend_from_backups() {
+        Ok(fixed) => {
+            log::warn!(
+                "superblock copy {mirror} (at {off}): {}; read as {} (read-only)",
+                problems.join("; "),
+                fixed.join("; ")
+            );
+            Ok(sb)
+        }
+        Err(left) => Err(Error::Unusable(format!(
+            "superblock copy {mirror} (at {off}): {}",
+            left.join("; ")
+        ))),
+    }
 }

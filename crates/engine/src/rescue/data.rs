@@ -21,13 +21,77 @@ const MAX_EXTENT: u64 = 1 << 30;
 
 /// The data checksums that could be read.
 pub(crate) struct Csums {
-    pub items: Items,
-    pub kind: CsumType,
-    pub sectorsize: u64,
+    items: Items,
+    kind: CsumType,
+    sectorsize: u64,
+    /// Logical ranges `[start, end)` whose checksums are there but cannot be trusted (an
+    /// item whose size is no multiple of the checksum size): their data is copied as read
+    /// (as btrfs restore copies all data) and counted as unverified.
+    unverifiable: Vec<(u64, u64)>,
+    /// Bytes copied from `unverifiable` ranges since [`Csums::take_unverified`].
+    unverified: std::cell::Cell<u64>,
+}
+
+/// What the csum tree says about one sector.
+enum SectorCsum<'a> {
+    /// No checksum (nodatasum, or its csum leaf is lost): the bytes as read.
+    None,
+    /// A checksum item covers it, but cannot be trusted: the bytes as read, unverified.
+    Unverifiable,
+    Known(&'a [u8]),
 }
 
 impl Csums {
-    fn get(&self, logical: u64) -> Option<&[u8]> {
+    /// The csum items `items` (EXTENT_CSUM keys) of a filesystem with checksum `kind` and
+    /// sector size `sectorsize`. An item whose size is no multiple of the checksum size
+    /// (the tree checker's "bad csum item") is set aside: the data it covers is unverified.
+    pub(crate) fn new(mut items: Items, kind: CsumType, sectorsize: u64) -> Csums {
+        let size = kind.size().max(1);
+        let ss = sectorsize.max(512);
+        let mut unverifiable = Vec::new();
+        items.retain(|key, data| {
+            if data.len() % size == 0 {
+                return true;
+            }
+            let sectors = data.len().div_ceil(size) as u64;
+            let end = key.offset.saturating_add(sectors.saturating_mul(ss));
+            eprintln!(
+                "csum item at logical {} is {} bytes, no multiple of the {size}-byte checksum: \
+                 the data of {}..{end} is copied unverified",
+                key.offset,
+                data.len(),
+                key.offset
+            );
+            unverifiable.push((key.offset, end));
+            false
+        });
+        Csums {
+            items,
+            kind,
+            sectorsize,
+            unverifiable,
+            unverified: Default::default(),
+        }
+    }
+
+    /// Bytes copied unverified since the last call.
+    pub(crate) fn take_unverified(&self) -> u64 {
+        self.unverified.take()
+    }
+
+    fn get(&self, logical: u64) -> SectorCsum<'_> {
+        if self
+            .unverifiable
+            .iter()
+            .any(|&(a, b)| (a..b).contains(&logical))
+        {
+            return SectorCsum::Unverifiable;
+        }
+        self.known(logical)
+            .map_or(SectorCsum::None, SectorCsum::Known)
+    }
+
+    fn known(&self, logical: u64) -> Option<&[u8]> {
         let size = self.kind.size();
         let (key, data) = self
             .items
@@ -105,9 +169,14 @@ fn sector_ok(csums: &Csums, logical: u64, buf: &[u8], s: usize, ss: usize) -> bo
         return false;
     };
     match csums.get(logical + at as u64) {
-        // No checksum (nodatasum, or its csum leaf is lost): the bytes as read.
-        None => true,
-        Some(want) => bytes.len() == ss && csums.kind.verify(bytes, want),
+        SectorCsum::None => true,
+        SectorCsum::Unverifiable => {
+            csums
+                .unverified
+                .set(csums.unverified.get() + bytes.len() as u64);
+            true
+        }
+        SectorCsum::Known(want) => bytes.len() == ss && csums.kind.verify(bytes, want),
     }
 }
 

@@ -62,6 +62,10 @@ pub struct Report {
     /// Files restored with holes where data could not be read: the path and its
     /// unreadable byte ranges `(start, end)`.
     pub files_with_holes: Vec<(PathBuf, Vec<(u64, u64)>)>,
+    /// Files restored with data whose checksums could not be read (a csum item that
+    /// fails its checks): the path and how many bytes were copied unverified. Each is also
+    /// counted as whole or with holes.
+    pub files_unverified: Vec<(PathBuf, u64)>,
     /// Directories restored.
     pub dirs: u64,
     /// Symbolic links restored.

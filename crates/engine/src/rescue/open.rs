@@ -63,8 +63,13 @@ pub(crate) fn open(
 }
 
 /// Superblock copy `want`, or the newest valid copy; with the newest generation seen.
+/// A copy whose checksum is good but a field of which fails its sanity check is passed
+/// over for the copies that pass; where none passes, its fields are mended from the rest
+/// of it (its backup roots), as btrfs restore reads on past such a field. Each is said on
+/// stderr, naming the field.
 fn pick_superblock(devices: &DeviceSet, want: Option<usize>) -> Result<(Superblock, u64)> {
     let dev = devices.primary();
+    // (mirror, superblock, passed every check)
     let mut copies = Vec::new();
     for mirror in 0..3 {
         let off = superblock::mirror_offset(mirror);
@@ -75,7 +80,7 @@ fn pick_superblock(devices: &DeviceSet, want: Option<usize>) -> Result<(Superblo
         let parsed = dev
             .read_exact_at(&mut buf, off)
             .map_err(|e| e.to_string())
-            .and_then(|_| Superblock::parse(&buf).map_err(|e| e.to_string()))
+            .and_then(|_| Superblock::parse_unchecked(&buf).map_err(|e| e.to_string()))
             .and_then(|sb| {
                 if sb.bytenr == off {
                     Ok(sb)
@@ -83,23 +88,67 @@ fn pick_superblock(devices: &DeviceSet, want: Option<usize>) -> Result<(Superblo
                     Err(format!("it claims to be at {}", sb.bytenr))
                 }
             });
-        match parsed {
-            Ok(sb) => copies.push((mirror, sb)),
-            Err(e) => eprintln!("superblock copy {mirror} (at {off}) is unusable: {e}"),
+        let mut sb = match parsed {
+            Ok(sb) => sb,
+            Err(e) => {
+                eprintln!("superblock copy {mirror} (at {off}) is unusable: {e}");
+                continue;
+            }
+        };
+        let problems = sb.problems();
+        if problems.is_empty() {
+            copies.push((mirror, sb, true));
+            continue;
+        }
+        eprintln!(
+            "superblock copy {mirror} (at {off}) fails its checks: {}",
+            problems.join("; ")
+        );
+        match sb.mend_from_backups() {
+            Ok(fixed) => {
+                eprintln!(
+                    "superblock copy {mirror}: mended from its backup roots: {} (used only \
+                     where no copy passes)",
+                    fixed.join("; ")
+                );
+                copies.push((mirror, sb, false));
+            }
+            Err(left) => eprintln!(
+                "superblock copy {mirror} cannot be mended: {}",
+                left.join("; ")
+            ),
         }
     }
-    let newest = copies.iter().map(|(_, s)| s.generation).max().unwrap_or(0);
+    let newest = copies
+        .iter()
+        .map(|(_, s, _)| s.generation)
+        .max()
+        .unwrap_or(0);
     let chosen = match want {
         Some(n) => copies
             .into_iter()
-            .find(|(m, _)| *m == n)
+            .find(|(m, _, _)| *m == n)
             .ok_or_else(|| Error::Unusable(format!("superblock copy {n} is missing or invalid")))?,
         None => copies
             .into_iter()
-            .max_by_key(|(m, s)| (s.generation, std::cmp::Reverse(*m)))
+            .max_by_key(|(m, s, ok)| (*ok, s.generation, std::cmp::Reverse(*m)))
             .ok_or_else(|| Error::Unusable("no valid superblock copy".into()))?,
     };
-    Ok((chosen.1, newest))
+    if !chosen.2 {
+        eprintln!("reading superblock copy {} as mended", chosen.0);
+    } else if chosen.0 > 0 && want.is_none() {
+        eprintln!("using superblock copy {}", chosen.0);
+    }
+    let sb = chosen.1;
+    let unknown = sb.flags & !superblock::super_flags::KERNEL_MOUNTS;
+    if unknown != 0 {
+        eprintln!(
+            "superblock flags {} ({unknown:#x}) are not supported: ignored, as \
+             rescue=ignoresuperflags does (restore only reads)",
+            superblock::flag_names(unknown, superblock::super_flags::NAMES).join(", ")
+        );
+    }
+    Ok((sb, newest))
 }
 
 /// Adds every chunk the chunk tree still holds to the sys chunks; unreadable leaves are

@@ -65,11 +65,7 @@ pub(crate) fn run(
     }
     let keep = |k: &Key| k.item_type == item::EXTENT_CSUM;
     let csum_items = load_tree(img, objectid::CSUM_TREE, &keep, report).unwrap_or_default();
-    let csums = Csums {
-        items: csum_items,
-        kind: img.sb.csum_type(),
-        sectorsize: img.sb.sectorsize as u64,
-    };
+    let csums = Csums::new(csum_items, img.sb.csum_type(), img.sb.sectorsize as u64);
     let id = opts.root.unwrap_or(objectid::FS_TREE);
     let mut w = Walk {
         img,
@@ -430,11 +426,22 @@ impl Walk<'_> {
             self.report.names_without_inode.push(rel.to_path_buf());
             return;
         }
+        self.csums.take_unverified();
         let result = created.and_then(|f| {
             let holes = data::write_file(&self.img.io, &self.csums, &extents, size, Some(&f))?;
             f.set_len(size)?;
             Ok(holes)
         });
+        let unverified = self.csums.take_unverified();
+        if unverified > 0 && result.is_ok() {
+            eprintln!(
+                "{}: {unverified} bytes copied unverified (their checksums cannot be read)",
+                rel.display()
+            );
+            self.report
+                .files_unverified
+                .push((rel.to_path_buf(), unverified));
+        }
         match result {
             Ok(holes) => {
                 tree.written.insert(ino, out.to_path_buf());

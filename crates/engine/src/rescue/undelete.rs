@@ -245,11 +245,11 @@ impl Undelete {
     }
 
     fn csums(&self, d: &DeletedInode) -> Csums {
-        Csums {
-            items: d.csums.clone(),
-            kind: self.img.sb.csum_type(),
-            sectorsize: u64::from(self.img.sb.sectorsize),
-        }
+        Csums::new(
+            d.csums.clone(),
+            self.img.sb.csum_type(),
+            u64::from(self.img.sb.sectorsize),
+        )
     }
 }
 

@@ -310,6 +310,7 @@ impl FsCore {
         let (devices, sb) =
             DeviceSet::open_copy(&paths, !options.read_only, false, rescue.super_copy)?;
         check_features(&sb)?;
+        check_super_flags(&sb, &options)?;
         for (devid, m) in devices.members() {
             let want = devices.dev_item(devid).map_or(0, |d| d.total_bytes);
             if let Some(why) = too_small_for(m.device.size(), want) {
@@ -725,6 +726,51 @@ fn check_features(sb: &Superblock) -> Result<()> {
         let names = superblock::flag_names(unknown, incompat::NAMES).join(", ");
         return Err(Error::Unusable(format!(
             "the filesystem uses features oleo cannot read: {names}"
+        )));
+    }
+    Ok(())
+}
+
+/// The superblock's `flags`, as the kernel's validate_super checks them: a bit it does not
+/// mount with (an unknown one, or an interrupted btrfstune's CHANGING_*) refuses the open
+/// unless `rescue=ignoresuperflags` (read-only); and a writable open needs the flags oleo
+/// writes with (not ERROR, SEEDING or METADUMP).
+fn check_super_flags(sb: &Superblock, options: &OpenOptions) -> Result<()> {
+    use superblock::super_flags;
+    // Known bits by name, the others as "bit N".
+    let names = |bits: u64| {
+        (0..64)
+            .map(|b| 1u64 << b)
+            .filter(|bit| bits & bit != 0)
+            .map(
+                |bit| match super_flags::NAMES.iter().find(|(v, _)| *v == bit) {
+                    Some((_, n)) => n.to_string(),
+                    None => format!("bit {}", bit.trailing_zeros()),
+                },
+            )
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let unknown = sb.flags & !super_flags::KERNEL_MOUNTS;
+    if unknown != 0 {
+        if options.rescue.ignore_super_flags {
+            log::warn!(
+                "rescue: ignoresuperflags: superblock flags {} ({unknown:#x}) ignored, read-only",
+                names(unknown)
+            );
+        } else {
+            return Err(Error::Unusable(format!(
+                "superblock flags {} ({unknown:#x}) are not supported (the kernel refuses to \
+                 mount such a filesystem too); `-o ro,rescue=ignoresuperflags` reads it",
+                names(unknown)
+            )));
+        }
+    }
+    let unwritable = sb.flags & !super_flags::WRITE_SUPPORTED & super_flags::KERNEL_MOUNTS;
+    if !options.read_only && unwritable != 0 {
+        return Err(Error::Unusable(format!(
+            "superblock flag {} ({unwritable:#x}) is set: refusing to write (mount it read-only)",
+            names(unwritable)
         )));
     }
     Ok(())

@@ -165,11 +165,11 @@ fn gather_csums(
 /// reused bytes.
 pub(super) fn check_data(img: &Image, d: &mut DeletedInode) {
     let size = d.inode.size;
-    let csums = Csums {
-        items: d.csums.clone(),
-        kind: img.sb.csum_type(),
-        sectorsize: u64::from(img.sb.sectorsize),
-    };
+    let csums = Csums::new(
+        d.csums.clone(),
+        img.sb.csum_type(),
+        u64::from(img.sb.sectorsize),
+    );
     let ext: Vec<(u64, &[u8])> = d.extents.iter().map(|(o, b)| (*o, &b[..])).collect();
     let holes = data::write_file(&img.io, &csums, &ext, size, None).unwrap_or_default();
     let bad: u64 = holes.iter().map(|(a, b)| b.saturating_sub(*a)).sum();
