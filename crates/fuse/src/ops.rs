@@ -63,6 +63,10 @@ fn entry(r: Result<abi::EntryOut, Errno>, reply: Reply<'_>) {
 /// - DIRECT_IO_ALLOW_MMAP: DIRECT_IO handles may be mmapped; their pages are written
 ///   back like any other (`mmap_of_direct_handle`).
 /// - OVER_IO_URING: the same requests over io_uring (`fuse_rw.rs` runs both).
+/// - EXPORT_SUPPORT: a node id is re-derived from (subvolume, inode) after the kernel
+///   forgot it (`nodeid.rs`), and within the mounted subvolume across remounts; each entry
+///   carries the inode's btrfs generation; LOOKUP answers "." (ESTALE once the inode has no
+///   name) and ".." of a directory (`file_handles_outlive_the_cache`).
 ///
 /// Replies promise too: STATX gives the birth time btrfs keeps (`statx_birth_time`);
 /// FOPEN_DIRECT_IO (writers of a SYNC file, every writer near full; not O_DIRECT opens,
@@ -91,7 +95,9 @@ pub fn init_flags(writable: bool, uring: bool) -> u64 {
         // The umask is ours to apply, so a parent's default ACL can replace it.
         | abi::init::DONT_MASK
         // Setting an access ACL tells us when S_ISGID must go (ACL_KILL_SGID).
-        | abi::init::SETXATTR_EXT;
+        | abi::init::SETXATTR_EXT
+        // File handles (open_by_handle_at, NFS) of inodes the kernel forgot.
+        | abi::init::EXPORT_SUPPORT;
     if uring {
         // Offered only where the fuse module's enable_uring is set.
         flags |= abi::init::OVER_IO_URING;
@@ -117,6 +123,35 @@ fn check_open_allowed(inode_flags: u64, flags: i32) -> Result<(), Errno> {
         return Err(Errno::EPERM);
     }
     Ok(())
+}
+
+/// notify_change's rule for times, which FUSE leaves to the server (the kernel's inode has
+/// no S_APPEND): times given explicitly (utimensat with a time or UTIME_OMIT,
+/// ATTR_TIMES_SET) may not change on an append-only inode; a touch (utimes(NULL) or both
+/// UTIME_NOW, ATTR_TOUCH) may. (Immutable inodes refuse both, in the engine.)
+///
+/// FUSE does not carry ATTR_TIMES_SET, so it is read from what does come: a touch sends
+/// ATIME_NOW and MTIME_NOW, or under WRITEBACK_CACHE (regular files) ATIME_NOW with the
+/// kernel's clock in both mtime and ctime. The kernel writing back a file's times
+/// (fuse_flush_times) sends mtime and ctime, equal after a write, and no atime: not a
+/// utimensat either. What is left is ATTR_TIMES_SET. (One case reads as a write-back:
+/// UTIME_OMIT with UTIME_NOW under WRITEBACK_CACHE, allowed here, refused by the kernel.)
+fn check_times_allowed(inode_flags: u64, arg: &abi::SetattrIn) -> Result<(), Errno> {
+    let has = |bit: u32| arg.valid & bit != 0;
+    if inode_flags & INODE_FLAG_APPEND == 0
+        || !has(fattr::ATIME | fattr::MTIME)
+        || has(fattr::SIZE | fattr::FH)
+    {
+        return Ok(());
+    }
+    let kernel_now = has(fattr::CTIME) && (arg.mtime, arg.mtimensec) == (arg.ctime, arg.ctimensec);
+    let mtime_now = has(fattr::MTIME) && (has(fattr::MTIME_NOW) || kernel_now);
+    let touch = has(fattr::ATIME) && has(fattr::ATIME_NOW) && mtime_now;
+    let write_back = !has(fattr::ATIME) && has(fattr::MTIME) && kernel_now;
+    if touch || write_back {
+        return Ok(());
+    }
+    Err(Errno::EPERM)
 }
 
 impl Handler for OleoFuse {
@@ -319,9 +354,21 @@ fn xattr_answer(r: Result<Vec<u8>, Errno>, size: u32, reply: Reply<'_>) {
 }
 
 impl OleoFuse {
+    /// LOOKUP of a name; with EXPORT_SUPPORT also of "." (the node itself: the kernel
+    /// opening a file handle of an inode it forgot) and ".." (a directory's parent, from
+    /// its INODE_REF, or ROOT_BACKREF for a subvolume root: reconnecting such a handle).
     fn lookup(&self, parent: u64, name: &[u8]) -> Result<abi::EntryOut, Errno> {
         let dir = self.id(parent)?;
         let id = self.fs.lookup(dir, name).map_err(errno)?;
+        if name == b"." {
+            // The kernel asks only for an inode it no longer holds: one with no name left
+            // is gone for it (deleted at its forget, maybe not yet here), so the handle
+            // is stale, as on kernel btrfs.
+            let a = self.fs.getattr(id).map_err(errno)?;
+            if a.nlink == 0 {
+                return Err(Errno::ESTALE);
+            }
+        }
         let e = self.entry_of(id)?;
         self.remember(e.nodeid, id);
         Ok(e)
@@ -438,6 +485,9 @@ impl OleoFuse {
             }),
         };
         let id = self.id(node)?;
+        if has(fattr::ATIME | fattr::MTIME) {
+            check_times_allowed(self.fs.getattr(id).map_err(errno)?.flags, arg)?;
+        }
         // A chown drops setuid/setgid in the engine, as chown(2) does; a truncate by a
         // caller without CAP_FSETID is flagged.
         if has(fattr::KILL_SUIDGID) && set.mode.is_none() && !has(fattr::UID | fattr::GID) {
@@ -685,6 +735,14 @@ impl OleoFuse {
         });
         match r {
             Ok((n, available)) => {
+                // The kernel's own direct write (O_DIRECT, not through a FOPEN_DIRECT_IO
+                // handle) drops the range from its page cache after the write only when it
+                // waits for it: an asynchronous one (ASYNC_DIO: io_uring, libaio) leaves
+                // whatever a buffered reader cached meanwhile. So we drop it, before the
+                // answer lets the caller read.
+                if !direct && arg.write_flags & abi::WRITE_CACHE == 0 && n > 0 {
+                    self.data_changed(node, arg.offset, n as u64);
+                }
                 reply.written(n as u32);
                 self.space.update(available);
             }
@@ -755,6 +813,22 @@ impl OleoFuse {
         if let Err(e) = n.inval_inode(node, -1, 0) {
             if e.raw_os_error() != Some(libc::ENOENT) {
                 log::warn!("cannot tell the kernel that inode {node} changed: {e}");
+            }
+        }
+    }
+
+    /// Tells the kernel that `len` bytes of `node` from `offset` changed behind its page
+    /// cache (and its attributes with them).
+    fn data_changed(&self, node: u64, offset: u64, len: u64) {
+        let Some(n) = self.notifier() else {
+            return;
+        };
+        let (Ok(off), Ok(len)) = (i64::try_from(offset), i64::try_from(len)) else {
+            return;
+        };
+        if let Err(e) = n.inval_inode(node, off, len) {
+            if e.raw_os_error() != Some(libc::ENOENT) {
+                log::warn!("cannot tell the kernel that inode {node}'s data changed: {e}");
             }
         }
     }
