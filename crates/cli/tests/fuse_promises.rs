@@ -1773,3 +1773,68 @@ fn buffered_read_after_async_direct_write() {
     let got = fs.settle(|root| [("cycled".to_string(), digest(&root.join("cycled")))].into());
     assert_eq!(got["cycled"], want);
 }
+
+/// statx's (attributes, attributes_mask) of a path.
+fn statx_attributes(p: &Path) -> (u64, u64) {
+    let c = cpath(p);
+    // SAFETY: a NUL-terminated path; statx fills the zeroed struct.
+    unsafe {
+        let mut x: libc::statx = std::mem::zeroed();
+        let r = libc::statx(
+            libc::AT_FDCWD,
+            c.as_ptr(),
+            libc::AT_SYMLINK_NOFOLLOW,
+            libc::STATX_BASIC_STATS | libc::STATX_BTIME,
+            &mut x,
+        );
+        assert_eq!(r, 0, "statx {}: {}", p.display(), last_errno());
+        (x.stx_attributes, x.stx_attributes_mask)
+    }
+}
+
+/// The STATX reply carries the attributes btrfs_getattr reports (append, compressed,
+/// immutable, nodump), but the kernel's fuse_do_statx copies none of them
+/// (docs/fuse-limits.md). While it does not, statx through the mount shows none; once it
+/// does, they must be kernel btrfs's.
+#[test]
+fn statx_attributes_as_far_as_fuse_passes_them() {
+    let name = "statx_attributes_as_far_as_fuse_passes_them";
+    if !require_fuse_mount(name) {
+        return;
+    }
+    const BTRFS: u64 = 0x4 | 0x10 | 0x20 | 0x40; // compressed, immutable, append, nodump
+    let fs = Fs::new(name);
+    let k = fs.kernel_reference();
+    let flags = [
+        ("plain", ""),
+        ("a", "+a"),
+        ("i", "+i"),
+        ("d", "+d"),
+        ("c", "+c"),
+    ];
+    let attrs = |root: &Path| {
+        let mut out = View::new();
+        for (f, set) in flags {
+            let p = root.join(f);
+            write_file(&p, b"x");
+            if !set.is_empty() {
+                run("chattr", &[set, &s(&p)]);
+            }
+            let (a, mask) = statx_attributes(&p);
+            out.insert(f.to_string(), (a & BTRFS, mask & BTRFS));
+            if !set.is_empty() {
+                run("chattr", &[&set.replace('+', "-"), &s(&p)]);
+            }
+        }
+        out
+    };
+    let want = attrs(k.path());
+    assert_eq!(want["a"], (0x20, BTRFS), "kernel btrfs");
+    let got = attrs(fs.root());
+    if got.values().all(|&(_, mask)| mask == 0) {
+        eprintln!("{name}: this kernel passes no statx attributes from a FUSE server");
+        assert!(got.values().all(|&(a, _)| a == 0));
+    } else {
+        same("statx attributes, oleo against kernel btrfs", &want, &got);
+    }
+}

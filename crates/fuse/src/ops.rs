@@ -740,8 +740,9 @@ impl OleoFuse {
                 // waits for it: an asynchronous one (ASYNC_DIO: io_uring, libaio) leaves
                 // whatever a buffered reader cached meanwhile. So we drop it, before the
                 // answer lets the caller read.
-                if !direct && arg.write_flags & abi::WRITE_CACHE == 0 && n > 0 {
-                    self.data_changed(node, arg.offset, n as u64);
+                if o_direct && !direct && arg.write_flags & abi::WRITE_CACHE == 0 && n > 0 {
+                    let unprivileged = arg.write_flags & abi::WRITE_KILL_SUIDGID != 0;
+                    self.drop_cached_range(node, arg.offset, n as u64, unprivileged);
                 }
                 reply.written(n as u32);
                 self.space.update(available);
@@ -817,20 +818,31 @@ impl OleoFuse {
         }
     }
 
-    /// Tells the kernel that `len` bytes of `node` from `offset` changed behind its page
-    /// cache (and its attributes with them).
-    fn data_changed(&self, node: u64, offset: u64, len: u64) {
+    /// Drops `len` bytes of `node` from `offset` from the kernel's page cache (and its
+    /// attributes). The kernel waits for each cached page it drops to be unlocked, and one
+    /// request keeps its pages locked until we answer it: a write-through, which the kernel
+    /// makes of a buffered write by a caller without CAP_FSETID (`unprivileged`: the write
+    /// says KILL_SUIDGID) to a file whose setuid/setgid must go; on an O_DIRECT handle, the
+    /// rest of a direct write that came up short. For such a caller the drop runs on a
+    /// thread of its own and the answer waits for it at most UNPRIVILEGED_DROP_WAIT: the
+    /// drop then finishes after the answer, when those pages are written anyway.
+    fn drop_cached_range(&self, node: u64, offset: u64, len: u64, unprivileged: bool) {
         let Some(n) = self.notifier() else {
             return;
         };
         let (Ok(off), Ok(len)) = (i64::try_from(offset), i64::try_from(len)) else {
             return;
         };
-        if let Err(e) = n.inval_inode(node, off, len) {
-            if e.raw_os_error() != Some(libc::ENOENT) {
-                log::warn!("cannot tell the kernel that inode {node}'s data changed: {e}");
-            }
+        if !unprivileged {
+            drop_pages(&n, node, off, len);
+            return;
         }
+        let (done, wait) = std::sync::mpsc::sync_channel(1);
+        if page_dropper().send((n, node, off, len, done)).is_err() {
+            return;
+        }
+        crate::transport::will_block();
+        let _ = wait.recv_timeout(UNPRIVILEGED_DROP_WAIT);
     }
 
     fn readdir(&self, req: &Request, node: u64, arg: &abi::ReadIn, reply: Reply<'_>) {
@@ -942,6 +954,50 @@ impl OleoFuse {
         self.space.update(available);
         Ok(n)
     }
+}
+
+/// How long the answer to a direct write by a caller without CAP_FSETID waits for the
+/// kernel to drop the written range from its page cache (see `drop_cached_range`).
+const UNPRIVILEGED_DROP_WAIT: Duration = Duration::from_secs(1);
+
+fn drop_pages(n: &crate::transport::Notifier, node: u64, off: i64, len: i64) {
+    if let Err(e) = n.inval_inode(node, off, len) {
+        if e.raw_os_error() != Some(libc::ENOENT) {
+            log::warn!("cannot drop inode {node}'s cached pages: {e}");
+        }
+    }
+}
+
+/// A page-cache drop: the session's notifier, node, offset, length, and where to say done.
+type PageDrop = (
+    crate::transport::Notifier,
+    u64,
+    i64,
+    i64,
+    std::sync::mpsc::SyncSender<()>,
+);
+
+/// The thread that drops ranges from the kernel's page cache for direct writes of callers
+/// without CAP_FSETID, one at a time.
+fn page_dropper() -> std::sync::mpsc::Sender<PageDrop> {
+    static TX: std::sync::OnceLock<std::sync::Mutex<std::sync::mpsc::Sender<PageDrop>>> =
+        std::sync::OnceLock::new();
+    let tx = TX.get_or_init(|| {
+        let (tx, rx) = std::sync::mpsc::channel::<PageDrop>();
+        let spawned = std::thread::Builder::new()
+            .name("oleo-page-drop".into())
+            .spawn(move || {
+                for (n, node, off, len, done) in rx {
+                    drop_pages(&n, node, off, len);
+                    let _ = done.try_send(());
+                }
+            });
+        if let Err(e) = spawned {
+            log::warn!("no thread to drop cached pages after direct writes: {e}");
+        }
+        std::sync::Mutex::new(tx)
+    });
+    tx.lock().unwrap_or_else(|e| e.into_inner()).clone()
 }
 
 /// The mode a write, truncate or O_TRUNC open by a caller without CAP_FSETID leaves, if
