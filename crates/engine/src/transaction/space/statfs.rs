@@ -94,7 +94,7 @@ impl FsCore {
         let mut items = 1u64;
         for id in trees {
             if let Some((_, ri)) = self.read_root_item(id)? {
-                used += ri.bytes_used;
+                used = used.saturating_add(ri.bytes_used);
                 items += 1;
             }
         }
@@ -124,13 +124,15 @@ impl FsCore {
         let mut data_free_raw = 0u64;
         let mut meta_free_raw = 0u64;
         let mut data_profile = None;
+        // Saturating: a damaged image may say anything.
         for &(f, l, u) in &groups {
-            used_raw += u * copies(f);
+            used_raw = used_raw.saturating_add(u.saturating_mul(copies(f)));
+            let free = l.saturating_sub(u).saturating_mul(copies(f));
             if f & bg::DATA != 0 {
-                data_free_raw += l.saturating_sub(u) * copies(f);
+                data_free_raw = data_free_raw.saturating_add(free);
                 data_profile = Some(f & bg::PROFILE_MASK);
             } else if f & bg::METADATA != 0 && !mixed {
-                meta_free_raw += l.saturating_sub(u) * copies(f);
+                meta_free_raw = meta_free_raw.saturating_add(free);
             }
         }
         let data_profile = data_profile.unwrap_or(0);
@@ -141,7 +143,8 @@ impl FsCore {
         let blocks_free = blocks
             .saturating_sub(used_raw / factor / bs)
             .saturating_sub(reserve / bs);
-        let mut avail = data_free_raw / factor + unallocated_for(data_profile, &devices) / factor;
+        let mut avail = (data_free_raw / factor)
+            .saturating_add(unallocated_for(data_profile, &devices) / factor);
         // The kernel's guess at a metadata space that cannot take the reserve any more.
         let meta_profile = groups
             .iter()
@@ -209,7 +212,7 @@ fn unallocated_for(profile: u64, devices: &[(u64, u64)]) -> u64 {
         let i = (n - 1) as usize;
         if room[i] >= min_stripe {
             let take = room[i];
-            total += take * num_stripes;
+            total = total.saturating_add(take.saturating_mul(num_stripes));
             for r in &mut room[i + 1 - num_stripes as usize..=i] {
                 *r -= take;
             }
