@@ -833,6 +833,9 @@ impl OleoFuse {
         let (Ok(off), Ok(len)) = (i64::try_from(offset), i64::try_from(len)) else {
             return;
         };
+        // Dropping waits for the reads in flight over those pages (and writes back dirty
+        // mapped ones): other workers must be free to answer them.
+        crate::transport::will_block();
         if !unprivileged {
             drop_pages(&n, node, off, len);
             return;
@@ -841,7 +844,6 @@ impl OleoFuse {
         if page_dropper().send((n, node, off, len, done)).is_err() {
             return;
         }
-        crate::transport::will_block();
         let _ = wait.recv_timeout(UNPRIVILEGED_DROP_WAIT);
     }
 
