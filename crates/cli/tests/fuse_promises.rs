@@ -1532,3 +1532,309 @@ fn listing_shows_new_snapshot() {
         ]
     );
 }
+
+/// A file handle (`struct file_handle` with room for any filesystem's).
+#[repr(C)]
+struct Handle {
+    bytes: u32,
+    kind: i32,
+    f: [u8; 128],
+}
+
+/// name_to_handle_at(2) of a path.
+fn handle_of(p: &Path) -> Handle {
+    let c = cpath(p);
+    let mut h = Handle {
+        bytes: 128,
+        kind: 0,
+        f: [0; 128],
+    };
+    let mut mount_id: libc::c_int = 0;
+    // SAFETY: a NUL-terminated path, a handle with room for `bytes`, an int to write to.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_name_to_handle_at,
+            libc::AT_FDCWD,
+            c.as_ptr(),
+            &mut h as *mut Handle,
+            &mut mount_id as *mut libc::c_int,
+            0,
+        )
+    };
+    assert_eq!(r, 0, "name_to_handle_at {}: {}", p.display(), last_errno());
+    h
+}
+
+/// open_by_handle_at(2) on the mount at `mnt`: the file, or the errno.
+fn open_handle(mnt: &Path, h: &Handle, flags: i32) -> Result<File, i32> {
+    let m = File::open(mnt).unwrap();
+    // SAFETY: an open descriptor and a handle filled by name_to_handle_at.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_open_by_handle_at,
+            m.as_raw_fd(),
+            h as *const Handle,
+            flags | libc::O_CLOEXEC,
+        )
+    };
+    if fd < 0 {
+        return Err(last_errno());
+    }
+    // SAFETY: a descriptor we own.
+    Ok(unsafe { std::os::fd::FromRawFd::from_raw_fd(fd as i32) })
+}
+
+/// Makes the kernel forget every unused inode and dentry (FORGET reaches the server).
+fn drop_kernel_caches() {
+    std::fs::write("/proc/sys/vm/drop_caches", "2").expect("drop_caches");
+    std::thread::sleep(std::time::Duration::from_millis(200));
+}
+
+/// Where an open descriptor's path leads (connected: found up to the root by "..").
+fn fd_path(f: &File) -> PathBuf {
+    std::fs::read_link(format!("/proc/self/fd/{}", f.as_raw_fd())).unwrap()
+}
+
+#[test]
+fn file_handles_outlive_the_cache() {
+    let name = "file_handles_outlive_the_cache";
+    if !require_fuse_mount(name) {
+        return;
+    }
+    let mut fs = Fs::new(name);
+    std::fs::create_dir_all(fs.p("a/b/c")).unwrap();
+    let files = ["a/one", "a/b/two", "a/b/c/three", "top"];
+    for (i, f) in files.iter().enumerate() {
+        write_file(&fs.p(f), &pattern(i as u64, 5000 + i));
+    }
+    let dirs = ["a", "a/b", "a/b/c"];
+    let mut handles: Vec<(&str, Handle)> = Vec::new();
+    for p in files.iter().chain(dirs.iter()) {
+        handles.push((p, handle_of(&fs.p(p))));
+    }
+    // The newest inode, deleted: btrfs hands its number out again after a remount, with a
+    // new generation.
+    write_file(&fs.p("a/gone"), b"unlinked before the lookup");
+    let gone = handle_of(&fs.p("a/gone"));
+    let gone_ino = lstat(&fs.p("a/gone")).ino();
+    std::fs::remove_file(fs.p("a/gone")).unwrap();
+
+    let check = |mnt: &Path, when: &str| {
+        drop_kernel_caches();
+        for (p, h) in &handles {
+            let dir = dirs.contains(p);
+            let flags = if dir { libc::O_DIRECTORY } else { 0 };
+            let f = open_handle(mnt, h, libc::O_RDONLY | flags)
+                .unwrap_or_else(|e| panic!("{when}: open_by_handle_at {p}: errno {e}"));
+            if dir {
+                // A directory's dentry is connected: its parents were looked up by "..".
+                assert_eq!(fd_path(&f), mnt.join(p), "{when}: {p} reconnected");
+            } else {
+                let i = files.iter().position(|f| f == p).unwrap();
+                let mut got = Vec::new();
+                (&f).read_to_end(&mut got).unwrap();
+                assert!(got == pattern(i as u64, 5000 + i), "{when}: {p} by handle");
+            }
+        }
+        assert_eq!(
+            open_handle(mnt, &gone, libc::O_RDONLY).err(),
+            Some(libc::ESTALE),
+            "{when}: a handle of an unlinked file"
+        );
+    };
+    check(fs.root(), "mounted");
+
+    // Node ids of the mounted subvolume survive a remount; the generation tells a reused
+    // inode number from the one a handle was made for.
+    let mnt = fs.root().to_path_buf();
+    fs.mount.take().unwrap().unmount().expect("unmount");
+    fs.mount = Some(OleoMount::mount_rw(Path::new(OLEO), &fs.image, &mnt, &[]).expect("remount"));
+    write_file(&fs.p("new"), b"new");
+    assert_eq!(
+        lstat(&fs.p("new")).ino(),
+        gone_ino,
+        "btrfs reuses the number"
+    );
+    // Among the rest: the handle of the deleted file is stale, not one of "new".
+    check(&mnt, "remounted");
+    fs.settle(tree);
+}
+
+/// `struct iocb` of linux/aio_abi.h (little-endian layout).
+#[repr(C)]
+#[derive(Default)]
+struct Iocb {
+    data: u64,
+    key: u32,
+    rw_flags: i32,
+    opcode: u16,
+    reqprio: i16,
+    fildes: u32,
+    buf: u64,
+    nbytes: u64,
+    offset: i64,
+    reserved2: u64,
+    flags: u32,
+    resfd: u32,
+}
+
+/// `struct io_event`.
+#[repr(C)]
+#[derive(Default)]
+struct IoEvent {
+    data: u64,
+    obj: u64,
+    res: i64,
+    res2: i64,
+}
+
+/// One native AIO write (io_submit, then io_getevents for its completion): the
+/// asynchronous direct IO ASYNC_DIO lets travel without the kernel waiting in the call.
+fn aio_write(ctx: u64, f: &File, buf: &[u8], at: u64) -> i64 {
+    let mut cb = Iocb {
+        opcode: 1, // IOCB_CMD_PWRITE
+        fildes: f.as_raw_fd() as u32,
+        buf: buf.as_ptr() as u64,
+        nbytes: buf.len() as u64,
+        offset: at as i64,
+        ..Default::default()
+    };
+    let mut list = [&mut cb as *mut Iocb];
+    // SAFETY: a context from io_setup, one iocb whose buffer outlives the completion we
+    // wait for below.
+    let r = unsafe { libc::syscall(libc::SYS_io_submit, ctx, 1, list.as_mut_ptr()) };
+    assert_eq!(r, 1, "io_submit: {}", last_errno());
+    let mut ev = IoEvent::default();
+    // SAFETY: room for one event; no timeout.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_io_getevents,
+            ctx,
+            1,
+            1,
+            &mut ev as *mut IoEvent,
+            std::ptr::null::<libc::timespec>(),
+        )
+    };
+    assert_eq!(r, 1, "io_getevents: {}", last_errno());
+    ev.res
+}
+
+/// ASYNC_DIO: an asynchronous O_DIRECT write completes without the kernel dropping the
+/// pages a buffered reader cached meanwhile; a buffered read after its completion must
+/// still see what it wrote (fstests generic/451).
+#[test]
+fn buffered_read_after_async_direct_write() {
+    let name = "buffered_read_after_async_direct_write";
+    if !require_fuse_mount(name) {
+        return;
+    }
+    let fs = Fs::new(name);
+    const LEN: usize = 640 << 10;
+    let p = fs.p("cycled");
+    let fills = [Aligned::of(&vec![0x5a; LEN]), Aligned::of(&vec![0xa5; LEN])];
+    let f = open_direct(&p, true, true);
+    assert_eq!(f.write_at(fills[0].as_ref(), 0).unwrap(), LEN);
+    let mut ctx: u64 = 0;
+    // SAFETY: a context id to fill.
+    let r = unsafe { libc::syscall(libc::SYS_io_setup, 4, &mut ctx as *mut u64) };
+    assert_eq!(r, 0, "io_setup: {}", last_errno());
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let readers: Vec<_> = (0..2)
+        .map(|_| {
+            let (p, stop) = (p.clone(), Arc::clone(&stop));
+            std::thread::spawn(move || {
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let _ = std::fs::read(&p);
+                }
+            })
+        })
+        .collect();
+    let started = std::time::Instant::now();
+    let mut stale = None;
+    let mut cycles = 0;
+    while started.elapsed() < std::time::Duration::from_secs(5) && stale.is_none() {
+        let fill = &fills[(cycles + 1) % 2];
+        assert_eq!(aio_write(ctx, &f, fill.as_ref(), 0), LEN as i64);
+        if std::fs::read(&p).unwrap() != fill.as_ref() {
+            stale = Some(cycles);
+        }
+        cycles += 1;
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for r in readers {
+        r.join().unwrap();
+    }
+    // SAFETY: the context from io_setup, with nothing in flight.
+    unsafe { libc::syscall(libc::SYS_io_destroy, ctx) };
+    assert_eq!(stale, None, "buffered read stale after cycle (of {cycles})");
+    drop(f);
+    let want = digest(&p);
+    let got = fs.settle(|root| [("cycled".to_string(), digest(&root.join("cycled")))].into());
+    assert_eq!(got["cycled"], want);
+}
+
+/// statx's (attributes, attributes_mask) of a path.
+fn statx_attributes(p: &Path) -> (u64, u64) {
+    let c = cpath(p);
+    // SAFETY: a NUL-terminated path; statx fills the zeroed struct.
+    unsafe {
+        let mut x: libc::statx = std::mem::zeroed();
+        let r = libc::statx(
+            libc::AT_FDCWD,
+            c.as_ptr(),
+            libc::AT_SYMLINK_NOFOLLOW,
+            libc::STATX_BASIC_STATS | libc::STATX_BTIME,
+            &mut x,
+        );
+        assert_eq!(r, 0, "statx {}: {}", p.display(), last_errno());
+        (x.stx_attributes, x.stx_attributes_mask)
+    }
+}
+
+/// The STATX reply carries the attributes btrfs_getattr reports (append, compressed,
+/// immutable, nodump), but the kernel's fuse_do_statx copies none of them
+/// (docs/fuse-limits.md). While it does not, statx through the mount shows none; once it
+/// does, they must be kernel btrfs's.
+#[test]
+fn statx_attributes_as_far_as_fuse_passes_them() {
+    let name = "statx_attributes_as_far_as_fuse_passes_them";
+    if !require_fuse_mount(name) {
+        return;
+    }
+    const BTRFS: u64 = 0x4 | 0x10 | 0x20 | 0x40; // compressed, immutable, append, nodump
+    let fs = Fs::new(name);
+    let k = fs.kernel_reference();
+    let flags = [
+        ("plain", ""),
+        ("a", "+a"),
+        ("i", "+i"),
+        ("d", "+d"),
+        ("c", "+c"),
+    ];
+    let attrs = |root: &Path| {
+        let mut out = View::new();
+        for (f, set) in flags {
+            let p = root.join(f);
+            write_file(&p, b"x");
+            if !set.is_empty() {
+                run("chattr", &[set, &s(&p)]);
+            }
+            let (a, mask) = statx_attributes(&p);
+            out.insert(f.to_string(), (a & BTRFS, mask & BTRFS));
+            if !set.is_empty() {
+                run("chattr", &[&set.replace('+', "-"), &s(&p)]);
+            }
+        }
+        out
+    };
+    let want = attrs(k.path());
+    assert_eq!(want["a"], (0x20, BTRFS), "kernel btrfs");
+    let got = attrs(fs.root());
+    if got.values().all(|&(_, mask)| mask == 0) {
+        eprintln!("{name}: this kernel passes no statx attributes from a FUSE server");
+        assert!(got.values().all(|&(a, _)| a == 0));
+    } else {
+        same("statx attributes, oleo against kernel btrfs", &want, &got);
+    }
+}

@@ -468,3 +468,172 @@ fn unprivileged_writes_drop_setuid_as_the_kernel_does() {
     );
     assert_eq!(modes(m.path()), want, "oleo against the host's filesystem");
 }
+
+/// chattr: sets or clears FS_APPEND_FL (0x20) or FS_IMMUTABLE_FL (0x10).
+fn set_inode_flag(p: &Path, flag: libc::c_long, on: bool) {
+    const FS_IOC_GETFLAGS: libc::c_ulong = 0x8008_6601;
+    const FS_IOC_SETFLAGS: libc::c_ulong = 0x4008_6602;
+    let f = std::fs::File::open(p).unwrap();
+    let mut v: libc::c_long = 0;
+    use std::os::fd::AsRawFd;
+    // SAFETY: an open descriptor and a long to read and write.
+    unsafe {
+        assert_eq!(libc::ioctl(f.as_raw_fd(), FS_IOC_GETFLAGS as _, &mut v), 0);
+        v = if on { v | flag } else { v & !flag };
+        assert_eq!(libc::ioctl(f.as_raw_fd(), FS_IOC_SETFLAGS as _, &v), 0);
+    }
+}
+
+/// Access and modification times for utimensat(2), (seconds, nanoseconds) each; None
+/// passes NULL.
+type Times = Option<[(i64, i64); 2]>;
+
+/// utimensat(2) with `times`; 0 or the errno.
+fn utimensat(p: &Path, times: Times) -> i32 {
+    let c = CString::new(p.as_os_str().as_bytes()).unwrap();
+    let ts = times.map(|t| {
+        t.map(|(s, n)| libc::timespec {
+            tv_sec: s,
+            tv_nsec: n,
+        })
+    });
+    let ptr = ts.as_ref().map_or(std::ptr::null(), |t| t.as_ptr());
+    // SAFETY: a NUL-terminated path and NULL or two timespecs.
+    if unsafe { libc::utimensat(libc::AT_FDCWD, c.as_ptr(), ptr, 0) } == 0 {
+        0
+    } else {
+        std::io::Error::last_os_error().raw_os_error().unwrap()
+    }
+}
+
+/// notify_change's rule: on an append-only inode times may be touched (utimes(NULL), both
+/// UTIME_NOW) but not set (any other utimensat); an immutable one refuses both. Appending
+/// still moves the times. FUSE leaves this to the server; kernel btrfs is the reference.
+#[test]
+fn explicit_times_are_refused_on_append_only_and_immutable_inodes() {
+    let name = "posix_append_times";
+    if !require_fuse_mount(name) {
+        return;
+    }
+    let dir = TempDir::new(name).unwrap();
+    let m = fresh_mount(&dir);
+    let kimage = dir.join("kimage");
+    image::empty_image(&kimage, 256, &[]).expect("mkfs.btrfs");
+    let k = KernelMount::mount(&kimage, &dir.join("kmnt"), &["rw"]).expect("kernel mount");
+    const OMIT: i64 = libc::UTIME_OMIT;
+    const NOW: i64 = libc::UTIME_NOW;
+    let cases: [(&str, Times); 7] = [
+        ("NULL", None),
+        ("now,now", Some([(0, NOW), (0, NOW)])),
+        ("epoch,epoch", Some([(0, 0), (0, 0)])),
+        ("omit,epoch", Some([(0, OMIT), (100, 5)])),
+        ("epoch,omit", Some([(100, 5), (0, OMIT)])),
+        ("now,omit", Some([(0, NOW), (0, OMIT)])),
+        ("now,epoch", Some([(0, NOW), (100, 5)])),
+    ];
+    let run = |root: &Path| {
+        let mut out = Vec::new();
+        for (kind, flag) in [("append", 0x20), ("immutable", 0x10)] {
+            let f = root.join(format!("{kind}.f"));
+            let d = root.join(format!("{kind}.d"));
+            std::fs::write(&f, b"data").unwrap();
+            std::fs::create_dir(&d).unwrap();
+            for p in [&f, &d] {
+                set_inode_flag(p, flag, true);
+                for (what, t) in &cases {
+                    out.push((s(p, root), *what, utimensat(p, *t)));
+                }
+            }
+            if kind == "append" {
+                // Appending moves mtime, and its write-back of the times is no utimensat.
+                let before = std::fs::metadata(&f).unwrap().mtime_nsec();
+                std::thread::sleep(std::time::Duration::from_millis(20));
+                let mut h = std::fs::OpenOptions::new().append(true).open(&f).unwrap();
+                use std::io::Write;
+                h.write_all(b" more").unwrap();
+                h.sync_all().unwrap();
+                drop(h);
+                let md = std::fs::metadata(&f).unwrap();
+                out.push((s(&f, root), "append", i32::from(md.mtime_nsec() == before)));
+                out.push((s(&f, root), "size", md.len() as i32));
+            }
+            set_inode_flag(&f, flag, false);
+            set_inode_flag(&d, flag, false);
+        }
+        out
+    };
+    let want = run(k.path());
+    assert!(want.contains(&("append.f".into(), "epoch,epoch", libc::EPERM)));
+    assert_eq!(run(m.path()), want, "oleo against kernel btrfs");
+    k.unmount().unwrap();
+}
+
+fn s(p: &Path, root: &Path) -> String {
+    p.strip_prefix(root).unwrap().to_string_lossy().into_owned()
+}
+
+/// statfs(2) of a mount: (blocks, free, available) in `bsize` units, and bsize.
+fn statfs(p: &Path) -> (u64, u64, u64, u64) {
+    let c = CString::new(p.as_os_str().as_bytes()).unwrap();
+    // SAFETY: a NUL-terminated path and a zeroed struct for statfs to fill.
+    unsafe {
+        let mut s: libc::statfs = std::mem::zeroed();
+        assert_eq!(libc::statfs(c.as_ptr(), &mut s), 0);
+        (
+            s.f_blocks as u64,
+            s.f_bfree as u64,
+            s.f_bavail as u64,
+            s.f_bsize as u64,
+        )
+    }
+}
+
+/// statfs counts as kernel btrfs does (btrfs_statfs): free space less the global block
+/// reserve, available space less the first MiB of the device that no chunk ever takes.
+/// So a fallocate of what statfs calls available succeeds (fstests generic/103).
+#[test]
+fn statfs_counts_free_space_as_kernel_btrfs() {
+    let name = "posix_statfs";
+    if !require_fuse_mount(name) {
+        return;
+    }
+    let dir = TempDir::new(name).unwrap();
+    for (size, args) in [(2048, &[][..]), (1024, &["--nodesize", "4096"][..])] {
+        let image = dir.join("image");
+        image::empty_image(&image, size, args).expect("mkfs.btrfs");
+        let k = KernelMount::mount(&image, &dir.join("kmnt"), &["rw"]).expect("kernel mount");
+        for i in 0..64 {
+            std::fs::write(k.path().join(format!("f{i}")), vec![i as u8; 3000]).unwrap();
+        }
+        std::fs::write(k.path().join("big"), vec![7u8; 40 << 20]).unwrap();
+        k.sync().unwrap();
+        let want = statfs(k.path());
+        k.unmount().unwrap();
+        let o = OleoMount::mount(Path::new(OLEO), &image, &dir.join("omnt"), &[]).unwrap();
+        assert_eq!(
+            statfs(o.path()),
+            want,
+            "{args:?}: oleo against kernel btrfs"
+        );
+        o.unmount().unwrap();
+    }
+    // Available space can be taken whole, but for a little room for the metadata.
+    let dir = TempDir::new(&format!("{name}-falloc")).unwrap();
+    let m = fresh_mount(&dir);
+    for i in 0..64 {
+        std::fs::write(m.path().join(format!("f{i}")), b"").unwrap();
+    }
+    let (_, _, avail, bsize) = statfs(m.path());
+    let f = std::fs::File::create(m.path().join("spc")).unwrap();
+    use std::os::fd::AsRawFd;
+    let len = (avail * bsize - (512 << 10)) as i64;
+    // SAFETY: an open descriptor.
+    let r = unsafe { libc::fallocate(f.as_raw_fd(), 0, 0, len) };
+    assert_eq!(
+        r,
+        0,
+        "fallocate of {len} bytes of {} available: {}",
+        avail * bsize,
+        std::io::Error::last_os_error()
+    );
+}

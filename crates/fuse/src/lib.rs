@@ -255,12 +255,22 @@ impl OleoFuse {
         Ok(e)
     }
 
+    /// An entry: the node id (root 1, else st_ino) and btrfs's inode generation, which
+    /// with it makes a file handle (EXPORT_SUPPORT): an inode number btrfs hands out again
+    /// after a deletion comes with a new generation, so an old handle is stale. The root's
+    /// generation is 0, as the kernel wants of node 1.
     fn entry_out(&self, a: &Attr) -> Result<abi::EntryOut, Errno> {
         let attr = self.file_attr(a)?;
+        let nodeid = self.ids.encode(a.id).ok_or(Errno::EOVERFLOW)?;
         let (secs, nsec) = (self.ttl.as_secs(), self.ttl.subsec_nanos());
         Ok(abi::EntryOut {
-            nodeid: attr.ino,
-            generation: 0,
+            nodeid,
+            generation: if nodeid == abi::ROOT_ID {
+                0
+            } else {
+                // The kernel keeps 32 bits (i_generation) and compares them with this.
+                a.generation & u64::from(u32::MAX)
+            },
             entry_valid: secs,
             attr_valid: secs,
             entry_valid_nsec: nsec,

@@ -63,6 +63,10 @@ fn entry(r: Result<abi::EntryOut, Errno>, reply: Reply<'_>) {
 /// - DIRECT_IO_ALLOW_MMAP: DIRECT_IO handles may be mmapped; their pages are written
 ///   back like any other (`mmap_of_direct_handle`).
 /// - OVER_IO_URING: the same requests over io_uring (`fuse_rw.rs` runs both).
+/// - EXPORT_SUPPORT: a node id is re-derived from (subvolume, inode) after the kernel
+///   forgot it (`nodeid.rs`), and within the mounted subvolume across remounts; each entry
+///   carries the inode's btrfs generation; LOOKUP answers "." (ESTALE once the inode has no
+///   name) and ".." of a directory (`file_handles_outlive_the_cache`).
 ///
 /// Replies promise too: STATX gives the birth time btrfs keeps (`statx_birth_time`);
 /// FOPEN_DIRECT_IO (writers of a SYNC file, every writer near full; not O_DIRECT opens,
@@ -91,7 +95,9 @@ pub fn init_flags(writable: bool, uring: bool) -> u64 {
         // The umask is ours to apply, so a parent's default ACL can replace it.
         | abi::init::DONT_MASK
         // Setting an access ACL tells us when S_ISGID must go (ACL_KILL_SGID).
-        | abi::init::SETXATTR_EXT;
+        | abi::init::SETXATTR_EXT
+        // File handles (open_by_handle_at, NFS) of inodes the kernel forgot.
+        | abi::init::EXPORT_SUPPORT;
     if uring {
         // Offered only where the fuse module's enable_uring is set.
         flags |= abi::init::OVER_IO_URING;
@@ -117,6 +123,35 @@ fn check_open_allowed(inode_flags: u64, flags: i32) -> Result<(), Errno> {
         return Err(Errno::EPERM);
     }
     Ok(())
+}
+
+/// notify_change's rule for times, which FUSE leaves to the server (the kernel's inode has
+/// no S_APPEND): times given explicitly (utimensat with a time or UTIME_OMIT,
+/// ATTR_TIMES_SET) may not change on an append-only inode; a touch (utimes(NULL) or both
+/// UTIME_NOW, ATTR_TOUCH) may. (Immutable inodes refuse both, in the engine.)
+///
+/// FUSE does not carry ATTR_TIMES_SET, so it is read from what does come: a touch sends
+/// ATIME_NOW and MTIME_NOW, or under WRITEBACK_CACHE (regular files) ATIME_NOW with the
+/// kernel's clock in both mtime and ctime. The kernel writing back a file's times
+/// (fuse_flush_times) sends mtime and ctime, equal after a write, and no atime: not a
+/// utimensat either. What is left is ATTR_TIMES_SET. (One case reads as a write-back:
+/// UTIME_OMIT with UTIME_NOW under WRITEBACK_CACHE, allowed here, refused by the kernel.)
+fn check_times_allowed(inode_flags: u64, arg: &abi::SetattrIn) -> Result<(), Errno> {
+    let has = |bit: u32| arg.valid & bit != 0;
+    if inode_flags & INODE_FLAG_APPEND == 0
+        || !has(fattr::ATIME | fattr::MTIME)
+        || has(fattr::SIZE | fattr::FH)
+    {
+        return Ok(());
+    }
+    let kernel_now = has(fattr::CTIME) && (arg.mtime, arg.mtimensec) == (arg.ctime, arg.ctimensec);
+    let mtime_now = has(fattr::MTIME) && (has(fattr::MTIME_NOW) || kernel_now);
+    let touch = has(fattr::ATIME) && has(fattr::ATIME_NOW) && mtime_now;
+    let write_back = !has(fattr::ATIME) && has(fattr::MTIME) && kernel_now;
+    if touch || write_back {
+        return Ok(());
+    }
+    Err(Errno::EPERM)
 }
 
 impl Handler for OleoFuse {
@@ -333,9 +368,21 @@ fn xattr_answer(r: Result<Vec<u8>, Errno>, size: u32, reply: Reply<'_>) {
 }
 
 impl OleoFuse {
+    /// LOOKUP of a name; with EXPORT_SUPPORT also of "." (the node itself: the kernel
+    /// opening a file handle of an inode it forgot) and ".." (a directory's parent, from
+    /// its INODE_REF, or ROOT_BACKREF for a subvolume root: reconnecting such a handle).
     fn lookup(&self, parent: u64, name: &[u8]) -> Result<abi::EntryOut, Errno> {
         let dir = self.id(parent)?;
         let id = self.fs.lookup(dir, name).map_err(errno)?;
+        if name == b"." {
+            // The kernel asks only for an inode it no longer holds: one with no name left
+            // is gone for it (deleted at its forget, maybe not yet here), so the handle
+            // is stale, as on kernel btrfs.
+            let a = self.fs.getattr(id).map_err(errno)?;
+            if a.nlink == 0 {
+                return Err(Errno::ESTALE);
+            }
+        }
         let e = self.entry_of(id)?;
         self.remember(e.nodeid, id);
         Ok(e)
@@ -452,6 +499,9 @@ impl OleoFuse {
             }),
         };
         let id = self.id(node)?;
+        if has(fattr::ATIME | fattr::MTIME) {
+            check_times_allowed(self.fs.getattr(id).map_err(errno)?.flags, arg)?;
+        }
         // A chown drops setuid/setgid in the engine, as chown(2) does; a truncate by a
         // caller without CAP_FSETID is flagged.
         if has(fattr::KILL_SUIDGID) && set.mode.is_none() && !has(fattr::UID | fattr::GID) {
@@ -733,6 +783,15 @@ impl OleoFuse {
         });
         match r {
             Ok((n, available)) => {
+                // The kernel's own direct write (O_DIRECT, not through a FOPEN_DIRECT_IO
+                // handle) drops the range from its page cache after the write only when it
+                // waits for it: an asynchronous one (ASYNC_DIO: io_uring, libaio) leaves
+                // whatever a buffered reader cached meanwhile. So we drop it, before the
+                // answer lets the caller read.
+                if o_direct && !direct && arg.write_flags & abi::WRITE_CACHE == 0 && n > 0 {
+                    let unprivileged = arg.write_flags & abi::WRITE_KILL_SUIDGID != 0;
+                    self.drop_cached_range(node, arg.offset, n as u64, unprivileged);
+                }
                 reply.written(n as u32);
                 self.space.update(available);
             }
@@ -819,6 +878,35 @@ impl OleoFuse {
                 log::warn!("cannot tell the kernel that inode {node} changed: {e}");
             }
         }
+    }
+
+    /// Drops `len` bytes of `node` from `offset` from the kernel's page cache (and its
+    /// attributes). The kernel waits for each cached page it drops to be unlocked, and one
+    /// request keeps its pages locked until we answer it: a write-through, which the kernel
+    /// makes of a buffered write by a caller without CAP_FSETID (`unprivileged`: the write
+    /// says KILL_SUIDGID) to a file whose setuid/setgid must go; on an O_DIRECT handle, the
+    /// rest of a direct write that came up short. For such a caller the drop runs on a
+    /// thread of its own and the answer waits for it at most UNPRIVILEGED_DROP_WAIT: the
+    /// drop then finishes after the answer, when those pages are written anyway.
+    fn drop_cached_range(&self, node: u64, offset: u64, len: u64, unprivileged: bool) {
+        let Some(n) = self.notifier() else {
+            return;
+        };
+        let (Ok(off), Ok(len)) = (i64::try_from(offset), i64::try_from(len)) else {
+            return;
+        };
+        // Dropping waits for the reads in flight over those pages (and writes back dirty
+        // mapped ones): other workers must be free to answer them.
+        crate::transport::will_block();
+        if !unprivileged {
+            drop_pages(&n, node, off, len);
+            return;
+        }
+        let (done, wait) = std::sync::mpsc::sync_channel(1);
+        if page_dropper().send((n, node, off, len, done)).is_err() {
+            return;
+        }
+        let _ = wait.recv_timeout(UNPRIVILEGED_DROP_WAIT);
     }
 
     fn readdir(&self, req: &Request, node: u64, arg: &abi::ReadIn, reply: Reply<'_>) {
@@ -930,6 +1018,50 @@ impl OleoFuse {
         self.space.update(available);
         Ok(n)
     }
+}
+
+/// How long the answer to a direct write by a caller without CAP_FSETID waits for the
+/// kernel to drop the written range from its page cache (see `drop_cached_range`).
+const UNPRIVILEGED_DROP_WAIT: Duration = Duration::from_secs(1);
+
+fn drop_pages(n: &crate::transport::Notifier, node: u64, off: i64, len: i64) {
+    if let Err(e) = n.inval_inode(node, off, len) {
+        if e.raw_os_error() != Some(libc::ENOENT) {
+            log::warn!("cannot drop inode {node}'s cached pages: {e}");
+        }
+    }
+}
+
+/// A page-cache drop: the session's notifier, node, offset, length, and where to say done.
+type PageDrop = (
+    crate::transport::Notifier,
+    u64,
+    i64,
+    i64,
+    std::sync::mpsc::SyncSender<()>,
+);
+
+/// The thread that drops ranges from the kernel's page cache for direct writes of callers
+/// without CAP_FSETID, one at a time.
+fn page_dropper() -> std::sync::mpsc::Sender<PageDrop> {
+    static TX: std::sync::OnceLock<std::sync::Mutex<std::sync::mpsc::Sender<PageDrop>>> =
+        std::sync::OnceLock::new();
+    let tx = TX.get_or_init(|| {
+        let (tx, rx) = std::sync::mpsc::channel::<PageDrop>();
+        let spawned = std::thread::Builder::new()
+            .name("oleo-page-drop".into())
+            .spawn(move || {
+                for (n, node, off, len, done) in rx {
+                    drop_pages(&n, node, off, len);
+                    let _ = done.try_send(());
+                }
+            });
+        if let Err(e) = spawned {
+            log::warn!("no thread to drop cached pages after direct writes: {e}");
+        }
+        std::sync::Mutex::new(tx)
+    });
+    tx.lock().unwrap_or_else(|e| e.into_inner()).clone()
 }
 
 /// The mode a write, truncate or O_TRUNC open by a caller without CAP_FSETID leaves, if

@@ -172,12 +172,15 @@ pub struct SubvolumeInfo {
 pub struct StatFs {
     /// The unit of the counts below: the sectorsize.
     pub block_size: u32,
-    /// The device's size (the superblock's total_bytes).
+    /// The devices' size (the superblock's total_bytes), divided by the copies the data
+    /// profile keeps, as btrfs_statfs counts.
     pub blocks: u64,
-    /// What no block group uses, counting every copy (DUP uses two).
+    /// What no block group uses (every copy counted, then divided as `blocks`), less the
+    /// global block reserve.
     pub blocks_free: u64,
-    /// What new file data can still get: free space in data block groups plus
-    /// unallocated space (divided by the data profile's copies).
+    /// What new file data can still get: free space in data block groups plus the data
+    /// chunks unallocated space would give (never a device's first MiB); 0 once metadata
+    /// can neither grow nor hold the global reserve.
     pub blocks_avail: u64,
     /// Total inodes: 0, as btrfs reports (inodes are not preallocated).
     pub files: u64,

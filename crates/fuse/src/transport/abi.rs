@@ -111,6 +111,8 @@ pub mod init {
     pub const ASYNC_READ: u64 = 1 << 0;
     /// `FUSE_ATOMIC_O_TRUNC`: OPEN handles O_TRUNC itself.
     pub const ATOMIC_O_TRUNC: u64 = 1 << 3;
+    /// `FUSE_EXPORT_SUPPORT`: LOOKUP answers "." and ".." (file handles, NFS export).
+    pub const EXPORT_SUPPORT: u64 = 1 << 4;
     /// `FUSE_BIG_WRITES`: Writes larger than a page.
     pub const BIG_WRITES: u64 = 1 << 5;
     /// The kernel leaves the umask to the server (a default ACL replaces it).

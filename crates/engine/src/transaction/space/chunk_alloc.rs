@@ -44,6 +44,11 @@ pub(crate) struct PendingChunks {
 }
 
 impl PendingChunks {
+    /// Device `devid`'s DEV_ITEM as this transaction left it, if it changed it.
+    pub(crate) fn dev_item(&self, devid: u64) -> Option<&DevItem> {
+        self.dev_items.get(&devid)
+    }
+
     pub(crate) fn is_empty(&self) -> bool {
         self.dev_items.is_empty() && self.sys_chunks.is_empty()
     }
