@@ -141,8 +141,11 @@ pub mod super_flags {
     pub const KERNEL_MOUNTS: u64 = WRITTEN | RELOC | ERROR | SEEDING | METADUMP | METADUMP_V2;
     /// The flags oleo writes a filesystem with. The kernel's others stop writes: ERROR
     /// (the kernel turns the mount read-only), SEEDING (seed devices are read-only),
-    /// METADUMP (a metadata dump whose data is zeros).
-    pub const WRITE_SUPPORTED: u64 = WRITTEN | RELOC;
+    /// METADUMP (an old-format metadata dump whose data is zeros). METADUMP_V2, a dump
+    /// restored by today's btrfs-image, the kernel mounts read-write (its data checksums
+    /// do not match, and it skips them): so does oleo (btrfs-progs' fsck test images are
+    /// such dumps).
+    pub const WRITE_SUPPORTED: u64 = WRITTEN | RELOC | METADUMP_V2;
 
     /// Every bit with its btrfs-progs name, for [`flag_names`](super::flag_names).
     pub const NAMES: &[(u64, &str)] = &[

@@ -737,7 +737,7 @@ fn check_features(sb: &Superblock) -> Result<()> {
 /// The superblock's `flags`, as the kernel's validate_super checks them: a bit it does not
 /// mount with (an unknown one, or an interrupted btrfstune's CHANGING_*) refuses the open
 /// unless `rescue=ignoresuperflags` (read-only); and a writable open needs the flags oleo
-/// writes with (not ERROR, SEEDING or METADUMP).
+/// writes with (not ERROR, SEEDING or METADUMP; METADUMP_V2 is written, as the kernel does).
 fn check_super_flags(sb: &Superblock, options: &OpenOptions) -> Result<()> {
     use superblock::super_flags;
     // Known bits by name, the others as "bit N".
