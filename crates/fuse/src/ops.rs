@@ -789,8 +789,7 @@ impl OleoFuse {
                 // whatever a buffered reader cached meanwhile. So we drop it, before the
                 // answer lets the caller read.
                 if o_direct && !direct && arg.write_flags & abi::WRITE_CACHE == 0 && n > 0 {
-                    let unprivileged = arg.write_flags & abi::WRITE_KILL_SUIDGID != 0;
-                    self.drop_cached_range(node, arg.offset, n as u64, unprivileged);
+                    self.drop_cached_range(node, arg.offset, n as u64);
                 }
                 reply.written(n as u32);
                 self.space.update(available);
@@ -883,12 +882,12 @@ impl OleoFuse {
     /// Drops `len` bytes of `node` from `offset` from the kernel's page cache (and its
     /// attributes). The kernel waits for each cached page it drops to be unlocked, and one
     /// request keeps its pages locked until we answer it: a write-through, which the kernel
-    /// makes of a buffered write by a caller without CAP_FSETID (`unprivileged`: the write
-    /// says KILL_SUIDGID) to a file whose setuid/setgid must go; on an O_DIRECT handle, the
-    /// rest of a direct write that came up short. For such a caller the drop runs on a
-    /// thread of its own and the answer waits for it at most UNPRIVILEGED_DROP_WAIT: the
-    /// drop then finishes after the answer, when those pages are written anyway.
-    fn drop_cached_range(&self, node: u64, offset: u64, len: u64, unprivileged: bool) {
+    /// makes of a buffered write by a caller without CAP_FSETID to a file whose
+    /// setuid/setgid must go; on an O_DIRECT handle, the rest of a direct write that came up
+    /// short. So the drop runs on a thread of its own and the answer waits for it at most
+    /// DROP_WAIT: where it could not finish before, it finishes after the answer, when
+    /// those pages are written anyway.
+    fn drop_cached_range(&self, node: u64, offset: u64, len: u64) {
         let Some(n) = self.notifier() else {
             return;
         };
@@ -898,15 +897,13 @@ impl OleoFuse {
         // Dropping waits for the reads in flight over those pages (and writes back dirty
         // mapped ones): other workers must be free to answer them.
         crate::transport::will_block();
-        if !unprivileged {
-            drop_pages(&n, node, off, len);
-            return;
-        }
         let (done, wait) = std::sync::mpsc::sync_channel(1);
         if page_dropper().send((n, node, off, len, done)).is_err() {
             return;
         }
-        let _ = wait.recv_timeout(UNPRIVILEGED_DROP_WAIT);
+        // A drop can wait on pages the kernel keeps locked until this very write is
+        // answered: never wait for it without bound.
+        let _ = wait.recv_timeout(DROP_WAIT);
     }
 
     fn readdir(&self, req: &Request, node: u64, arg: &abi::ReadIn, reply: Reply<'_>) {
@@ -1020,9 +1017,9 @@ impl OleoFuse {
     }
 }
 
-/// How long the answer to a direct write by a caller without CAP_FSETID waits for the
-/// kernel to drop the written range from its page cache (see `drop_cached_range`).
-const UNPRIVILEGED_DROP_WAIT: Duration = Duration::from_secs(1);
+/// How long the answer to a direct write waits for the kernel to drop the written range
+/// from its page cache (see `drop_cached_range`).
+const DROP_WAIT: Duration = Duration::from_secs(1);
 
 fn drop_pages(n: &crate::transport::Notifier, node: u64, off: i64, len: i64) {
     if let Err(e) = n.inval_inode(node, off, len) {
