@@ -89,6 +89,27 @@ fn signal_name(sig: i32) -> &'static str {
     }
 }
 
+/// Waits for a server started by `start_server` to exit: its exit code (-1 if a signal
+/// ended it) and what it said (a foreground one's stderr, a background one's log).
+fn wait_server(pid: i32, fg_child: Option<Child>, log: &Path) -> (i32, String) {
+    match fg_child {
+        Some(c) => {
+            let out = c.wait_with_output().unwrap();
+            let code = out.status.code().unwrap_or(-1);
+            (code, String::from_utf8_lossy(&out.stderr).into_owned())
+        }
+        None => {
+            let st = wait_pid(pid, Duration::from_secs(60));
+            let code = if libc::WIFEXITED(st) {
+                libc::WEXITSTATUS(st)
+            } else {
+                -1
+            };
+            (code, std::fs::read_to_string(log).unwrap_or_default())
+        }
+    }
+}
+
 /// `oleo mount -o rw,commit=300,log=LOG SOURCE MP`, in the foreground (the child kept) or
 /// in the background (silent when it works); the server's pid.
 fn start_server(
@@ -163,22 +184,7 @@ fn a_stop_signal_commits_unmounts_and_exits_zero() {
         let started = Instant::now();
         // SAFETY: plain kill.
         assert_eq!(unsafe { libc::kill(pid, sig) }, 0);
-        let (status, stderr) = match fg_child {
-            Some(c) => {
-                let out = c.wait_with_output().unwrap();
-                let code = out.status.code().unwrap_or(-1);
-                (code, String::from_utf8_lossy(&out.stderr).into_owned())
-            }
-            None => {
-                let st = wait_pid(pid, Duration::from_secs(60));
-                let code = if libc::WIFEXITED(st) {
-                    libc::WEXITSTATUS(st)
-                } else {
-                    -1
-                };
-                (code, std::fs::read_to_string(&log).unwrap_or_default())
-            }
-        };
+        let (status, stderr) = wait_server(pid, fg_child, &log);
         eprintln!("{when}: stopped in {:?}", started.elapsed());
         assert_eq!(status, 0, "{when}: exit status; said: {stderr}");
         assert!(!is_mounted(&mp), "{when}: the mount point is free");
@@ -271,22 +277,7 @@ fn a_failed_final_commit_after_a_stop_signal_exits_nonzero_and_says_why() {
         run(Command::new("blockdev").arg("--setro").arg(dev.path())).unwrap();
         // SAFETY: plain kill.
         assert_eq!(unsafe { libc::kill(pid, sig) }, 0);
-        let (status, said) = match fg_child {
-            Some(c) => {
-                let out = c.wait_with_output().unwrap();
-                let code = out.status.code().unwrap_or(-1);
-                (code, String::from_utf8_lossy(&out.stderr).into_owned())
-            }
-            None => {
-                let st = wait_pid(pid, Duration::from_secs(60));
-                let code = if libc::WIFEXITED(st) {
-                    libc::WEXITSTATUS(st)
-                } else {
-                    -1
-                };
-                (code, std::fs::read_to_string(&log).unwrap_or_default())
-            }
-        };
+        let (status, said) = wait_server(pid, fg_child, &log);
         let _ = Command::new("blockdev")
             .arg("--setrw")
             .arg(dev.path())
