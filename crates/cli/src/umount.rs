@@ -114,7 +114,7 @@ fn mounts() -> Vec<MountEntry> {
 /// The mount point itself is not looked at where its parent resolves: on a mount whose
 /// server hangs or is gone, that would hang or fail.
 fn find_mount(path: &Path) -> Result<MountEntry, String> {
-    let all = mounts();
+    let mut all = mounts();
     let abs = std::path::absolute(path).map_err(|e| format!("{}: {e}", path.display()))?;
     let mut candidates = Vec::new();
     if let (Some(parent), Some(name)) = (abs.parent(), abs.file_name()) {
@@ -125,12 +125,12 @@ fn find_mount(path: &Path) -> Result<MountEntry, String> {
     candidates.push(abs.clone());
     for want in &candidates {
         if let Some(i) = all.iter().rposition(|m| &m.point == want) {
-            return Ok(all.into_iter().nth(i).expect("found"));
+            return Ok(all.swap_remove(i));
         }
     }
     let canonical = std::fs::canonicalize(&abs).map_err(|e| format!("{}: {e}", path.display()))?;
     if let Some(i) = all.iter().rposition(|m| m.point == canonical) {
-        return Ok(all.into_iter().nth(i).expect("found"));
+        return Ok(all.swap_remove(i));
     }
     // An image: the one oleo mount that serves it.
     let canonical_str = canonical.to_string_lossy();
@@ -138,7 +138,7 @@ fn find_mount(path: &Path) -> Result<MountEntry, String> {
         .filter(|&i| is_oleo(&all[i]) && all[i].source == canonical_str)
         .collect();
     match serving[..] {
-        [i] => Ok(all.into_iter().nth(i).expect("found")),
+        [i] => Ok(all.swap_remove(i)),
         [] => Err(format!("{}: not mounted", path.display())),
         _ => Err(format!(
             "{}: served by several oleo mounts; name the mount point",
