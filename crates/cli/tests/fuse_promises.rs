@@ -1705,16 +1705,24 @@ fn aio_write(ctx: u64, f: &File, buf: &[u8], at: u64) -> i64 {
     let r = unsafe { libc::syscall(libc::SYS_io_submit, ctx, 1, list.as_mut_ptr()) };
     assert_eq!(r, 1, "io_submit: {}", last_errno());
     let mut ev = IoEvent::default();
-    // SAFETY: room for one event; no timeout.
-    let r = unsafe {
-        libc::syscall(
-            libc::SYS_io_getevents,
-            ctx,
-            1,
-            1,
-            &mut ev as *mut IoEvent,
-            std::ptr::null::<libc::timespec>(),
-        )
+    // A signal to the test process (the harness's threads, a child's exit) interrupts
+    // the wait with EINTR; the write is still in flight, so wait again.
+    let r = loop {
+        // SAFETY: room for one event; no timeout.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_io_getevents,
+                ctx,
+                1,
+                1,
+                &mut ev as *mut IoEvent,
+                std::ptr::null::<libc::timespec>(),
+            )
+        };
+        if r == -1 && last_errno() == libc::EINTR {
+            continue;
+        }
+        break r;
     };
     assert_eq!(r, 1, "io_getevents: {}", last_errno());
     ev.res
