@@ -464,6 +464,9 @@ fn mount(
         commit_interval: std::time::Duration::from_secs(plan.commit_secs),
         uring: plan.uring,
         flags: plan.vfs.server(),
+        // Mounted with default_permissions (above), which the kernel wants for an idmap;
+        // allow_root's gate needs every caller's uid, which the idmap's requests omit.
+        allow_idmap: access == oleo_fuse::Access::All,
     };
     // A sixteenth of the filesystem may sit dirty in the kernel (at least 8 MiB): small
     // images then keep their writes cached until nearly full (see oleo_fuse::DirtyCap).

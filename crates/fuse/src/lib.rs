@@ -68,6 +68,7 @@
 
 #![deny(missing_docs)]
 
+mod caller;
 mod fileattr_ops;
 mod listings;
 mod mount_flags;
@@ -115,6 +116,9 @@ pub struct MountSettings {
     pub uring: bool,
     /// What the mount's VFS flags ask of the server (atime, sync, dirsync).
     pub flags: MountFlags,
+    /// Offer FUSE_ALLOW_IDMAP, so the mount may be idmapped (Linux 6.12+). Only for a
+    /// mount with default_permissions: the kernel fails the connection otherwise.
+    pub allow_idmap: bool,
 }
 
 impl Default for MountSettings {
@@ -124,6 +128,7 @@ impl Default for MountSettings {
             commit_interval: Duration::from_secs(30),
             uring: true,
             flags: MountFlags::default(),
+            allow_idmap: false,
         }
     }
 }

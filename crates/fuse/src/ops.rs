@@ -1,6 +1,7 @@
 //! One function per FUSE request: decode what the kernel sent into an engine call, encode
 //! the answer. `dispatch` routes; nothing here decides anything about the filesystem.
 
+use crate::caller::{creator, Caller};
 use crate::fileattr_ops;
 use crate::transport::abi::{self, fattr};
 use crate::transport::{DirBuf, Errno, Handler, InitConfig, Op, Reply, Request};
@@ -166,7 +167,10 @@ impl Handler for OleoFuse {
         }
         // A worker about to wait for a commit or another writer wakes a spare one.
         oleo::blocking::set_hook(crate::transport::will_block);
-        let flags = init_flags(self.settings.writable, self.settings.uring);
+        let mut flags = init_flags(self.settings.writable, self.settings.uring);
+        if self.settings.allow_idmap {
+            flags |= abi::init::ALLOW_IDMAP;
+        }
         self.kernel_times.store(
             flags & kernel_flags & abi::init::WRITEBACK_CACHE != 0,
             Ordering::Relaxed,
@@ -220,17 +224,21 @@ impl Handler for OleoFuse {
             Op::Readlink => answer(self.readlink(node), reply, |t, r| r.data(&t)),
             Op::Symlink { name, target } => entry(self.symlink(req, node, name, target), reply),
             Op::Mknod { arg, name } => {
-                let new = NewInode::with_mode(arg.mode)
-                    .umask(arg.umask)
-                    .rdev(u64::from(arg.rdev))
-                    .owner(req.uid, req.gid);
-                entry(self.mknod(node, name, &new), reply)
+                let r = creator(req).and_then(|(uid, gid)| {
+                    let new = NewInode::with_mode(arg.mode)
+                        .umask(arg.umask)
+                        .rdev(u64::from(arg.rdev))
+                        .owner(uid, gid);
+                    self.mknod(node, name, &new)
+                });
+                entry(r, reply)
             }
             Op::Mkdir { arg, name } => {
-                let new = NewInode::dir(arg.mode)
-                    .umask(arg.umask)
-                    .owner(req.uid, req.gid);
-                entry(self.mkdir(node, name, &new), reply)
+                let r = creator(req).and_then(|(uid, gid)| {
+                    let new = NewInode::dir(arg.mode).umask(arg.umask).owner(uid, gid);
+                    self.mkdir(node, name, &new)
+                });
+                entry(r, reply)
             }
             Op::Unlink { name } => empty(self.unlink(node, name, false), reply),
             Op::Rmdir { name } => empty(self.unlink(node, name, true), reply),
@@ -505,7 +513,7 @@ impl OleoFuse {
         // A chown drops setuid/setgid in the engine, as chown(2) does; a truncate by a
         // caller without CAP_FSETID is flagged.
         if has(fattr::KILL_SUIDGID) && set.mode.is_none() && !has(fattr::UID | fattr::GID) {
-            set.mode = killed_mode(&self.fs.getattr(id).map_err(errno)?, req.gid);
+            set.mode = killed_mode(&self.fs.getattr(id).map_err(errno)?, req);
         }
         let rest = v & !(fattr::FH | fattr::LOCKOWNER);
         if rest == fattr::CTIME || rest == 0 || self.kernel_owns_times() {
@@ -520,15 +528,17 @@ impl OleoFuse {
                 && a.kind != oleo::FileKind::Dir
                 && a.mode & (libc::S_ISUID | libc::S_ISGID) != 0
             {
-                if req.uid == 0 {
+                let caller = Caller::of(req);
+                if caller.as_ref().is_some_and(|c| c.uid == 0) {
                     set.uid = Some(a.uid);
                 } else {
-                    set.mode = killed_mode(&a, req.gid);
+                    set.mode = killed_mode(&a, req);
                     // A chown is a mode change by its caller (setattr_prepare's owner
                     // check), where file_remove_privs is forced: the chown is the
-                    // ctime-only SETATTR of a regular file, or any of another kind.
+                    // ctime-only SETATTR of a regular file, or any of another kind. A
+                    // caller we cannot name is no owner.
                     let chown = rest == fattr::CTIME || !regular;
-                    if chown && set.mode.is_some() && req.uid != a.uid {
+                    if chown && set.mode.is_some() && caller.is_none_or(|c| c.uid != a.uid) {
                         return Err(Errno::EPERM);
                     }
                 }
@@ -550,10 +560,10 @@ impl OleoFuse {
         self.attr_out(&a)
     }
 
-    /// Drops setuid/setgid as the kernel asked (HANDLE_KILLPRIV_V2) for a caller of group
-    /// `caller_gid`; nothing to do on most files, which have neither.
-    fn kill_suid(&self, node: u64, id: oleo::InodeId, caller_gid: u32) -> Result<(), Errno> {
-        let Some(mode) = killed_mode(&self.fs.getattr(id).map_err(errno)?, caller_gid) else {
+    /// Drops setuid/setgid as the kernel asked (HANDLE_KILLPRIV_V2) for the caller of
+    /// `req`; nothing to do on most files, which have neither.
+    fn kill_suid(&self, node: u64, id: oleo::InodeId, req: &Request) -> Result<(), Errno> {
+        let Some(mode) = killed_mode(&self.fs.getattr(id).map_err(errno)?, req) else {
             return Ok(());
         };
         let set = SetAttr {
@@ -580,7 +590,8 @@ impl OleoFuse {
         target: &[u8],
     ) -> Result<abi::EntryOut, Errno> {
         let dir = self.id(parent)?;
-        let a = self.mutate(|fs| fs.symlink(dir, name, target, req.uid, req.gid))?;
+        let (uid, gid) = creator(req)?;
+        let a = self.mutate(|fs| fs.symlink(dir, name, target, uid, gid))?;
         self.dir_change_done(&[dir], Some(a.id))?;
         self.new_entry(Ok(a))
     }
@@ -630,10 +641,16 @@ impl OleoFuse {
         if raw & !known != 0 {
             return Err(Errno::EINVAL);
         }
+        // A whiteout is a new inode: RENAME2 with RENAME_WHITEOUT carries its owner.
+        let whiteout = if raw & libc::RENAME_WHITEOUT != 0 {
+            Some(creator(req)?)
+        } else {
+            None
+        };
         let flags = oleo::RenameFlags {
             noreplace: raw & libc::RENAME_NOREPLACE != 0,
             exchange: raw & libc::RENAME_EXCHANGE != 0,
-            whiteout: (raw & libc::RENAME_WHITEOUT != 0).then_some((req.uid, req.gid)),
+            whiteout,
         };
         let from = self.id(parent)?;
         let to = self.id(newparent)?;
@@ -679,11 +696,11 @@ impl OleoFuse {
                 ..Default::default()
             };
             if open_flags & abi::OPEN_KILL_SUIDGID != 0 {
-                set.mode = killed_mode(&a, req.gid);
+                set.mode = killed_mode(&a, req);
             }
             self.mutate(|fs| fs.setattr(id, &set))?;
         } else if open_flags & abi::OPEN_KILL_SUIDGID != 0 {
-            self.kill_suid(node, id, req.gid)?;
+            self.kill_suid(node, id, req)?;
         }
         // An open file outlives its last name (it becomes an orphan until release).
         self.fs.pin_open(id);
@@ -706,11 +723,12 @@ impl OleoFuse {
         arg: &abi::CreateIn,
         reply: Reply<'_>,
     ) {
-        let r = self.id(parent).and_then(|dir| {
+        let r = creator(req).and_then(|(uid, gid)| Ok((self.id(parent)?, uid, gid)));
+        let r = r.and_then(|(dir, uid, gid)| {
             self.mutate(|fs| {
                 let new = NewInode::with_mode(arg.mode)
                     .umask(arg.umask)
-                    .owner(req.uid, req.gid);
+                    .owner(uid, gid);
                 let a = match name {
                     Some(name) => fs.mknod(dir, name, &new)?,
                     None => fs.tmpfile(dir, &new)?,
@@ -777,7 +795,7 @@ impl OleoFuse {
                 self.fs.fsync(self.id(node)?, true).map_err(errno)?;
             }
             if arg.write_flags & abi::WRITE_KILL_SUIDGID != 0 {
-                self.kill_suid(node, self.id(node)?, req.gid)?;
+                self.kill_suid(node, self.id(node)?, req)?;
             }
             Ok(x)
         });
@@ -1064,11 +1082,14 @@ fn page_dropper() -> std::sync::mpsc::Sender<PageDrop> {
 /// The mode a write, truncate or O_TRUNC open by a caller without CAP_FSETID leaves, if
 /// it changes (the VFS's rule, which the kernel leaves to us with HANDLE_KILLPRIV_V2): no
 /// setuid; no setgid where the group may execute or the caller is not in the file's group
-/// (by its filesystem gid: FUSE does not pass supplementary groups).
-fn killed_mode(a: &oleo::Attr, caller_gid: u32) -> Option<u32> {
+/// (`Caller::in_group`; the file's mode alone decides on most files, and the caller is
+/// looked up only when it matters).
+fn killed_mode(a: &oleo::Attr, req: &Request) -> Option<u32> {
     let mut mode = a.mode;
     mode &= !libc::S_ISUID;
-    if mode & libc::S_IXGRP != 0 || a.gid != caller_gid {
+    if mode & libc::S_ISGID != 0
+        && (mode & libc::S_IXGRP != 0 || !Caller::of(req).is_some_and(|c| c.in_group(a.gid)))
+    {
         mode &= !libc::S_ISGID;
     }
     (mode != a.mode).then_some(mode)

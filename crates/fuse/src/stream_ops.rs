@@ -177,7 +177,12 @@ impl OleoFuse {
         // mode: root's, or the mounting user's, as btrfs wants CAP_SYS_ADMIN.
         // SAFETY: geteuid cannot fail.
         let me = unsafe { libc::geteuid() };
-        if req.uid != 0 && req.uid != me {
+        let Some(caller) = crate::caller::Caller::of(req) else {
+            return Ok(failed(
+                "the caller of send or receive cannot be told".into(),
+            ));
+        };
+        if caller.uid != 0 && caller.uid != me {
             return Ok(failed(
                 "send and receive on a mount need root or the user who mounted it".into(),
             ));
@@ -186,13 +191,13 @@ impl OleoFuse {
             return Ok(failed("this oleo server cannot send or receive".into()));
         };
         Ok(if c == cmd::SEND {
-            self.serve_send(h.as_ref(), req, data)
+            self.serve_send(h.as_ref(), caller.uid, data)
         } else {
-            self.serve_receive(h.as_ref(), req, node, id, data)
+            self.serve_receive(h.as_ref(), caller.uid, node, id, data)
         })
     }
 
-    fn serve_send(&self, h: &dyn StreamHandler, req: &Request, data: &[u8]) -> Vec<u8> {
+    fn serve_send(&self, h: &dyn StreamHandler, uid: u32, data: &[u8]) -> Vec<u8> {
         let Some(a) = cmd::SendRequest::parse(data) else {
             return failed("bad send request".into());
         };
@@ -203,7 +208,7 @@ impl OleoFuse {
             proto: a.proto,
             compressed: a.flags & cmd::SEND_COMPRESSED != 0,
         };
-        let mut out = match open_fifo(&a.fifo, req.uid, true) {
+        let mut out = match open_fifo(&a.fifo, uid, true) {
             Ok(f) => f,
             Err(e) => return failed(e),
         };
@@ -221,7 +226,7 @@ impl OleoFuse {
     fn serve_receive(
         &self,
         h: &dyn StreamHandler,
-        req: &Request,
+        uid: u32,
         node: u64,
         dest: InodeId,
         data: &[u8],
@@ -236,7 +241,7 @@ impl OleoFuse {
             quiet: a.flags & cmd::RECEIVE_QUIET != 0,
             name: String::from_utf8_lossy(&a.name).into_owned(),
         };
-        let mut input = match open_fifo(&a.fifo, req.uid, false) {
+        let mut input = match open_fifo(&a.fifo, uid, false) {
             Ok(f) => f,
             Err(e) => return failed(e),
         };

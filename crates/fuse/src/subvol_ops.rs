@@ -2,6 +2,7 @@
 //! the mounted filesystem, then the kernel told that the parent directory changed; a file's
 //! extents; the devices and chunks `oleo filesystem` reports.
 
+use crate::caller::Caller;
 use crate::subvol_ioctl as cmd;
 use crate::transport::{Errno, Request};
 use crate::{errno, OleoFuse};
@@ -50,7 +51,7 @@ impl OleoFuse {
         match c {
             cmd::SET_MOUNT_FLAGS => {
                 // Only root remounts; a user must not turn sync or atime updates on or off.
-                if req.uid != 0 {
+                if Caller::of(req).is_none_or(|c| c.uid != 0) {
                     return Err(Errno(libc::EPERM));
                 }
                 let flags = crate::MountFlags::from_ms(cmd::u64_arg(data));
@@ -69,7 +70,10 @@ impl OleoFuse {
             }
             cmd::CREATE => {
                 let name = cmd::parse_create_arg(data);
-                self.mutate(|fs| fs.create_subvolume(id, name, req.uid, req.gid))?;
+                // An ioctl's header has no ids under ALLOW_IDMAP: the caller's own, unmapped
+                // on an idmapped view (see `caller`).
+                let c = Caller::of(req).ok_or(Errno(libc::EOVERFLOW))?;
+                self.mutate(|fs| fs.create_subvolume(id, name, c.uid, c.gid))?;
                 self.entry_changed(node, name);
                 Ok(Vec::new())
             }

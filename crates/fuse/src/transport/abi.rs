@@ -142,9 +142,19 @@ pub mod init {
     pub const SETXATTR_EXT: u64 = 1 << 29;
     /// `FUSE_DIRECT_IO_ALLOW_MMAP`: Direct-IO files may be mmapped.
     pub const DIRECT_IO_ALLOW_MMAP: u64 = 1 << 36;
+    /// `FUSE_ALLOW_IDMAP`: The mount may be idmapped (Linux 6.12+; the kernel takes it only
+    /// with default_permissions and fails the connection otherwise). In exchange, only the
+    /// requests that make an inode (MKNOD, MKDIR, SYMLINK, CREATE, TMPFILE, RENAME2 with
+    /// RENAME_WHITEOUT) carry the caller's ids, mapped through the mount's idmap; every
+    /// other request carries [`INVALID_UIDGID`](super::INVALID_UIDGID) in both.
+    pub const ALLOW_IDMAP: u64 = 1 << 40;
     /// Requests and replies travel through io_uring commands (Linux 6.14+).
     pub const OVER_IO_URING: u64 = 1 << 41;
 }
+
+/// `FUSE_INVALID_UIDGID`: the uid and gid of a request's header when the kernel does not
+/// tell who asked (every request but those making an inode, once ALLOW_IDMAP is agreed).
+pub const INVALID_UIDGID: u32 = u32::MAX;
 
 /// `FOPEN_*` flags of an open or create reply (`fuse_open_out.open_flags`).
 pub mod fopen {

@@ -12,9 +12,10 @@ pub struct Request {
     pub unique: u64,
     /// The node the request is about (for creates and lookups: the parent directory).
     pub nodeid: u64,
-    /// The caller's effective uid.
+    /// The caller's filesystem uid, or [`abi::INVALID_UIDGID`] (ALLOW_IDMAP: any request
+    /// but those that make an inode). On an idmapped mount, mapped through its idmap.
     pub uid: u32,
-    /// The caller's effective gid.
+    /// The caller's filesystem gid, or [`abi::INVALID_UIDGID`], as `uid`.
     pub gid: u32,
     /// The caller's thread id.
     pub pid: u32,

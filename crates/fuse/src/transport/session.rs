@@ -195,6 +195,10 @@ impl<H: Handler> Session<H> {
             }
             let want = self.handler.init(kernel_flags);
             let mut flags = want.flags & kernel_flags;
+            // allow_root's gate needs every caller's uid, which ALLOW_IDMAP takes away.
+            if self.access != Access::All {
+                flags &= !init::ALLOW_IDMAP;
+            }
             // Once asked for, the kernel holds every request until all queues have an
             // entry: ask only when a ring can be set up here (seccomp may forbid io_uring).
             if flags & init::OVER_IO_URING != 0 {
