@@ -55,7 +55,7 @@ sed -i 's|^src=$(realpath -m -- "$1")$|&\ncase " $* " in *remount*) exec "$OLEO"
 cat > "$tmp/mkfs-sized.sh" <<'HOOK'
 cat > "$WORK/mkfs.oleo" <<EOF
 #!/bin/bash
-# mkfs.oleo SIZE DEVICE (from _scratch_mkfs_sized): a SIZE-byte btrfs on DEVICE
+# mkfs.oleo SIZE DEVICE (from _scratch_mkfs_sized): a SIZE-byte btrfs on DEVICE ("-": all of it)
 OLEO=$OLEO
 WORK=$WORK
 EOF
@@ -71,6 +71,7 @@ for ((i = 0; i < 1200; i++)); do
     sleep 0.1
 done
 touch "$WORK/scratch.sized"
+[ "$1" = - ] && exec "$OLEO" mkfs -f -q "$src"
 exec "$OLEO" mkfs -f -q --size "$1" "$src"
 EOF
 chmod +x "$WORK/mkfs.oleo"
@@ -89,11 +90,19 @@ _oleo_as_btrfs()
 	if [ "$1" = fuse ] && [ "${FUSE_SUBTYP:-}" = .oleo ]; then echo btrfs; else echo "$1"; fi
 }
 EOF
-    sed -i -e '/^_require_names_are_bytes() {$/,/^}$/ s|^\( *\)case "\$FSTYP" in$|\1case "$(_oleo_as_btrfs "$FSTYP")" in|' \
-        -e '/^_label_get_max()$/,/^}$/ s|^\(\t*\)case \$FSTYP in$|\1case $(_oleo_as_btrfs "$FSTYP") in|' \
-        -e '/^_filesystem_timestamp_range()$/,/^}$/ s|^\(\t*\)case \$fstyp in$|\1case $(_oleo_as_btrfs "$fstyp") in|' \
-        "$FST/common/rc"
 fi
+# (Each sed below changes nothing once it has been applied.)
+# Tests that make and mount a filesystem of their own (a loop device inside the scratch
+# filesystem: 361; the scratch device mounted again: 589) call _mkfs_dev, which does
+# nothing for FSTYP=fuse, and mount with `-t $FSTYP`, i.e. plain `fuse`, whose helper
+# runs the source as a program. For oleo: mkfs.oleo, and `-t fuse.oleo`.
+sed -i -e '/^_try_mkfs_dev()$/,/^}$/ s|^\t# do nothing for fuse$|\t[ "${FUSE_SUBTYP:-}" = .oleo ] \&\& [ -n "${OLEO_MKFS:-}" ] \&\& "$OLEO_MKFS" - $*|' \
+    -e '/^_mount()$/,/^}$/ s|^    \$MOUNT_PROG \$\*$|    if [ "$FSTYP" = fuse ] \&\& [ "${FUSE_SUBTYP:-}" = .oleo ]; then $MOUNT_PROG $(echo " $* " \| sed "s\| -t fuse \| -t fuse.oleo \|"); else $MOUNT_PROG $*; fi|' \
+    "$FST/common/rc"
+sed -i -e '/^_require_names_are_bytes() {$/,/^}$/ s|^\( *\)case "\$FSTYP" in$|\1case "$(_oleo_as_btrfs "$FSTYP")" in|' \
+    -e '/^_label_get_max()$/,/^}$/ s|^\(\t*\)case \$FSTYP in$|\1case $(_oleo_as_btrfs "$FSTYP") in|' \
+    -e '/^_filesystem_timestamp_range()$/,/^}$/ s|^\(\t*\)case \$fstyp in$|\1case $(_oleo_as_btrfs "$fstyp") in|' \
+    "$FST/common/rc"
 HOOK
 sed -i "/^chmod +x \"\$WRAP\"$/r $tmp/mkfs-sized.sh" "$tmp/run"
 cat > "$tmp/resize.sh" <<'HOOK'
@@ -128,12 +137,18 @@ HOOK
     sed -i 's|^    rm -f "\$TEST_IMG" "\$SCRATCH_IMG"$|    for f in "$TEST_IMG" "$SCRATCH_IMG"; do [ -b "$f" ] \|\| rm -f "$f"; done|' "$tmp/run"
     # Before each test fstests wipes a block device given as SCRATCH_DEV (wipefs -a in
     # _try_wipe_scratch_devs), and its _scratch_mkfs for FSTYP=fuse only removes files: on a
-    # loop device, _scratch_mkfs makes a new filesystem (through mkfs.oleo, as for sized ones).
+    # loop device, the wipe and _scratch_mkfs each leave a new filesystem (mkfs.oleo, as for
+    # sized ones).
     cat > "$tmp/loop-mkfs.sh" <<'HOOK'
 export OLEO_SCRATCH_MKFS=$IMG_SIZE
+grep -q 'OLEO_SCRATCH_MKFS:-}" \] && \[ "\$dev"' "$FST/common/rc" || sed -i '/^_try_wipe_scratch_devs()$/,/^}$/ s|^\t\ttest -b \$dev \&\& \$WIPEFS_PROG -a \$dev$|&\n\t\t[ -n "${OLEO_SCRATCH_MKFS:-}" ] \&\& [ "$dev" = "$SCRATCH_DEV" ] \&\& "$OLEO_MKFS" "$OLEO_SCRATCH_MKFS" $dev >/dev/null|' "$FST/common/rc"
 grep -q OLEO_SCRATCH_MKFS "$FST/common/rc" || sed -i '/^_scratch_mkfs()$/,/^}$/ s|^\t\t_scratch_cleanup_files$|\t\tif [ "$FSTYP" = fuse ] \&\& [ -n "${OLEO_SCRATCH_MKFS:-}" ] \&\& [ -b "$SCRATCH_DEV" ]; then "$OLEO_MKFS" "$OLEO_SCRATCH_MKFS" $SCRATCH_DEV >/dev/null \|\| return 1; fi\n\t\t_scratch_cleanup_files|' "$FST/common/rc"
 HOOK
     sed -i "/^export OLEO_MKFS=\$WORK\/mkfs.oleo$/r $tmp/loop-mkfs.sh" "$tmp/run"
+    # The images kept after a failed check are copies of 8 GiB devices: sparse ones.
+    sed -i 's#^        cp "\$\(TEST\|SCRATCH\)_IMG" #        cp --sparse=always "$\1_IMG" #' "$tmp/run"
+    grep -q 'cp --sparse=always "\$TEST_IMG"' "$tmp/run" ||
+        { echo "fstests: the run script changed; FSTESTS_DEVICES=loop cannot patch it"; echo "fstests: 0 passed, 1 failed"; exit 1; }
     # A device holds the last run's filesystem: its mkfs must be forced.
     sed -i 's|"\$OLEO" mkfs --size|"$OLEO" mkfs -f --size|' "$tmp/run"
     sed -i '/^cleanup() {$/,/^}$/ s|^    release_all$|&\n    [ -b "$TEST_IMG" ] \&\& losetup -d "$TEST_IMG" "$SCRATCH_IMG" 2>/dev/null|' "$tmp/run"

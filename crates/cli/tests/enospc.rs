@@ -255,3 +255,75 @@ fn empty_files_from_many_threads_fill_and_lose_nothing() {
         "the kernel sees other names than the creates that succeeded"
     );
 }
+
+/// An O_DIRECT writer filling the disk leaves room for the dirty pages of a buffered writer
+/// opened earlier (fstests generic/299): they reach the disk at its fsync, and nothing
+/// write(2) took from it is lost. O_DIRECT writes come to oleo as write(2) makes them, not as
+/// the page cache's write-back, so they must keep the cached writers' margin free.
+#[test]
+fn an_o_direct_filler_leaves_room_for_buffered_dirty_pages() {
+    use std::os::unix::fs::OpenOptionsExt;
+    let name = "enospc_o_direct";
+    if !(require_root(name) && require_fuse(name)) {
+        return;
+    }
+    let dir = TempDir::new(name).unwrap();
+    let image = dir.join("image");
+    empty_image(&image, 512, &[]).unwrap();
+    let mnt = dir.subdir("mnt").unwrap();
+    let m = OleoMount::mount_rw(Path::new(OLEO), &image, &mnt, &[]).unwrap();
+    // The buffered writer: 8 MiB dirty in the kernel's page cache, not yet written back.
+    let mut buffered = std::fs::File::create(mnt.join("buffered")).unwrap();
+    for i in 0..8 {
+        buffered.write_all(&chunk(i)).unwrap();
+    }
+    // The O_DIRECT writer fills the rest, 1 MiB per write(2), until ENOSPC.
+    let mut direct = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(mnt.join("direct"))
+        .unwrap();
+    let layout = std::alloc::Layout::from_size_align(MIB, 4096).unwrap();
+    // SAFETY: a non-zero size; freed below with the same layout.
+    let buf = unsafe { std::alloc::alloc(layout) };
+    assert!(!buf.is_null());
+    // SAFETY: buf holds MIB bytes, aligned for O_DIRECT.
+    let aligned = unsafe { std::slice::from_raw_parts_mut(buf, MIB) };
+    let mut direct_len = 0u64;
+    let err = loop {
+        aligned.copy_from_slice(&chunk((direct_len / MIB as u64) as usize));
+        match direct.write(aligned) {
+            Ok(n) if n == MIB => direct_len += MIB as u64,
+            Ok(n) => {
+                // A short write where space ends: the rest is not taken.
+                direct_len += n as u64;
+                break std::io::Error::from(ErrorKind::StorageFull);
+            }
+            Err(e) => break e,
+        }
+        assert!(direct_len < 1 << 30, "1 GiB into a 512 MiB filesystem");
+    };
+    // SAFETY: allocated above with this layout.
+    unsafe { std::alloc::dealloc(buf, layout) };
+    assert_eq!(err.kind(), ErrorKind::StorageFull, "direct: {err}");
+    assert!(direct_len > 128 << 20, "stopped early: {direct_len} bytes");
+    // The buffered writer's pages reach the disk.
+    buffered
+        .sync_all()
+        .expect("the buffered writer's dirty pages were refused at write-back");
+    drop(buffered);
+    drop(direct);
+    check_contents(&mnt.join("buffered"), 8 * MIB as u64);
+    m.unmount().unwrap();
+    btrfs_check(&image, true).unwrap();
+    let kmnt = dir.subdir("kmnt").unwrap();
+    let k = KernelMount::mount(&image, &kmnt, &["ro"]).unwrap();
+    check_contents(&kmnt.join("buffered"), 8 * MIB as u64);
+    assert_eq!(
+        std::fs::metadata(kmnt.join("direct")).unwrap().len(),
+        direct_len
+    );
+    k.unmount().unwrap();
+}

@@ -223,7 +223,7 @@ impl OleoFuse {
         if direct && mode == OpenMode::Cached {
             mode = OpenMode::Direct;
         }
-        let mut fh = self.space.opened(ino, mode);
+        let mut fh = self.space.opened(ino, mode, flags & libc::O_DIRECT != 0);
         if flags & libc::O_DIRECT != 0 {
             fh |= O_DIRECT_FH;
         }

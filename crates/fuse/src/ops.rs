@@ -773,14 +773,19 @@ impl OleoFuse {
 
     fn write(&self, req: &Request, node: u64, arg: &abi::WriteIn, data: &[u8], reply: Reply<'_>) {
         let direct = self.space.is_direct(space_fh(arg.fh));
-        let keep = if direct { self.space.keep_free() } else { 0 };
         let o_direct = is_o_direct(arg.fh);
+        // What is not the page cache's write-back (a direct handle's writes, and O_DIRECT
+        // writes as write(2) makes them) must leave room for the dirty pages of cached
+        // writers: else an O_DIRECT writer filling the disk fails their write-back, and
+        // data write(2) took is lost (fstests generic/299).
+        let guarded = direct || (o_direct && arg.write_flags & abi::WRITE_CACHE == 0);
+        let keep = if guarded { self.space.keep_free() } else { 0 };
         // Only a FOPEN_DIRECT_IO handle's own writes leave the times to us.
         let kernel_times =
             self.kernel_owns_times() && (arg.write_flags & abi::WRITE_CACHE != 0 || !direct);
         let r = self.id(node).and_then(|id| {
             self.mutate(|fs| {
-                let n = if direct {
+                let n = if guarded {
                     write_direct(fs, id, arg.offset, data, keep, o_direct, kernel_times)?
                 } else {
                     write_once(fs, id, arg.offset, data, o_direct, kernel_times)?

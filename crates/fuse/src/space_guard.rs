@@ -38,6 +38,9 @@ struct Handle {
     ino: u64,
     /// Writes go through the kernel's page cache (opened when space was plentiful).
     cached: bool,
+    /// Opened O_DIRECT: its write(2)s come to us as they are made, and it dirties no
+    /// pages of its own (an mmap of it aside, which the cached rules still cover).
+    o_direct: bool,
     /// A write-back through this handle's file failed: say so at its next write(2).
     failed: bool,
 }
@@ -111,8 +114,9 @@ impl SpaceGuard {
         }
     }
 
-    /// Registers an open handle; returns its file handle number.
-    pub(crate) fn opened(&self, ino: u64, mode: OpenMode) -> u64 {
+    /// Registers an open handle (`o_direct`: opened O_DIRECT); returns its file handle
+    /// number.
+    pub(crate) fn opened(&self, ino: u64, mode: OpenMode, o_direct: bool) -> u64 {
         if mode == OpenMode::Read {
             return READ_HANDLE;
         }
@@ -124,6 +128,7 @@ impl SpaceGuard {
             Handle {
                 ino,
                 cached: mode == OpenMode::Cached,
+                o_direct,
                 failed: false,
             },
         );
@@ -157,9 +162,15 @@ impl SpaceGuard {
         }
     }
 
-    /// Data space a direct write must leave free: cached writers' dirty pages need it.
+    /// Data space a write that is not a write-back (a direct handle's, an O_DIRECT one's)
+    /// must leave free: cached writers' dirty pages need it. O_DIRECT handles have none.
     pub(crate) fn keep_free(&self) -> u64 {
-        let any_cached = self.handles.lock().open.values().any(|h| h.cached);
+        let any_cached = self
+            .handles
+            .lock()
+            .open
+            .values()
+            .any(|h| h.cached && !h.o_direct);
         if any_cached {
             self.dirty_limit.load(Ordering::Relaxed)
         } else {
@@ -306,8 +317,8 @@ mod tests {
     #[test]
     fn cached_writers_are_refused_in_low_space_and_after_a_failed_writeback() {
         let g = SpaceGuard::new(10 * MIB);
-        let cached = g.opened(7, g.open_mode(true));
-        let reader = g.opened(7, g.open_mode(false));
+        let cached = g.opened(7, g.open_mode(true), false);
+        let reader = g.opened(7, g.open_mode(false), false);
         assert_eq!(reader, READ_HANDLE);
         assert!(!g.refuse_cached_write(cached));
         assert_eq!(g.keep_free(), 10 * MIB);
@@ -321,13 +332,26 @@ mod tests {
         );
         g.update(5 * MIB);
         assert!(g.refuse_cached_write(cached));
-        let direct = g.opened(7, g.open_mode(true));
+        let direct = g.opened(7, g.open_mode(true), false);
         assert!(g.is_direct(direct));
         assert!(!g.refuse_cached_write(direct));
         g.released(cached);
         assert_eq!(g.keep_free(), 0, "no cached writer left to keep space for");
         g.released(direct);
         assert!(!g.is_direct(direct));
+    }
+
+    #[test]
+    fn o_direct_handles_dirty_no_pages_but_leave_room_for_those_that_do() {
+        let g = SpaceGuard::new(10 * MIB);
+        g.update(100 * MIB);
+        let o_direct = g.opened(7, g.open_mode(true), true);
+        assert_eq!(g.keep_free(), 0, "an O_DIRECT writer alone needs no margin");
+        let cached = g.opened(8, g.open_mode(true), false);
+        assert_eq!(g.keep_free(), 10 * MIB, "a buffered writer's dirty pages need it");
+        g.released(cached);
+        assert_eq!(g.keep_free(), 0);
+        g.released(o_direct);
     }
 
     #[test]
