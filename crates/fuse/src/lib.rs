@@ -69,6 +69,7 @@
 #![deny(missing_docs)]
 
 mod fileattr_ops;
+mod fs_ioctl;
 mod listings;
 mod mount_flags;
 mod nodeid;

@@ -422,6 +422,97 @@ impl BlockGroups {
             || self.committing.lock().keys().any(|&s| of_kind(s))
     }
 
+    /// The block groups overlapping `[start, end)`: (start, length), in address order.
+    pub(crate) fn overlapping(&self, start: u64, end: u64) -> Vec<(u64, u64)> {
+        self.groups
+            .iter()
+            .filter(|(&s, g)| s < end && s.saturating_add(g.length) > start)
+            .map(|(&s, g)| (s, g.length))
+            .collect()
+    }
+
+    /// The first half of the kernel's btrfs_trim_block_group: the free ranges of the block
+    /// group at `group` inside `[start, end)` that nothing else holds, each at least
+    /// `minlen` bytes, reserved (as `reserve` does) so that nothing is allocated there
+    /// until `cancel_reserved` gives each back. Left out: space freed by this transaction
+    /// or by a commit not yet durable (the last durable trees may still point there, and
+    /// read pins hold it), reservations (data on its way to the device, log tree blocks),
+    /// and the superblock stripes. A group whose superblock stripes we cannot place
+    /// (RAID5/6) gives nothing.
+    pub(crate) fn reserve_trimmable(
+        &mut self,
+        group: u64,
+        start: u64,
+        end: u64,
+        minlen: u64,
+    ) -> Vec<(u64, u64)> {
+        let Some(g) = self.groups.get(&group) else {
+            return Vec::new();
+        };
+        let (lo, hi) = (start.max(group), end.min(group + g.length));
+        if !g.allocatable || lo >= hi {
+            return Vec::new();
+        }
+        let overlaps = |s: u64, l: u64| s < hi && s.saturating_add(l) > lo;
+        let mut held: Vec<(u64, u64)> = g
+            .avoid
+            .iter()
+            .copied()
+            .filter(|&(s, l)| overlaps(s, l))
+            .collect();
+        for map in [&self.pinned, &self.reserved] {
+            held.extend(
+                map.range(..hi)
+                    .map(|(&s, &l)| (s, l))
+                    .filter(|&(s, l)| overlaps(s, l)),
+            );
+        }
+        held.extend(
+            self.committing
+                .lock()
+                .range(..hi)
+                .map(|(&s, &(l, _))| (s, l))
+                .filter(|&(s, l)| overlaps(s, l)),
+        );
+        held.sort_unstable();
+        let mut out = Vec::new();
+        for (s, l) in g.free.ranges_from(lo) {
+            if s >= hi {
+                break;
+            }
+            let (mut cur, e) = (s.max(lo), (s + l).min(hi));
+            for &(hs, hl) in &held {
+                let he = hs.saturating_add(hl);
+                if he <= cur {
+                    continue;
+                }
+                if hs >= e {
+                    break;
+                }
+                if hs > cur {
+                    out.push((cur, hs - cur));
+                }
+                cur = he;
+                if cur >= e {
+                    break;
+                }
+            }
+            if cur < e {
+                out.push((cur, e - cur));
+            }
+        }
+        out.retain(|&(_, l)| l >= minlen.max(1));
+        let mut total = 0;
+        for &(s, l) in &out {
+            self.reserved.insert(s, l);
+            total += l;
+        }
+        if let Some(g) = self.groups.get_mut(&group) {
+            g.reserved += total;
+        }
+        out
+    }
+
     /// (type flags, length, used) of every block group, for statfs.
     pub(crate) fn summary(&self) -> impl Iterator<Item = (u64, u64, u64)> + '_ {
         self.groups.values().map(|g| (g.flags, g.length, g.used))
