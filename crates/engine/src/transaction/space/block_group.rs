@@ -631,3 +631,80 @@ pub(crate) fn sync(txn: &mut Transaction<'_>, items_tree: u64) -> Result<bool> {
     }
     Ok(!todo.is_empty())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One data block group at 1 GiB of 64 MiB, free where `free` says.
+    fn groups(free: Vec<(u64, u64)>, avoid: Vec<(u64, u64)>) -> BlockGroups {
+        let mut groups = BTreeMap::new();
+        groups.insert(
+            1 << 30,
+            BlockGroup {
+                length: 64 << 20,
+                flags: bg::DATA,
+                used: 0,
+                used_on_disk: 0,
+                reserved: 0,
+                free: FreeSpace::new_block_group(free, 4096),
+                avoid,
+                allocatable: true,
+            },
+        );
+        BlockGroups {
+            groups,
+            pinned: BTreeMap::new(),
+            pinned_bytes: 0,
+            committing: Default::default(),
+            reserved: BTreeMap::new(),
+            cursor: BTreeMap::new(),
+            used_delta: 0,
+        }
+    }
+
+    #[test]
+    fn trimmable_space_leaves_out_what_is_held_and_is_reserved_meanwhile() {
+        const G: u64 = 1 << 30;
+        const M: u64 = 1 << 20;
+        let mut g = groups(
+            vec![(G, 10 * M), (G + 20 * M, 44 * M)],
+            vec![(G + 30 * M, M)],
+        );
+        g.pin_range(G + 2 * M, M);
+        g.reserved.insert(G + 40 * M, M);
+        g.committing.lock().insert(G + 50 * M, (M, 7));
+        let got = g.reserve_trimmable(G, G + M, G + 60 * M, 0);
+        assert_eq!(
+            got,
+            vec![
+                (G + M, M),
+                (G + 3 * M, 7 * M),
+                (G + 20 * M, 10 * M),
+                (G + 31 * M, 9 * M),
+                (G + 41 * M, 9 * M),
+                (G + 51 * M, 9 * M),
+            ]
+        );
+        // Reserved until given back: nothing is allocated there (the lowest free space left
+        // is the MiB at the group's start, outside the range), nor trimmed twice: only the tail
+        // past the first range is left.
+        assert_eq!(g.alloc_aligned(bg::DATA, M, 4096).unwrap(), G);
+        assert_eq!(
+            g.reserve_trimmable(G, G, G + 64 * M, 0),
+            vec![(G + 60 * M, 4 * M)]
+        );
+        // A minimum length drops the short ranges.
+        let mut g = groups(vec![(G, 10 * M), (G + 20 * M, 44 * M)], vec![]);
+        g.pin_range(G + 2 * M, M);
+        assert_eq!(
+            g.reserve_trimmable(G, 0, u64::MAX, 4 * M),
+            vec![(G + 3 * M, 7 * M), (G + 20 * M, 44 * M)]
+        );
+        for s in [G + 3 * M, G + 20 * M] {
+            g.cancel_reserved(s);
+        }
+        assert!(g.reserved.is_empty());
+        assert_eq!(g.groups[&G].reserved, 0);
+    }
+}
