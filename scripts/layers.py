@@ -26,7 +26,7 @@ CONTEXTS = r"FsCore|Transaction<[^>]*>|TxnState|Filesystem"
 # Method names too common to tell apart by name alone.
 COMMON = {"remove", "write", "read", "open", "join", "finish", "generation", "lookup",
           "settle", "insert_items", "get", "insert", "len", "push", "take", "clone",
-          "flush", "sync", "lock"}
+          "flush", "sync", "lock", "trim"}
 
 def layer(rel):
     parts = rel.parts

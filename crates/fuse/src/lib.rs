@@ -70,6 +70,7 @@
 
 mod caller;
 mod fileattr_ops;
+mod fs_ioctl;
 mod listings;
 mod mount_flags;
 mod nodeid;

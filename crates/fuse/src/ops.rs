@@ -284,6 +284,11 @@ impl Handler for OleoFuse {
                 BTRFS_IOC_SYNC => answer(self.mutate(|fs| fs.sync().map(drop)), reply, |(), r| {
                     r.ioctl(0, &[])
                 }),
+                c if crate::fs_ioctl::is_fs_ioctl(c) => {
+                    answer(self.fs_ioctl(req, c, data), reply, |out, r| {
+                        r.ioctl(0, &out)
+                    })
+                }
                 c if OleoFuse::is_subvol_ioctl(c) => {
                     answer(self.subvol_ioctl(req, node, c, data), reply, |out, r| {
                         r.ioctl(0, &out)

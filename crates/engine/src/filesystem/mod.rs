@@ -14,6 +14,7 @@
 
 mod fileattr;
 mod inspect;
+mod ioctl;
 mod subvolume;
 mod usage;
 

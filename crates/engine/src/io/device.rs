@@ -18,6 +18,8 @@ const DIRECT_MIN: usize = 64 << 10;
 /// flush (every fsync) writes back all that is dirty in the image, not only the
 /// fsynced file's part, so what is dirty there must stay small.
 const WRITEBACK_BATCH: u64 = 8 << 20;
+/// linux/fs.h's BLKDISCARD, `_IO(0x12, 119)`: discard a byte range of a block device.
+const BLKDISCARD: libc::c_ulong = 0x1277;
 /// Offset, length and memory alignment O_DIRECT needs (the largest logical block size).
 pub(crate) const DIRECT_ALIGN: usize = 4096;
 
@@ -148,6 +150,8 @@ pub(crate) struct Device {
     rec_devid: AtomicU64,
     size: u64,
     writable: bool,
+    /// A block device (discards are BLKDISCARD), not an image file (holes punched).
+    block_device: bool,
     /// Writes left before an injected failure (tests of crash consistency); MAX: never.
     write_budget: AtomicU64,
     writes: AtomicU64,
@@ -188,6 +192,8 @@ impl Device {
 
     fn with_file(file: File, path: &Path, writable: bool) -> Result<Device> {
         let claim = crate::io::claim::claim(&file, path, writable)?;
+        use std::os::unix::fs::FileTypeExt;
+        let block_device = file.metadata()?.file_type().is_block_device();
         // Block devices report size 0 in metadata: seek to the end instead.
         let size = {
             use std::io::{Seek, SeekFrom};
@@ -202,6 +208,7 @@ impl Device {
             rec_devid: AtomicU64::new(0),
             size,
             writable,
+            block_device,
             write_budget: AtomicU64::new(u64::MAX),
             writes: AtomicU64::new(0),
             flushes: AtomicU64::new(0),
@@ -326,6 +333,52 @@ impl Device {
         }
         self.flushes.fetch_add(1, Ordering::Relaxed);
         Ok(())
+    }
+
+    /// Tells the storage under `[offset, offset + len)` that its bytes are no longer
+    /// needed, as the kernel's blkdev_issue_discard: an image file gets a hole punched
+    /// there (fallocate PUNCH_HOLE, size kept; the range then reads as zeros), a block
+    /// device a BLKDISCARD. Returns the bytes discarded: 0 where the storage cannot
+    /// (a filesystem without hole punching, a device without discard). The caller makes
+    /// sure nothing in the range is in use.
+    pub fn discard(&self, offset: u64, len: u64) -> Result<u64> {
+        if !self.writable {
+            return Err(Error::ReadOnly);
+        }
+        let end = offset.checked_add(len).filter(|&e| e <= self.size);
+        if len == 0 || end.is_none() {
+            return Ok(0);
+        }
+        self._claim.check(false)?;
+        use std::os::fd::AsRawFd;
+        let fd = self.file.as_raw_fd();
+        let r = if self.block_device {
+            let range = [offset, len];
+            // SAFETY: BLKDISCARD reads two u64s from the pointer, which outlives the call.
+            unsafe { libc::ioctl(fd, BLKDISCARD, range.as_ptr()) }
+        } else {
+            let (Ok(off), Ok(l)) = (i64::try_from(offset), i64::try_from(len)) else {
+                return Ok(0);
+            };
+            // SAFETY: a plain syscall on our open descriptor.
+            unsafe {
+                libc::fallocate(
+                    fd,
+                    libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                    off,
+                    l,
+                )
+            }
+        };
+        if r == 0 {
+            return Ok(len);
+        }
+        let e = std::io::Error::last_os_error();
+        match e.raw_os_error() {
+            // The storage has no discard: nothing trimmed, nothing wrong.
+            Some(libc::EOPNOTSUPP) | Some(libc::ENOTTY) => Ok(0),
+            _ => Err(Error::Io(e)),
+        }
     }
 
     /// Starts (or restarts) recording writes and flushes.

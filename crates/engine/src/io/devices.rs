@@ -414,6 +414,42 @@ impl DeviceSet {
         self.dev_items.lock().insert(item.devid, item);
     }
 
+    /// Discards `[physical, physical + len)` of device `devid` (`Device::discard`), never
+    /// the first MiB nor a superblock copy's 64 KiB stripe, whatever the caller asks (the
+    /// kernel's btrfs_issue_discard leaves the superblock copies out the same way). A
+    /// missing device discards nothing. Returns the bytes discarded.
+    pub(crate) fn discard(&self, devid: u64, physical: u64, len: u64) -> Result<u64> {
+        let Some(m) = self.members.get(&devid) else {
+            return Ok(0);
+        };
+        let end = physical.saturating_add(len);
+        let mut keep: Vec<(u64, u64)> = vec![(0, DISCARD_RESERVED)];
+        keep.extend(
+            (0..3)
+                .map(superblock::mirror_offset)
+                .map(|off| (off, off + SUPER_STRIPE)),
+        );
+        let mut done = 0;
+        let mut cur = physical;
+        while cur < end {
+            // The next kept range at or after `cur` ends the piece; one covering `cur` skips it.
+            if let Some(&(_, e)) = keep.iter().find(|&&(s, e)| s <= cur && cur < e) {
+                cur = e;
+                continue;
+            }
+            let stop = keep
+                .iter()
+                .map(|&(s, _)| s)
+                .filter(|&s| s > cur)
+                .min()
+                .unwrap_or(u64::MAX)
+                .min(end);
+            done += m.device.discard(cur, stop - cur)?;
+            cur = stop;
+        }
+        Ok(done)
+    }
+
     /// Writes superblock `sb` to every present device, each with its own DEV_ITEM, at copy
     /// 0 only (`primary_only`, a log sync) or at every copy that fits the device.
     pub(crate) fn write_superblocks(&self, sb: &Superblock, primary_only: bool) -> Result<()> {
@@ -453,6 +489,11 @@ fn named(path: &Path, e: Error) -> Error {
         other => other,
     }
 }
+
+/// Bytes at the start of every device that no chunk uses and nothing discards.
+const DISCARD_RESERVED: u64 = 1 << 20;
+/// The stripe around each superblock copy that no chunk hands out.
+const SUPER_STRIPE: u64 = 64 << 10;
 
 /// Where the magic lies in a superblock (after the checksum, fsid, bytenr and flags).
 const MAGIC_AT: usize = 0x40;

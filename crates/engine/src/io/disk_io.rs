@@ -168,6 +168,32 @@ impl DiskIo {
         Ok(())
     }
 
+    /// Discards every copy of the logical range `[logical, logical + len)`, which must lie
+    /// in one chunk and be free (the kernel's btrfs_discard_extent). Returns the bytes
+    /// discarded, summed over the copies as the kernel counts them. RAID5/6 ranges are
+    /// left alone: their parity covers more than the range.
+    pub(crate) fn discard_logical(&self, logical: u64, len: u64) -> Result<u64> {
+        let pieces = {
+            let chunks = self.chunks.read();
+            if chunks
+                .profile(logical)
+                .is_none_or(|p| p & (bg::RAID5 | bg::RAID6) != 0)
+            {
+                return Ok(0);
+            }
+            let mut all = Vec::new();
+            for mirror in 0..chunks.num_mirrors(logical) {
+                all.extend(chunks.map(logical, len, mirror)?);
+            }
+            all
+        };
+        let mut done = 0;
+        for p in pieces {
+            done += self.devices.discard(p.devid, p.physical, p.len)?;
+        }
+        Ok(done)
+    }
+
     /// The blocks are on disk now: reads go the usual way.
     pub(crate) fn written(&self, bytenrs: impl Iterator<Item = u64>) {
         let mut map = self.inflight.write();

@@ -128,6 +128,8 @@ pub struct TxnState {
     /// move (the kernel's btrfs_update_root_times); a tree changed otherwise, such as a
     /// snapshot's source, keeps them (send streams name a parent by its ctransid).
     pub(crate) inodes_changed: std::collections::BTreeSet<u64>,
+    /// A new superblock label (without its NUL), written by this transaction's commit.
+    pub(crate) new_label: Option<Vec<u8>>,
 }
 
 impl TxnState {
@@ -347,6 +349,7 @@ impl TxnState {
             log: Default::default(),
             delayed: Default::default(),
             inodes_changed: Default::default(),
+            new_label: None,
             bookkeeping_blocks,
             data_budget: None,
             incompat_needed: 0,
@@ -905,6 +908,9 @@ impl<'a> Transaction<'a> {
             }
         }
         sb.incompat_flags |= self.incompat_needed;
+        if let Some(label) = &self.new_label {
+            sb.label.clone_from(label);
+        }
         let used = old.bytes_used as i128 + self.block_groups.used_delta;
         sb.bytes_used = u64::try_from(used)
             .map_err(|_| Error::corrupt(0, "superblock bytes_used would go negative"))?;
@@ -1178,6 +1184,7 @@ impl TxnState {
             && self.delayed.is_empty()
             && self.log.blocks.count() == 0
             && self.new_chunks.is_empty()
+            && self.new_label.is_none()
     }
 }
 

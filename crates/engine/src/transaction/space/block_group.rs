@@ -422,6 +422,97 @@ impl BlockGroups {
             || self.committing.lock().keys().any(|&s| of_kind(s))
     }
 
+    /// The block groups overlapping `[start, end)`: (start, length), in address order.
+    pub(crate) fn overlapping(&self, start: u64, end: u64) -> Vec<(u64, u64)> {
+        self.groups
+            .iter()
+            .filter(|(&s, g)| s < end && s.saturating_add(g.length) > start)
+            .map(|(&s, g)| (s, g.length))
+            .collect()
+    }
+
+    /// The first half of the kernel's btrfs_trim_block_group: the free ranges of the block
+    /// group at `group` inside `[start, end)` that nothing else holds, each at least
+    /// `minlen` bytes, reserved (as `reserve` does) so that nothing is allocated there
+    /// until `cancel_reserved` gives each back. Left out: space freed by this transaction
+    /// or by a commit not yet durable (the last durable trees may still point there, and
+    /// read pins hold it), reservations (data on its way to the device, log tree blocks),
+    /// and the superblock stripes. A group whose superblock stripes we cannot place
+    /// (RAID5/6) gives nothing.
+    pub(crate) fn reserve_trimmable(
+        &mut self,
+        group: u64,
+        start: u64,
+        end: u64,
+        minlen: u64,
+    ) -> Vec<(u64, u64)> {
+        let Some(g) = self.groups.get(&group) else {
+            return Vec::new();
+        };
+        let (lo, hi) = (start.max(group), end.min(group + g.length));
+        if !g.allocatable || lo >= hi {
+            return Vec::new();
+        }
+        let overlaps = |s: u64, l: u64| s < hi && s.saturating_add(l) > lo;
+        let mut held: Vec<(u64, u64)> = g
+            .avoid
+            .iter()
+            .copied()
+            .filter(|&(s, l)| overlaps(s, l))
+            .collect();
+        for map in [&self.pinned, &self.reserved] {
+            held.extend(
+                map.range(..hi)
+                    .map(|(&s, &l)| (s, l))
+                    .filter(|&(s, l)| overlaps(s, l)),
+            );
+        }
+        held.extend(
+            self.committing
+                .lock()
+                .range(..hi)
+                .map(|(&s, &(l, _))| (s, l))
+                .filter(|&(s, l)| overlaps(s, l)),
+        );
+        held.sort_unstable();
+        let mut out = Vec::new();
+        for (s, l) in g.free.ranges_from(lo) {
+            if s >= hi {
+                break;
+            }
+            let (mut cur, e) = (s.max(lo), (s + l).min(hi));
+            for &(hs, hl) in &held {
+                let he = hs.saturating_add(hl);
+                if he <= cur {
+                    continue;
+                }
+                if hs >= e {
+                    break;
+                }
+                if hs > cur {
+                    out.push((cur, hs - cur));
+                }
+                cur = he;
+                if cur >= e {
+                    break;
+                }
+            }
+            if cur < e {
+                out.push((cur, e - cur));
+            }
+        }
+        out.retain(|&(_, l)| l >= minlen.max(1));
+        let mut total = 0;
+        for &(s, l) in &out {
+            self.reserved.insert(s, l);
+            total += l;
+        }
+        if let Some(g) = self.groups.get_mut(&group) {
+            g.reserved += total;
+        }
+        out
+    }
+
     /// (type flags, length, used) of every block group, for statfs.
     pub(crate) fn summary(&self) -> impl Iterator<Item = (u64, u64, u64)> + '_ {
         self.groups.values().map(|g| (g.flags, g.length, g.used))
@@ -539,4 +630,81 @@ pub(crate) fn sync(txn: &mut Transaction<'_>, items_tree: u64) -> Result<bool> {
         }
     }
     Ok(!todo.is_empty())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One data block group at 1 GiB of 64 MiB, free where `free` says.
+    fn groups(free: Vec<(u64, u64)>, avoid: Vec<(u64, u64)>) -> BlockGroups {
+        let mut groups = BTreeMap::new();
+        groups.insert(
+            1 << 30,
+            BlockGroup {
+                length: 64 << 20,
+                flags: bg::DATA,
+                used: 0,
+                used_on_disk: 0,
+                reserved: 0,
+                free: FreeSpace::new_block_group(free, 4096),
+                avoid,
+                allocatable: true,
+            },
+        );
+        BlockGroups {
+            groups,
+            pinned: BTreeMap::new(),
+            pinned_bytes: 0,
+            committing: Default::default(),
+            reserved: BTreeMap::new(),
+            cursor: BTreeMap::new(),
+            used_delta: 0,
+        }
+    }
+
+    #[test]
+    fn trimmable_space_leaves_out_what_is_held_and_is_reserved_meanwhile() {
+        const G: u64 = 1 << 30;
+        const M: u64 = 1 << 20;
+        let mut g = groups(
+            vec![(G, 10 * M), (G + 20 * M, 44 * M)],
+            vec![(G + 30 * M, M)],
+        );
+        g.pin_range(G + 2 * M, M);
+        g.reserved.insert(G + 40 * M, M);
+        g.committing.lock().insert(G + 50 * M, (M, 7));
+        let got = g.reserve_trimmable(G, G + M, G + 60 * M, 0);
+        assert_eq!(
+            got,
+            vec![
+                (G + M, M),
+                (G + 3 * M, 7 * M),
+                (G + 20 * M, 10 * M),
+                (G + 31 * M, 9 * M),
+                (G + 41 * M, 9 * M),
+                (G + 51 * M, 9 * M),
+            ]
+        );
+        // Reserved until given back: nothing is allocated there (the lowest free space left
+        // is the MiB at the group's start, outside the range), nor trimmed twice: only the tail
+        // past the first range is left.
+        assert_eq!(g.alloc_aligned(bg::DATA, M, 4096).unwrap(), G);
+        assert_eq!(
+            g.reserve_trimmable(G, G, G + 64 * M, 0),
+            vec![(G + 60 * M, 4 * M)]
+        );
+        // A minimum length drops the short ranges.
+        let mut g = groups(vec![(G, 10 * M), (G + 20 * M, 44 * M)], vec![]);
+        g.pin_range(G + 2 * M, M);
+        assert_eq!(
+            g.reserve_trimmable(G, 0, u64::MAX, 4 * M),
+            vec![(G + 3 * M, 7 * M), (G + 20 * M, 44 * M)]
+        );
+        for s in [G + 3 * M, G + 20 * M] {
+            g.cancel_reserved(s);
+        }
+        assert!(g.reserved.is_empty());
+        assert_eq!(g.groups[&G].reserved, 0);
+    }
 }

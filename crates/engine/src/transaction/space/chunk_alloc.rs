@@ -313,6 +313,37 @@ impl Transaction<'_> {
         }
     }
 
+    /// Device `devid`'s unallocated space, the holes the kernel's btrfs_trim_free_extents
+    /// discards: (physical start, length) between its DEV_EXTENTs (those of chunks made
+    /// in this transaction too), from the end of the reserved first MiB to the
+    /// DEV_ITEM's total_bytes.
+    pub(crate) fn unallocated_ranges(&mut self, devid: u64) -> Result<Vec<(u64, u64)>> {
+        let end = self.dev_item(devid)?.total_bytes;
+        let mut extents = Vec::new();
+        self.for_each_in_range(
+            objectid::DEV_TREE,
+            Key::new(devid, item::DEV_EXTENT, 0),
+            Key::new(devid, item::DEV_EXTENT, u64::MAX),
+            |key, body| {
+                let de = DevExtent::parse(body)
+                    .map_err(|e| Error::corrupt(0, format!("dev extent {key:?}: {e}")))?;
+                extents.push((key.offset, key.offset.saturating_add(de.length)));
+                Ok(ControlFlow::Continue(()))
+            },
+        )?;
+        extents.sort_unstable();
+        let mut holes = Vec::new();
+        let mut cur = DEVICE_RANGE_RESERVED;
+        for (s, e) in extents.into_iter().chain(std::iter::once((end, end))) {
+            let s = s.min(end);
+            if s > cur {
+                holes.push((cur, s - cur));
+            }
+            cur = cur.max(e);
+        }
+        Ok(holes)
+    }
+
     /// The device's DEV_ITEM as the chunk tree holds it.
     fn dev_item(&mut self, devid: u64) -> Result<DevItem> {
         let key = Key::new(objectid::DEV_ITEMS, item::DEV_ITEM, devid);
