@@ -115,6 +115,10 @@ pub struct MountSettings {
     pub uring: bool,
     /// What the mount's VFS flags ask of the server (atime, sync, dirsync).
     pub flags: MountFlags,
+    /// The filesystem-wide options the mount was made with, in the CLI's canonical form:
+    /// the server only hands them back (`subvol_ioctl::GET_SERVER_OPTIONS`), so that a second
+    /// mount of the same image can be compared with this one.
+    pub options: String,
 }
 
 impl Default for MountSettings {
@@ -124,6 +128,7 @@ impl Default for MountSettings {
             commit_interval: Duration::from_secs(30),
             uring: true,
             flags: MountFlags::default(),
+            options: String::new(),
         }
     }
 }
