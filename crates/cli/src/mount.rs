@@ -58,6 +58,100 @@ struct Plan {
     vfs: crate::daemon::vfs_flags::VfsFlags,
     /// Their names as given, in order (a remount applies them to the mount's own).
     vfs_names: Vec<String>,
+    /// The keys of `shared_options` that the options given name: a second mount of an image
+    /// already mounted must agree with the first on these.
+    given: Vec<&'static str>,
+}
+
+/// Which of `shared_options`'s keys an option given sets (None: a per-mount option, or
+/// one that changes nothing).
+fn shared_key(name: &str) -> Option<&'static str> {
+    Some(match name {
+        "compress" | "compress-force" => "compress",
+        "nodatacow" | "datacow" => "datacow",
+        "nodatasum" | "datasum" => "datasum",
+        "max_inline" => "max_inline",
+        "commit" => "commit",
+        "cache_size" => "cache_size",
+        "threads" => "threads",
+        "readahead" => "readahead",
+        "fuse_uring" => "fuse_uring",
+        "degraded" => "degraded",
+        "device" => "device",
+        "nologreplay" | "norecovery" | "usebackuproot" | "recovery" | "rescue" | "sb" => "rescue",
+        "allow_other" | "allow_root" => "access",
+        "auto_unmount" => "auto_unmount",
+        "fsname" => "fsname",
+        "log" => "log",
+        _ => return None,
+    })
+}
+
+/// The options that hold for the whole filesystem and its one FUSE connection, not for one
+/// mount point: as `key=value` pairs, the form the server hands back to a second mount
+/// (`subvol_ioctl::GET_SERVER_OPTIONS`). The atime and sync flags travel apart, as the
+/// server's `MountFlags`.
+fn shared_options(p: &Plan) -> Vec<(&'static str, String)> {
+    let o = &p.open;
+    // SAFETY: geteuid cannot fail.
+    let is_root = unsafe { libc::geteuid() } == 0;
+    let compress = match &o.compress {
+        None => "no".to_string(),
+        Some(c) => format!(
+            "{}:{}{}",
+            format!("{:?}", c.kind).to_lowercase(),
+            c.level,
+            if c.force { ",force" } else { "" }
+        ),
+    };
+    let mut rescue = o.rescue.names().join(":");
+    if !o.log_replay {
+        rescue.push_str(";nologreplay");
+    }
+    if let Some(n) = o.rescue.super_copy {
+        rescue.push_str(&format!(";sb={n}"));
+    }
+    let devices: Vec<String> = o
+        .devices
+        .iter()
+        .map(|d| {
+            std::fs::canonicalize(d)
+                .unwrap_or_else(|_| d.clone())
+                .display()
+                .to_string()
+        })
+        .collect();
+    vec![
+        ("compress", compress),
+        ("datacow", (!o.nodatacow).to_string()),
+        ("datasum", (!o.nodatasum).to_string()),
+        ("max_inline", o.max_inline.to_string()),
+        ("commit", p.commit_secs.to_string()),
+        ("cache_size", o.cache_bytes.to_string()),
+        ("threads", p.threads.to_string()),
+        ("readahead", p.readahead_kib.to_string()),
+        ("fuse_uring", if p.uring { "on" } else { "off" }.to_string()),
+        ("degraded", o.degraded.to_string()),
+        ("device", devices.join(":")),
+        ("rescue", rescue),
+        (
+            "access",
+            format!(
+                "allow_other={},allow_root={}",
+                p.allow_other.unwrap_or(is_root) || p.allow_root,
+                p.allow_root && p.allow_other != Some(true)
+            ),
+        ),
+        ("auto_unmount", p.auto_unmount.to_string()),
+        ("fsname", p.fsname.clone().unwrap_or_default()),
+        (
+            "log",
+            p.log
+                .as_ref()
+                .map(|l| l.display().to_string())
+                .unwrap_or_default(),
+        ),
+    ]
 }
 
 /// Options of mount(8) and fstab that are mount(8)'s own, not the filesystem's or the
@@ -153,6 +247,7 @@ fn plan(options: &[String], rw_is_explicit: bool) -> Result<Plan, String> {
         remount: false,
         vfs: Default::default(),
         vfs_names: Vec::new(),
+        given: Vec::new(),
     };
     for opt in options
         .iter()
@@ -162,6 +257,11 @@ fn plan(options: &[String], rw_is_explicit: bool) -> Result<Plan, String> {
         let (name, value) = opt
             .split_once('=')
             .map_or((opt, None), |(n, v)| (n, Some(v)));
+        if let Some(k) = shared_key(name) {
+            if !p.given.contains(&k) {
+                p.given.push(k);
+            }
+        }
         if value.is_none() && p.vfs.apply(name) {
             p.vfs_names.push(name.to_string());
             continue;
@@ -399,6 +499,28 @@ fn mount(
                 mountpoint.display()
             ));
         }
+        // The kernel keeps atime rules per mount, oleo's server one set for all mounts of
+        // it (a second mount of the image is a bind mount of the first, daemon/twice.rs):
+        // changing them through one mount while others are there would change theirs too.
+        let (old_rules, new_rules) = (was.server(), vfs.server());
+        if (old_rules.atime, old_rules.nodiratime) != (new_rules.atime, new_rules.nodiratime) {
+            let canonical = std::fs::canonicalize(mountpoint)
+                .map_err(|e| format!("{}: {e}", mountpoint.display()))?;
+            let others: Vec<String> = crate::daemon::stop::connection_of(&canonical)
+                .map(crate::daemon::stop::points_of)
+                .unwrap_or_default()
+                .into_iter()
+                .filter(|p| *p != canonical)
+                .map(|p| p.display().to_string())
+                .collect();
+            if !others.is_empty() {
+                return Err(format!(
+                    "{}: its atime rules are those of its server, which also serves {}:                      they cannot change for one mount only (unmount the others first)",
+                    mountpoint.display(),
+                    others.join(", ")
+                ));
+            }
+        }
         crate::daemon::fuse_mount::remount(mountpoint, writable, vfs.ms)?;
         // The server acts on the new atime and sync flags from now on.
         if let Err(e) = crate::daemon::fuse_mount::tell_server_flags(mountpoint, &vfs) {
@@ -429,6 +551,20 @@ fn mount(
     // Resolved now: once mounted, touching the path would wait on this very server.
     let mountpoint =
         &std::fs::canonicalize(mountpoint).map_err(|e| format!("{}: {e}", mountpoint.display()))?;
+    // An image a live oleo mount serves: one filesystem, mounted here a second time (the
+    // kernel's btrfs gives such a mount the superblock it has).
+    let asked = crate::daemon::twice::Asked {
+        options: shared_options(&plan),
+        given: &plan.given,
+        vfs: &plan.vfs,
+        vfs_names: &plan.vfs_names,
+        writable: plan.writable,
+        subvol: plan.open.subvol.as_deref(),
+        subvolid: plan.open.subvolid,
+    };
+    if crate::daemon::twice::mount_again(image, mountpoint, &asked, mode.verbose)? {
+        return Ok(());
+    }
     let (fs, writable) = open(image, &plan)?;
     let source = plan.fsname.clone().unwrap_or_else(|| {
         std::fs::canonicalize(image)
@@ -467,6 +603,7 @@ fn mount(
         // Mounted with default_permissions (above), which the kernel wants for an idmap;
         // allow_root's gate needs every caller's uid, which the idmap's requests omit.
         allow_idmap: access == oleo_fuse::Access::All,
+        options: crate::daemon::twice::encode(&shared_options(&plan)),
     };
     // A sixteenth of the filesystem may sit dirty in the kernel (at least 8 MiB): small
     // images then keep their writes cached until nearly full (see oleo_fuse::DirtyCap).

@@ -14,7 +14,9 @@
 //! gone) and takes a pidfd of the process. Then it unmounts, waits on the pidfd until the
 //! process has exited (by then its descriptors, the image's among them, are closed), and
 //! reads the record. An empty record means the server died before it could write one
-//! (killed): a failure. This needs no root and no shared directory: the same user, or root,
+//! (killed): a failure. A mount with other mounts of its connection left here (a second
+//! mount of the same image is a bind mount of the first) is only unmounted: its server
+//! goes on serving the others, as the kernel's filesystem lives until its last mount goes. This needs no root and no shared directory: the same user, or root,
 //! may open another process's descriptors.
 
 use std::ffi::CString;
@@ -337,6 +339,17 @@ pub fn run(args: &UmountArgs) -> ExitCode {
             Ok((m, server))
         })
         .collect();
+    // A mount bound elsewhere too (`oleo mount` of an image already mounted, see
+    // daemon/twice.rs) is one FUSE connection with its other mounts: its server ends only
+    // with the last of them. Those that stay mounted after this command are not waited for;
+    // of several unmounted here, one waits.
+    let leaving: Vec<(PathBuf, u64)> = found
+        .iter()
+        .flatten()
+        .map(|(m, _)| (m.point.clone(), m.conn))
+        .collect();
+    let all = mounts();
+    let mut waiting_for: Vec<u64> = Vec::new();
     let steps: Vec<Step> = found
         .into_iter()
         .map(|f| {
@@ -347,6 +360,19 @@ pub fn run(args: &UmountArgs) -> ExitCode {
                     return Step::Done(1);
                 }
             };
+            let stays = all
+                .iter()
+                .any(|o| o.conn == m.conn && !leaving.contains(&(o.point.clone(), o.conn)));
+            if stays || waiting_for.contains(&m.conn) {
+                return match unmount(&m.point, args.lazy) {
+                    Ok(()) => Step::Done(0),
+                    Err(e) => {
+                        eprintln!("oleo: {e}");
+                        Step::Done(1)
+                    }
+                };
+            }
+            waiting_for.push(m.conn);
             let Some(server) = server else {
                 // A mount whose server is gone can only be taken away; the image keeps its
                 // last commit. One whose server is alive but out of sight (another user's,

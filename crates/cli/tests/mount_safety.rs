@@ -1,5 +1,7 @@
-//! `oleo mount` refuses what would lose data: a second mount of an image oleo already
-//! serves, an image the kernel has mounted; a truncated image mounts read-only with a
+//! `oleo mount` refuses what would lose data: a second oleo serving an image oleo already
+//! serves (a second mount of it that oleo finds in mountinfo is a bind mount of the first,
+//! mount_twice.rs; one it cannot find, whose first mount shows another fsname, meets the
+//! image's claim), an image the kernel has mounted; a truncated image mounts read-only with a
 //! warning, and `-o rw` of it is refused with the reason.
 
 use oleo_testkit::{empty_image, require_fuse, require_root, KernelMount, OleoMount, TempDir};
@@ -36,7 +38,9 @@ fn a_second_mount_and_a_kernel_mounted_image_are_refused() {
     let image = tmp.join("d.img");
     mkfs(&image, 256);
     let (m1, m2) = (tmp.subdir("m1").unwrap(), tmp.subdir("m2").unwrap());
-    let first = OleoMount::mount_rw(Path::new(OLEO), &image, &m1, &[]).unwrap();
+    // Shown under another source: not found as a mount of the image, so the second
+    // mount opens the image and meets the first one's claim.
+    let first = OleoMount::mount_rw(Path::new(OLEO), &image, &m1, &["fsname=elsewhere"]).unwrap();
     std::fs::write(m1.join("fsynced"), b"must survive").unwrap();
     for opts in [&["rw"][..], &["ro"], &[]] {
         let text = mount_fails(&image, &m2, opts);

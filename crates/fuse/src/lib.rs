@@ -120,6 +120,10 @@ pub struct MountSettings {
     /// Offer FUSE_ALLOW_IDMAP, so the mount may be idmapped (Linux 6.12+). Only for a
     /// mount with default_permissions: the kernel fails the connection otherwise.
     pub allow_idmap: bool,
+    /// The filesystem-wide options the mount was made with, in the CLI's canonical form:
+    /// the server only hands them back (`subvol_ioctl::GET_SERVER_OPTIONS`), so that a second
+    /// mount of the same image can be compared with this one.
+    pub options: String,
 }
 
 impl Default for MountSettings {
@@ -130,6 +134,7 @@ impl Default for MountSettings {
             uring: true,
             flags: MountFlags::default(),
             allow_idmap: false,
+            options: String::new(),
         }
     }
 }

@@ -45,6 +45,45 @@ pub const GET_DEFAULT: u32 = ioc(READ, 8, 8);
 /// argument is mount(2)'s MS_* flags now in force. Root only (EPERM otherwise).
 pub const SET_MOUNT_FLAGS: u32 = ioc(WRITE, 16, 8);
 
+/// On the mount's root: what the server runs with (`ServerOptions`): the flags it acts on,
+/// whether it writes, and the filesystem's options as the CLI gave them. A second mount of
+/// the same image (a bind mount of this one) compares its options against these. Root only
+/// (EPERM otherwise): the options name paths (log=, device=).
+pub const GET_SERVER_OPTIONS: u32 = ioc(READ, 17, SERVER_OPTIONS_SIZE);
+/// Size of GET_SERVER_OPTIONS's answer (`ServerOptions`).
+pub const SERVER_OPTIONS_SIZE: usize = 4096;
+
+/// GET_SERVER_OPTIONS's answer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ServerOptions {
+    /// The MS_* flags the server acts on now (`MountFlags::to_ms`): atime, sync, dirsync.
+    pub flags: u64,
+    /// The server writes (the image was opened read-write).
+    pub writable: bool,
+    /// The filesystem-wide options, `name=value` lines, in the CLI's own canonical form
+    /// (opaque to the server).
+    pub options: Vec<u8>,
+}
+
+impl ServerOptions {
+    /// None if the options do not fit.
+    pub fn to_bytes(&self) -> Option<Vec<u8>> {
+        let mut out = Vec::with_capacity(SERVER_OPTIONS_SIZE);
+        out.extend_from_slice(&self.flags.to_le_bytes());
+        out.extend_from_slice(&u64::from(self.writable).to_le_bytes());
+        put_c_str(&mut out, &self.options, SERVER_OPTIONS_SIZE - 16)?;
+        Some(out)
+    }
+    /// Reads an answer (missing fields read as 0).
+    pub fn parse(b: &[u8]) -> ServerOptions {
+        ServerOptions {
+            flags: u64_at(b, 0),
+            writable: u64_at(b, 8) != 0,
+            options: c_str(b.get(16..).unwrap_or_default()).to_vec(),
+        }
+    }
+}
+
 /// Flags of SNAPSHOT and SET_FLAGS, and of `SubvolOf` and `SubvolInfo`.
 pub const RO: u64 = 1;
 /// SET_FLAGS: make a received subvolume writable (clears its received uuid).
@@ -771,6 +810,18 @@ mod tests {
         assert!(create_arg(&[b'a'; NAME]).is_none());
         assert_eq!((SNAPSHOT >> 16) & 0x3fff, SNAPSHOT_SIZE as u32);
         assert_eq!((NEXT_SUBVOL >> 30), READ | WRITE);
+        let o = ServerOptions {
+            flags: 1 << 21,
+            writable: true,
+            options: b"commit=30\ncompress=no".to_vec(),
+        };
+        let b = o.to_bytes().unwrap();
+        assert_eq!(b.len(), SERVER_OPTIONS_SIZE);
+        assert_eq!(ServerOptions::parse(&b), o);
+        assert_eq!(
+            (GET_SERVER_OPTIONS >> 16) & 0x3fff,
+            SERVER_OPTIONS_SIZE as u32
+        );
     }
 
     #[test]

@@ -31,6 +31,7 @@ impl OleoFuse {
             cmd::SCRUB_STATUS,
             cmd::DEV_STATS,
             cmd::SET_MOUNT_FLAGS,
+            cmd::GET_SERVER_OPTIONS,
         ]
         .contains(&c)
             || OleoFuse::is_stream_ioctl(c)
@@ -58,6 +59,18 @@ impl OleoFuse {
                 log::info!("mount flags now {flags:?}");
                 self.flags.set(flags);
                 Ok(Vec::new())
+            }
+            cmd::GET_SERVER_OPTIONS => {
+                if req.uid != 0 {
+                    return Err(Errno(libc::EPERM));
+                }
+                cmd::ServerOptions {
+                    flags: self.flags.get().to_ms(),
+                    writable: self.settings.writable,
+                    options: self.settings.options.as_bytes().to_vec(),
+                }
+                .to_bytes()
+                .ok_or(Errno(libc::ENAMETOOLONG))
             }
             cmd::SUBVOL_OF => {
                 let ro = self.fs.subvolume_readonly(id.subvol).map_err(errno)?;

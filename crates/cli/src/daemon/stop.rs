@@ -1,4 +1,5 @@
-//! Stopping a serving oleo with a signal. SIGTERM, SIGINT and SIGHUP unmount the mount (or,
+//! Stopping a serving oleo with a signal. SIGTERM, SIGINT and SIGHUP unmount the mount and
+//! any bind mounts of it (or,
 //! when files on it are still open, detach it and end the FUSE connection), so that the
 //! session ends the way an unmount ends it: requests in flight finish, the final commit is
 //! written, the image is released and the process exits 0. A second signal during that
@@ -139,9 +140,29 @@ fn unmount(m: &Mount, sig: libc::c_int) {
         name(sig),
         m.mountpoint.display()
     );
-    if plain_unmount(&m.mountpoint) {
+    // Every mount of this connection (a second mount of the image is a bind mount of the
+    // first, see daemon/twice.rs), the newest first: the server ends with the last.
+    let mut points = m.conn.map(points_of).unwrap_or_default();
+    if points.is_empty() {
+        points.push(m.mountpoint.clone());
+    }
+    let mut busy = Vec::new();
+    for p in points.iter().rev() {
+        if !plain_unmount(p) {
+            busy.push(p.clone());
+        }
+    }
+    if busy.is_empty() {
         return;
     }
+    for p in &busy[1..] {
+        lazy_unmount(p);
+    }
+    let m = &Mount {
+        mountpoint: busy[0].clone(),
+        conn: m.conn,
+        on_stop: None,
+    };
     // Busy: files are open on it. Push what the kernel still caches for them to us, then
     // free the mount point and end the connection: their owners get ENOTCONN, and what
     // oleo has by then is committed.
@@ -232,6 +253,25 @@ pub fn connection_of(canonical_mountpoint: &Path) -> Option<u64> {
             Some((major.parse::<u64>().ok()? << 20) | minor.parse::<u64>().ok()?)
         })
         .next_back()
+}
+
+/// The mount points of connection `conn` here, in mountinfo's order.
+pub fn points_of(conn: u64) -> Vec<PathBuf> {
+    let dev = format!("{}:{}", conn >> 20, conn & 0xf_ffff);
+    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return Vec::new();
+    };
+    info.lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split(' ').collect();
+            if f.get(2) != Some(&dev.as_str()) {
+                return None;
+            }
+            Some(PathBuf::from(crate::daemon::fuse_mount::unescape(
+                f.get(4)?,
+            )))
+        })
+        .collect()
 }
 
 /// Whether the FUSE mount with connection `conn` is still mounted anywhere here.
