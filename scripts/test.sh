@@ -26,12 +26,23 @@ log=$(mktemp)
 status=0
 cargo test -p oleo --features model-check --lib -- commit_pipe log_sync::model nocow::model 2>&1 | tee "$log" || status=$?
 cargo test --workspace --all-targets --no-fail-fast -- --test-threads=2 2>&1 | tee -a "$log" || status=$?
-# fstests' generic tests (fstests/generic.list) against the release binary's FUSE mount; skipped
-# without root or FUSE, a failure under CI=true. Its last line, "fstests: N passed, M failed,
-# K skipped" (K: known.txt's), counts in the total.
-bash scripts/fstests.sh target/release/oleo 2>&1 | tee -a "$log" || status=$?
+# fstests' generic tests against the release binary's FUSE mount: fstests/generic.list on image
+# files, then fstests/generic-loop.list (the tests that need a block device) on loop devices;
+# skipped without root or FUSE, a failure under CI=true. The last line of each run, "fstests:
+# N passed, M failed, K skipped" (K: known.txt's), counts in the total.
+for devices in images loop; do
+    flog=$(mktemp)
+    if [ "$devices" = loop ]; then
+        FSTESTS_DEVICES=loop bash scripts/fstests.sh target/release/oleo \
+            $(grep -v '^#' fstests/generic-loop.list | awk '{print $1}')
+    else
+        bash scripts/fstests.sh target/release/oleo
+    fi 2>&1 | tee "$flog" || status=$?
+    tail -n 1 "$flog" | sed 's/^fstests: /fstests run: /' >> "$log"
+    rm -f "$flog"
+done
 awk '/^test result:/ { p += $4; f += $6 }
-     /^fstests: [0-9]+ passed, [0-9]+ failed/ { fp = $2; ff = $4 + 0 }
+     /^fstests run: [0-9]+ passed, [0-9]+ failed/ { fp += $3; ff += $5 + 0 }
      END { printf "total: %d passed, %d failed\n", p + fp, f + ff }' "$log"
 rm -f "$log"
 exit $status

@@ -29,6 +29,13 @@ pub(crate) struct Caller {
 impl Caller {
     /// The caller of `req`: from its header, else from /proc; None when neither says (the
     /// caller is gone, or lives in a pid namespace the server cannot see).
+    /// Whether the caller of `req` is root (uid 0), as far as anything says: the ioctls that
+    /// want CAP_SYS_ADMIN ask this. Never `req.uid` alone: with ALLOW_IDMAP it is
+    /// `INVALID_UIDGID` for every such request.
+    pub(crate) fn is_root(req: &Request) -> bool {
+        Caller::of(req).is_some_and(|c| c.uid == 0)
+    }
+
     pub(crate) fn of(req: &Request) -> Option<Caller> {
         if req.uid != abi::INVALID_UIDGID && req.gid != abi::INVALID_UIDGID {
             return Some(Caller {

@@ -32,7 +32,7 @@ impl OleoFuse {
     pub(crate) fn fs_ioctl(&self, req: &Request, c: u32, data: &[u8]) -> Result<Vec<u8>, Errno> {
         match c {
             FITRIM => {
-                if req.uid != 0 {
+                if !crate::caller::Caller::is_root(req) {
                     return Err(Errno(libc::EPERM));
                 }
                 let (Some(start), Some(len), Some(minlen)) =
@@ -54,7 +54,7 @@ impl OleoFuse {
                 Ok(out)
             }
             FS_IOC_SETFSLABEL => {
-                if req.uid != 0 {
+                if !crate::caller::Caller::is_root(req) {
                     return Err(Errno(libc::EPERM));
                 }
                 let buf = data.get(..LABEL_SIZE).unwrap_or(data);

@@ -348,7 +348,11 @@ mod tests {
         let o_direct = g.opened(7, g.open_mode(true), true);
         assert_eq!(g.keep_free(), 0, "an O_DIRECT writer alone needs no margin");
         let cached = g.opened(8, g.open_mode(true), false);
-        assert_eq!(g.keep_free(), 10 * MIB, "a buffered writer's dirty pages need it");
+        assert_eq!(
+            g.keep_free(),
+            10 * MIB,
+            "a buffered writer's dirty pages need it"
+        );
         g.released(cached);
         assert_eq!(g.keep_free(), 0);
         g.released(o_direct);

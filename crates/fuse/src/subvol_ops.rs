@@ -52,7 +52,7 @@ impl OleoFuse {
         match c {
             cmd::SET_MOUNT_FLAGS => {
                 // Only root remounts; a user must not turn sync or atime updates on or off.
-                if Caller::of(req).is_none_or(|c| c.uid != 0) {
+                if !Caller::is_root(req) {
                     return Err(Errno(libc::EPERM));
                 }
                 let flags = crate::MountFlags::from_ms(cmd::u64_arg(data));
@@ -61,7 +61,7 @@ impl OleoFuse {
                 Ok(Vec::new())
             }
             cmd::GET_SERVER_OPTIONS => {
-                if req.uid != 0 {
+                if !Caller::is_root(req) {
                     return Err(Errno(libc::EPERM));
                 }
                 cmd::ServerOptions {

@@ -341,6 +341,19 @@ impl Device {
     /// device a BLKDISCARD. Returns the bytes discarded: 0 where the storage cannot
     /// (a filesystem without hole punching, a device without discard). The caller makes
     /// sure nothing in the range is in use.
+    /// Drops the host page cache's clean pages of `[offset, offset + len)`: a buffered read
+    /// that raced an O_DIRECT write of the same range can leave the old bytes cached after
+    /// the write (the kernel invalidates the range when the write ends, but a read already
+    /// in flight inserts its pages after that). Best effort.
+    pub(crate) fn drop_cached(&self, offset: u64, len: u64) {
+        let (Ok(off), Ok(l)) = (i64::try_from(offset), i64::try_from(len)) else {
+            return;
+        };
+        use std::os::fd::AsRawFd;
+        // SAFETY: a plain syscall on our open descriptor.
+        unsafe { libc::posix_fadvise(self.file.as_raw_fd(), off, l, libc::POSIX_FADV_DONTNEED) };
+    }
+
     pub fn discard(&self, offset: u64, len: u64) -> Result<u64> {
         if !self.writable {
             return Err(Error::ReadOnly);

@@ -418,6 +418,13 @@ impl DeviceSet {
     /// the first MiB nor a superblock copy's 64 KiB stripe, whatever the caller asks (the
     /// kernel's btrfs_issue_discard leaves the superblock copies out the same way). A
     /// missing device discards nothing. Returns the bytes discarded.
+    /// `Device::drop_cached` on device `devid`.
+    pub(crate) fn drop_cached(&self, devid: u64, physical: u64, len: u64) {
+        if let Some(m) = self.members.get(&devid) {
+            m.device.drop_cached(physical, len);
+        }
+    }
+
     pub(crate) fn discard(&self, devid: u64, physical: u64, len: u64) -> Result<u64> {
         let Some(m) = self.members.get(&devid) else {
             return Ok(0);

@@ -194,6 +194,18 @@ impl DiskIo {
         Ok(done)
     }
 
+    /// Drops the host page cache's pages of copy `mirror` of `[logical, logical + len)`
+    /// (see `Device::drop_cached`).
+    pub(crate) fn drop_cached(&self, logical: u64, len: u64, mirror: usize) {
+        let pieces = match self.chunks.read().map(logical, len, mirror) {
+            Ok(p) => p,
+            Err(_) => return,
+        };
+        for p in pieces {
+            self.devices.drop_cached(p.devid, p.physical, p.len);
+        }
+    }
+
     /// The blocks are on disk now: reads go the usual way.
     pub(crate) fn written(&self, bytenrs: impl Iterator<Item = u64>) {
         let mut map = self.inflight.write();
