@@ -256,10 +256,12 @@ fn empty_files_from_many_threads_fill_and_lose_nothing() {
     );
 }
 
-/// An O_DIRECT writer filling the disk leaves room for the dirty pages of a buffered writer
-/// opened earlier (fstests generic/299): they reach the disk at its fsync, and nothing
-/// write(2) took from it is lost. O_DIRECT writes come to oleo as write(2) makes them, not as
-/// the page cache's write-back, so they must keep the cached writers' margin free.
+/// An O_DIRECT writer filling the disk with asynchronous writes (libaio, as fstests
+/// generic/299's fio jobs) leaves room for the dirty pages of a buffered writer opened
+/// earlier: they reach the disk at its fsync, and nothing write(2) took from it is lost.
+/// O_DIRECT writes come to oleo as they are made, not as the page cache's write-back, so
+/// they keep the cached writers' margin free; and each ends whole or with ENOSPC, never
+/// short (the kernel turns a short asynchronous direct write into EIO).
 #[test]
 fn an_o_direct_filler_leaves_room_for_buffered_dirty_pages() {
     use std::os::unix::fs::OpenOptionsExt;
@@ -277,38 +279,44 @@ fn an_o_direct_filler_leaves_room_for_buffered_dirty_pages() {
     for i in 0..8 {
         buffered.write_all(&chunk(i)).unwrap();
     }
-    // The O_DIRECT writer fills the rest, 1 MiB per write(2), until ENOSPC.
-    let mut direct = std::fs::OpenOptions::new()
+    // The O_DIRECT writer fills the rest with asynchronous writes of 768 KiB (not a divisor
+    // of the free space, so that one would end past the space left) into a file
+    // preallocated past the free space (no write extends it: the kernel keeps such writes
+    // asynchronous), until one fails.
+    const PIECE: usize = 768 << 10;
+    let direct = std::fs::OpenOptions::new()
         .write(true)
         .create(true)
         .truncate(true)
         .custom_flags(libc::O_DIRECT)
         .open(mnt.join("direct"))
         .unwrap();
-    let layout = std::alloc::Layout::from_size_align(MIB, 4096).unwrap();
+    direct.set_len(1 << 30).unwrap();
+    let layout = std::alloc::Layout::from_size_align(PIECE, 4096).unwrap();
     // SAFETY: a non-zero size; freed below with the same layout.
     let buf = unsafe { std::alloc::alloc(layout) };
     assert!(!buf.is_null());
-    // SAFETY: buf holds MIB bytes, aligned for O_DIRECT.
-    let aligned = unsafe { std::slice::from_raw_parts_mut(buf, MIB) };
-    let mut direct_len = 0u64;
-    let err = loop {
-        aligned.copy_from_slice(&chunk((direct_len / MIB as u64) as usize));
-        match direct.write(aligned) {
-            Ok(n) if n == MIB => direct_len += MIB as u64,
-            Ok(n) => {
-                // A short write where space ends: the rest is not taken.
-                direct_len += n as u64;
-                break std::io::Error::from(ErrorKind::StorageFull);
-            }
-            Err(e) => break e,
+    // SAFETY: buf holds PIECE bytes, aligned for O_DIRECT.
+    let aligned = unsafe { std::slice::from_raw_parts_mut(buf, PIECE) };
+    let aio = oleo_testkit::aio::Aio::new(4).unwrap();
+    let mut pieces = 0usize;
+    let res = loop {
+        aligned.copy_from_slice(&chunk(pieces)[..PIECE]);
+        match aio.write(&direct, aligned, (pieces * PIECE) as u64) {
+            r if r == PIECE as i64 => pieces += 1,
+            r => break r,
         }
-        assert!(direct_len < 1 << 30, "1 GiB into a 512 MiB filesystem");
+        assert!(pieces * PIECE < 1 << 30, "1 GiB into a 512 MiB filesystem");
     };
+    drop(aio);
     // SAFETY: allocated above with this layout.
     unsafe { std::alloc::dealloc(buf, layout) };
-    assert_eq!(err.kind(), ErrorKind::StorageFull, "direct: {err}");
-    assert!(direct_len > 128 << 20, "stopped early: {direct_len} bytes");
+    assert_eq!(
+        res,
+        -i64::from(libc::ENOSPC),
+        "the asynchronous direct write after {pieces} pieces of {PIECE} bytes"
+    );
+    assert!(pieces * PIECE > 128 << 20, "stopped early: {pieces} pieces");
     // The buffered writer's pages reach the disk.
     buffered
         .sync_all()
@@ -321,9 +329,12 @@ fn an_o_direct_filler_leaves_room_for_buffered_dirty_pages() {
     let kmnt = dir.subdir("kmnt").unwrap();
     let k = KernelMount::mount(&image, &kmnt, &["ro"]).unwrap();
     check_contents(&kmnt.join("buffered"), 8 * MIB as u64);
-    assert_eq!(
-        std::fs::metadata(kmnt.join("direct")).unwrap().len(),
-        direct_len
-    );
+    let f = std::fs::File::open(kmnt.join("direct")).unwrap();
+    let mut got = vec![0u8; PIECE];
+    for i in 0..pieces {
+        f.read_exact_at(&mut got, (i * PIECE) as u64).unwrap();
+        assert!(got == chunk(i)[..PIECE], "direct: piece {i} differs");
+    }
+    drop(f);
     k.unmount().unwrap();
 }

@@ -1660,74 +1660,6 @@ fn file_handles_outlive_the_cache() {
     fs.settle(tree);
 }
 
-/// `struct iocb` of linux/aio_abi.h (little-endian layout).
-#[repr(C)]
-#[derive(Default)]
-struct Iocb {
-    data: u64,
-    key: u32,
-    rw_flags: i32,
-    opcode: u16,
-    reqprio: i16,
-    fildes: u32,
-    buf: u64,
-    nbytes: u64,
-    offset: i64,
-    reserved2: u64,
-    flags: u32,
-    resfd: u32,
-}
-
-/// `struct io_event`.
-#[repr(C)]
-#[derive(Default)]
-struct IoEvent {
-    data: u64,
-    obj: u64,
-    res: i64,
-    res2: i64,
-}
-
-/// One native AIO write (io_submit, then io_getevents for its completion): the
-/// asynchronous direct IO ASYNC_DIO lets travel without the kernel waiting in the call.
-fn aio_write(ctx: u64, f: &File, buf: &[u8], at: u64) -> i64 {
-    let mut cb = Iocb {
-        opcode: 1, // IOCB_CMD_PWRITE
-        fildes: f.as_raw_fd() as u32,
-        buf: buf.as_ptr() as u64,
-        nbytes: buf.len() as u64,
-        offset: at as i64,
-        ..Default::default()
-    };
-    let mut list = [&mut cb as *mut Iocb];
-    // SAFETY: a context from io_setup, one iocb whose buffer outlives the completion we
-    // wait for below.
-    let r = unsafe { libc::syscall(libc::SYS_io_submit, ctx, 1, list.as_mut_ptr()) };
-    assert_eq!(r, 1, "io_submit: {}", last_errno());
-    let mut ev = IoEvent::default();
-    // A signal to the test process (the harness's threads, a child's exit) interrupts
-    // the wait with EINTR; the write is still in flight, so wait again.
-    let r = loop {
-        // SAFETY: room for one event; no timeout.
-        let r = unsafe {
-            libc::syscall(
-                libc::SYS_io_getevents,
-                ctx,
-                1,
-                1,
-                &mut ev as *mut IoEvent,
-                std::ptr::null::<libc::timespec>(),
-            )
-        };
-        if r == -1 && last_errno() == libc::EINTR {
-            continue;
-        }
-        break r;
-    };
-    assert_eq!(r, 1, "io_getevents: {}", last_errno());
-    ev.res
-}
-
 /// ASYNC_DIO: an asynchronous O_DIRECT write completes without the kernel dropping the
 /// pages a buffered reader cached meanwhile; a buffered read after its completion must
 /// still see what it wrote (fstests generic/451).
@@ -1743,10 +1675,7 @@ fn buffered_read_after_async_direct_write() {
     let fills = [Aligned::of(&vec![0x5a; LEN]), Aligned::of(&vec![0xa5; LEN])];
     let f = open_direct(&p, true, true);
     assert_eq!(f.write_at(fills[0].as_ref(), 0).unwrap(), LEN);
-    let mut ctx: u64 = 0;
-    // SAFETY: a context id to fill.
-    let r = unsafe { libc::syscall(libc::SYS_io_setup, 4, &mut ctx as *mut u64) };
-    assert_eq!(r, 0, "io_setup: {}", last_errno());
+    let aio = oleo_testkit::aio::Aio::new(4).unwrap();
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let readers: Vec<_> = (0..2)
         .map(|_| {
@@ -1763,7 +1692,7 @@ fn buffered_read_after_async_direct_write() {
     let mut cycles = 0;
     while started.elapsed() < std::time::Duration::from_secs(5) && stale.is_none() {
         let fill = &fills[(cycles + 1) % 2];
-        assert_eq!(aio_write(ctx, &f, fill.as_ref(), 0), LEN as i64);
+        assert_eq!(aio.write(&f, fill.as_ref(), 0), LEN as i64);
         if std::fs::read(&p).unwrap() != fill.as_ref() {
             stale = Some(cycles);
         }
@@ -1773,8 +1702,7 @@ fn buffered_read_after_async_direct_write() {
     for r in readers {
         r.join().unwrap();
     }
-    // SAFETY: the context from io_setup, with nothing in flight.
-    unsafe { libc::syscall(libc::SYS_io_destroy, ctx) };
+    drop(aio);
     assert_eq!(stale, None, "buffered read stale after cycle (of {cycles})");
     drop(f);
     let want = digest(&p);

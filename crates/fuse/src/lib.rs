@@ -488,12 +488,17 @@ fn is_o_direct(fh: u64) -> bool {
     fh & O_DIRECT_FH != 0
 }
 
+/// `whole`: all of `data` or ENOSPC, never a short write: the kernel turns a short
+/// asynchronous O_DIRECT write into EIO (fs/fuse/file.c, fuse_get_res_by_io), so O_DIRECT
+/// writes go whole.
+#[allow(clippy::too_many_arguments)]
 fn write_direct(
     fs: &Filesystem,
     id: InodeId,
     offset: u64,
     data: &[u8],
     keep: u64,
+    whole: bool,
     o_direct: bool,
     kernel_times: bool,
 ) -> oleo::Result<usize> {
@@ -516,11 +521,12 @@ fn write_direct(
         len = prefix(avail.saturating_sub(keep));
     }
     loop {
-        if len == 0 {
+        if len == 0 || (whole && len < data.len()) {
             return Err(Error::NoSpace);
         }
         let written = write_once(fs, id, offset, &data[..len], o_direct, kernel_times);
         match written {
+            Err(Error::NoSpace) if whole => return Err(Error::NoSpace),
             Err(Error::NoSpace) => {
                 let shorter = prefix(len as u64 / 2);
                 if shorter >= len {

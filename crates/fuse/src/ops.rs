@@ -791,7 +791,18 @@ impl OleoFuse {
         let r = self.id(node).and_then(|id| {
             self.mutate(|fs| {
                 let n = if guarded {
-                    write_direct(fs, id, arg.offset, data, keep, o_direct, kernel_times)?
+                    // An O_DIRECT write may be asynchronous: whole or ENOSPC.
+                    let whole = o_direct;
+                    write_direct(
+                        fs,
+                        id,
+                        arg.offset,
+                        data,
+                        keep,
+                        whole,
+                        o_direct,
+                        kernel_times,
+                    )?
                 } else {
                     write_once(fs, id, arg.offset, data, o_direct, kernel_times)?
                 };

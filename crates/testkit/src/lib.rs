@@ -11,6 +11,7 @@
 //! Tests needing root call [`require_root`] / [`require_fuse`] first (skip locally,
 //! fail under `CI=true`).
 
+pub mod aio;
 pub mod check;
 pub mod cmd;
 pub mod damage;

@@ -15,7 +15,8 @@ impl Filesystem {
     /// space, and all unallocated space of every device (the kernel trims that whatever
     /// the range). An image file gets holes punched there, a block device a discard.
     /// Returns the bytes discarded, each copy counted (DUP and RAID1 twice), as the kernel
-    /// reports them. EINVAL for a `len` under a sector or a range past 2^64, as the kernel.
+    /// reports them. EINVAL for a `len` under a sector, a range past 2^64 or a start of 2^64-1, as the
+    /// kernel.
     ///
     /// It commits first, so space freed until now is free. Nothing in use is touched: not
     /// space freed by a commit not yet durable, nor data on its way to the device, nor log
@@ -28,6 +29,14 @@ impl Filesystem {
         if len < sectorsize {
             return Err(Error::InvalidArgument(format!(
                 "trim length {len} is under the sector size {sectorsize}"
+            )));
+        }
+        // A start at the very last byte is refused even with the default length (which
+        // otherwise means "to the end"), as kernel btrfs refuses it (checked: fstrim -o
+        // 2^64-1 gets EINVAL there; fstests generic/260).
+        if start == u64::MAX {
+            return Err(Error::InvalidArgument(format!(
+                "trim start {start} is past every address"
             )));
         }
         let end = match len {
