@@ -233,10 +233,8 @@ impl In<'_> {
             if let Err(e) = self.data(id, src, meta) {
                 self.sink.report(&what, e);
             }
-            if self.keep.owner && meta.nlink() > 1 {
-                self.links.insert((meta.dev(), meta.ino()), id);
-            }
-        } else if !ft.is_dir() && !ft.is_symlink() && self.keep.owner && meta.nlink() > 1 {
+        }
+        if !ft.is_dir() && self.keep.owner && meta.nlink() > 1 {
             self.links.insert((meta.dev(), meta.ino()), id);
         }
         if ft.is_dir() {

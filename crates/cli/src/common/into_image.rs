@@ -291,10 +291,25 @@ impl Sink {
         } else {
             match fmt {
                 libc::S_IFDIR => {
-                    self.fs
+                    let id = self
+                        .fs
                         .mkdir(dir, name, &NewInode::dir(perm).owner(uid, gid))
                         .map_err(e)?
-                        .id
+                        .id;
+                    if perm & (libc::S_ISUID | libc::S_ISGID) != 0 {
+                        // mkdir keeps only the permission and sticky bits.
+                        self.chown_chmod(
+                            id,
+                            uid,
+                            gid,
+                            perm,
+                            Keep {
+                                owner: false,
+                                ..keep
+                            },
+                        )?;
+                    }
+                    id
                 }
                 libc::S_IFLNK => {
                     self.fs
