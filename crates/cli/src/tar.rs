@@ -2,8 +2,8 @@
 //! input) into an unmounted image through the library, gzip, bzip2, xz or zstd compressed
 //! or not (told by the flags or by the first bytes). What GNU tar keeps when root runs it
 //! with --xattrs --acls --same-owner --preserve-permissions is kept: owners (names looked
-//! up as GNU tar does, numbers otherwise), every mode bit, mtime and atime (pax times with
-//! their nanoseconds), xattrs (pax SCHILY.xattr.*, POSIX ACLs among them), hard links,
+//! up as GNU tar does, numbers otherwise), every mode bit, mtime (pax times with
+//! their nanoseconds; atime is the time of extraction, as GNU tar has it), xattrs (pax SCHILY.xattr.*, POSIX ACLs among them), hard links,
 //! symlinks, device nodes, fifos, and the holes of sparse members (GNU old-style and pax
 //! 1.0). A caller other than root gets what GNU tar gives them: files of their own, modes
 //! less the umask, no device nodes. Directories get their times once everything is in.
@@ -243,7 +243,9 @@ fn pax_time(v: &[u8]) -> Option<Timespec> {
     for _ in digits.len()..9 {
         nsec *= 10;
     }
-    if sec < 0 && nsec > 0 {
+    // "-0.5" is half a second before the epoch: the sign is the string's, not the
+    // number's.
+    if s.starts_with('-') && nsec > 0 {
         // -1.25 is 1.25 seconds before the epoch: -2 s + 0.75 s.
         return Some(Timespec {
             sec: sec - 1,
@@ -440,10 +442,8 @@ impl Extract {
                 nsec: 0,
             },
         };
-        // As GNU tar: the archive's atime if it has one, else the time of extraction.
-        let atime = get("atime")
-            .and_then(pax_time)
-            .unwrap_or_else(into_image::now);
+        // As GNU tar: the time of extraction, whatever atime the archive holds.
+        let atime = into_image::now();
         let rdev = if fmt == libc::S_IFCHR || fmt == libc::S_IFBLK {
             let major = h.device_major().map_err(e)?.unwrap_or(0);
             let minor = h.device_minor().map_err(e)?.unwrap_or(0);

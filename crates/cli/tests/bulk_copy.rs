@@ -30,7 +30,17 @@ fn capture(root: &Path) -> Manifest {
     for e in m.entries.values_mut() {
         if e.kind == Kind::Dir {
             e.size = 0;
+            e.nlink = 1;
         }
+    }
+    m
+}
+
+/// `m` without atimes: GNU tar stamps the time of extraction, and reading a host source
+/// under relatime moves them.
+fn no_atimes(mut m: Manifest) -> Manifest {
+    for e in m.entries.values_mut() {
+        e.atime = Time::default();
     }
     m
 }
@@ -131,7 +141,11 @@ fn cp_in_and_out_and_tar_keep_everything() {
         .arg(format!("{}:", oimg.display())));
     btrfs_check(&oimg, true).unwrap();
     let k = KernelMount::mount(&oimg, &kmnt, &["ro", "noatime"]).unwrap();
-    assert_same(&kernel_tar, &capture(&kmnt), "tar -x against the kernel's");
+    assert_same(
+        &no_atimes(kernel_tar),
+        &no_atimes(capture(&kmnt)),
+        "tar -x against the kernel's",
+    );
     k.unmount().unwrap();
     drop(src);
 }
@@ -167,6 +181,10 @@ fn a_plain_user_copies_into_their_own_image() {
     want.entries.get_mut(b"theirs".as_slice()).unwrap().gid = 65534;
     let kmnt = dir.subdir("k").unwrap();
     let k = KernelMount::mount(&img, &kmnt, &["ro", "noatime"]).unwrap();
-    assert_same(&want, &capture(&kmnt.join("in")), "cp -a by a plain user");
+    assert_same(
+        &no_atimes(want),
+        &no_atimes(capture(&kmnt.join("in"))),
+        "cp -a by a plain user",
+    );
     k.unmount().unwrap();
 }
