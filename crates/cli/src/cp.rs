@@ -383,7 +383,7 @@ fn cpath(path: &Path) -> Result<CString, String> {
 }
 
 /// Every xattr of `path` (not following a symlink) this process may read.
-fn read_xattrs(path: &Path) -> Result<Vec<(Vec<u8>, Vec<u8>)>, String> {
+fn read_xattrs(path: &Path) -> Result<into_image::Xattrs, String> {
     let c = cpath(path)?;
     let mut names = vec![0u8; 4096];
     let n = loop {

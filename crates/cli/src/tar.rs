@@ -9,7 +9,7 @@
 //! less the umask, no device nodes. Directories get their times once everything is in.
 
 use crate::common::into_image::{
-    self, is_zero, parse_place, show, split_last, Keep, Meta, Sink, Times, CHUNK,
+    self, parse_place, show, split_last, Keep, Meta, Sink, Times, CHUNK,
 };
 use oleo::{InodeId, Timespec};
 use std::collections::HashMap;
@@ -389,7 +389,7 @@ impl Extract {
                     .ok_or("sparse member without GNU.sparse.realsize")?;
                 self.sparse_pax_data(id, entry, size)?;
             } else {
-                self.data(id, entry, false)?;
+                self.data(id, entry)?;
             }
         }
         if fmt == libc::S_IFDIR {
@@ -469,14 +469,8 @@ impl Extract {
         })
     }
 
-    /// The member's data in order; for a GNU sparse member, the zero blocks its holes read
-    /// as are left out.
-    fn data<R: Read>(
-        &mut self,
-        id: InodeId,
-        entry: &mut tar::Entry<R>,
-        sparse: bool,
-    ) -> Result<(), String> {
+    /// The member's data, in order.
+    fn data<R: Read>(&mut self, id: InodeId, entry: &mut tar::Entry<R>) -> Result<(), String> {
         let mut pos = 0u64;
         loop {
             let n = read_full(entry, &mut self.buf).map_err(|e| e.to_string())?;
@@ -484,35 +478,12 @@ impl Extract {
                 break;
             }
             let buf = std::mem::take(&mut self.buf);
-            let r = if sparse {
-                self.write_skipping_zeros(id, pos, &buf[..n])
-            } else {
-                self.sink.write(id, pos, &buf[..n])
-            };
+            let r = self.sink.write(id, pos, &buf[..n]);
             self.buf = buf;
             r?;
             pos += n as u64;
         }
         self.sink.set_size(id, pos)
-    }
-
-    fn write_skipping_zeros(&mut self, id: InodeId, pos: u64, data: &[u8]) -> Result<(), String> {
-        const BLOCK: usize = 4096;
-        let mut i = 0;
-        while i < data.len() {
-            // Runs of data blocks, written at once.
-            let mut j = i;
-            while j < data.len() && !is_zero(&data[j..(j + BLOCK).min(data.len())]) {
-                j = (j + BLOCK).min(data.len());
-            }
-            if j > i {
-                self.sink.write(id, pos + i as u64, &data[i..j])?;
-                i = j;
-            } else {
-                i = (i + BLOCK).min(data.len());
-            }
-        }
-        Ok(())
     }
 
     /// A pax 1.0 sparse member: a map (decimal lines: count, then offset and length of

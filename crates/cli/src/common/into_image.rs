@@ -83,6 +83,9 @@ pub fn open_read(image: &Path, subvol: Option<&str>) -> Result<Filesystem, Strin
     Filesystem::open(image, options).map_err(|e| format!("{}: {e}", image.display()))
 }
 
+/// (name, value) pairs.
+pub type Xattrs = Vec<(Vec<u8>, Vec<u8>)>;
+
 /// Times as stat gives them.
 #[derive(Clone, Copy, Debug)]
 pub struct Times {
@@ -100,7 +103,7 @@ pub struct Meta {
     pub gid: u32,
     pub rdev: u64,
     pub times: Times,
-    pub xattrs: Vec<(Vec<u8>, Vec<u8>)>,
+    pub xattrs: Xattrs,
     /// FS_IOC_GETFLAGS bits (only `KEPT_FLAGS` count).
     pub flags: u32,
 }
@@ -504,11 +507,6 @@ pub fn now() -> Timespec {
         sec: d.as_secs() as i64,
         nsec: d.subsec_nanos(),
     }
-}
-
-/// True if the `len` bytes are all zero.
-pub fn is_zero(data: &[u8]) -> bool {
-    data.iter().all(|&b| b == 0)
 }
 
 /// The caller's supplementary groups.
