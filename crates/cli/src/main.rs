@@ -2,6 +2,7 @@
 
 mod common;
 use common::logging;
+mod cp;
 mod daemon;
 mod device;
 mod dump_super;
@@ -18,6 +19,7 @@ mod rootdir;
 mod scrub;
 mod send;
 mod subvolume;
+mod tar;
 mod umount;
 
 use clap::{Parser, Subcommand};
@@ -80,6 +82,12 @@ enum Command {
     /// Write a send stream, full or incremental (-p, -c), of read-only snapshots on a mount
     /// or in an image (`btrfs send`).
     Send(send::SendArgs),
+    /// Copy files into an unmounted image, or out of one, as cp(1) does (SRC... IMAGE:DEST
+    /// or IMAGE:SRC... DEST): no mount, no root, at library speed.
+    Cp(cp::CpArgs),
+    /// Extract a tar archive into an unmounted image (-x -f ARCHIVE -C IMAGE:DEST), or
+    /// archive a tree of one (-c -f ARCHIVE IMAGE:SRC).
+    Tar(tar::TarArgs),
 }
 
 fn main() -> ExitCode {
@@ -125,6 +133,16 @@ fn main() -> ExitCode {
         Command::Restore(a) => restore::run(&a),
         Command::Receive(a) => receive::run(&a),
         Command::Send(a) => send::run(&a),
+        Command::Cp(a) => match cp::run(&a) {
+            Ok(true) => Ok(()),
+            Ok(false) => return ExitCode::FAILURE,
+            Err(e) => Err(e),
+        },
+        Command::Tar(a) => match tar::run(&a) {
+            Ok(true) => Ok(()),
+            Ok(false) => return ExitCode::FAILURE,
+            Err(e) => Err(e),
+        },
         Command::Device(a) => match device::run(&a) {
             Ok(true) => return ExitCode::from(64),
             Ok(false) => Ok(()),

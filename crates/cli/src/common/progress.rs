@@ -1,4 +1,4 @@
-//! A one-line progress meter for `oleo send` and `oleo receive` on a terminal: bytes of
+//! A one-line progress meter for `oleo send`, `receive`, `cp` and `tar` on a terminal: bytes of
 //! stream so far, rate and elapsed time, redrawn at most four times a second over itself
 //! with \r, cleared at the end. Nothing at all unless stderr is a terminal (scripts and
 //! tests see the plain output btrfs-progs gives).
@@ -93,7 +93,7 @@ impl Meter {
     }
 
     /// Counts `n` more bytes; redraws if the last drawing is old enough.
-    fn add(&self, n: usize) {
+    pub fn add(&self, n: usize) {
         let Some(s) = &self.0 else { return };
         let Ok(mut s) = s.lock() else { return };
         s.bytes += n as u64;
