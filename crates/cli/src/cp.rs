@@ -15,6 +15,7 @@ use crate::common::into_image::{
     KEPT_FLAGS,
 };
 use crate::common::progress::Meter;
+use oleo::mkfs::rootdir::{next_data, read_full};
 use oleo::{Error, FileKind, Filesystem, InodeId, Timespec};
 use std::collections::HashMap;
 use std::ffi::{CString, OsStr, OsString};
@@ -349,33 +350,6 @@ fn host_flags(path: &Path) -> u32 {
     } else {
         flags as u32 & KEPT_FLAGS
     }
-}
-
-/// The next data range at or after `from`, by SEEK_DATA/SEEK_HOLE (all data where the
-/// filesystem has no holes to tell).
-fn next_data(file: &File, from: u64, len: u64) -> Option<(u64, u64)> {
-    let fd = file.as_raw_fd();
-    // SAFETY: lseek on an open descriptor.
-    let start = unsafe { libc::lseek(fd, from as i64, libc::SEEK_DATA) };
-    if start < 0 {
-        let e = std::io::Error::last_os_error().raw_os_error();
-        return (e != Some(libc::ENXIO)).then_some((from, len));
-    }
-    // SAFETY: as above.
-    let end = unsafe { libc::lseek(fd, start, libc::SEEK_HOLE) };
-    let end = if end < 0 { len } else { (end as u64).min(len) };
-    Some((start as u64, end))
-}
-
-fn read_full(file: &File, buf: &mut [u8], at: u64) -> std::io::Result<usize> {
-    let mut done = 0;
-    while done < buf.len() {
-        match file.read_at(&mut buf[done..], at + done as u64)? {
-            0 => break,
-            n => done += n,
-        }
-    }
-    Ok(done)
 }
 
 fn cpath(path: &Path) -> Result<CString, String> {

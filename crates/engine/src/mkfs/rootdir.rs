@@ -253,9 +253,10 @@ impl Copy<'_> {
     }
 }
 
-/// The next data range at or after `from` as (start, end), by SEEK_DATA/SEEK_HOLE (a
-/// filesystem without them reports all data).
-fn next_data(file: &File, from: u64, len: u64) -> Option<(u64, u64)> {
+/// The next data range at or after `from` of a host file `len` bytes long, as (start, end),
+/// by SEEK_DATA/SEEK_HOLE (a filesystem without them reports all data). None: only a hole
+/// is left. For copying sparse host files in (also `oleo cp`, `oleo tar`).
+pub fn next_data(file: &File, from: u64, len: u64) -> Option<(u64, u64)> {
     let fd = file.as_raw_fd();
     // SAFETY: lseek on an open descriptor.
     let start = unsafe { libc::lseek(fd, from as i64, libc::SEEK_DATA) };
@@ -269,7 +270,8 @@ fn next_data(file: &File, from: u64, len: u64) -> Option<(u64, u64)> {
     Some((start as u64, end))
 }
 
-fn read_full(file: &File, buf: &mut [u8], at: u64) -> std::io::Result<usize> {
+/// Reads `buf.len()` bytes of a host file at `at`, fewer only at its end; the bytes read.
+pub fn read_full(file: &File, buf: &mut [u8], at: u64) -> std::io::Result<usize> {
     let mut done = 0;
     while done < buf.len() {
         match file.read_at(&mut buf[done..], at + done as u64)? {
