@@ -85,8 +85,8 @@ enum Command {
     /// Copy files into an unmounted image, or out of one, as cp(1) does (SRC... IMAGE:DEST
     /// or IMAGE:SRC... DEST): no mount, no root, at library speed.
     Cp(cp::CpArgs),
-    /// Extract a tar archive into an unmounted image (-x -f ARCHIVE -C IMAGE:DEST), or
-    /// archive a tree of one (-c -f ARCHIVE IMAGE:SRC).
+    /// Extract a tar archive into an unmounted image (-x -f ARCHIVE -C IMAGE:DEST): no
+    /// mount, no root, at library speed.
     Tar(tar::TarArgs),
 }
 
