@@ -113,6 +113,7 @@ fn run(name: &str, transport: &str) {
         let mut f = std::fs::OpenOptions::new()
             .write(true)
             .create(true)
+            .truncate(false)
             .mode(0o644)
             .open(work.join(format!("f{i}")))
             .unwrap();
