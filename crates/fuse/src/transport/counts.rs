@@ -164,7 +164,7 @@ mod tests {
         assert_eq!(parse(&b), s);
         assert_eq!(
             summary(&s),
-            "6 (CREATE 2, OTHER 2, FORGET 1, BATCH_FORGET 1)"
+            "6 (OTHER 2, CREATE 2, FORGET 1, BATCH_FORGET 1)"
         );
         assert_eq!(opcode_name(7), "OP7");
     }
