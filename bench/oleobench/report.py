@@ -122,6 +122,47 @@ def workload_table(wcls, groups, target_order):
     return out
 
 
+def requests_table(wcls, groups, target_order):
+    """FUSE requests per operation (issue 41), for the targets whose records have
+    `fuse_requests`: one row per (variant, target), one column per opcode seen at 0.01 per
+    operation or more in some row (the rest summed as "others"), and the total; medians
+    over the repetitions."""
+    keys = [k for k in groups if k[0] == wcls.name
+            and any(r.get("fuse_requests") for r in groups[k]["ok"])]
+    if not keys:
+        return ""
+    unit = next(r["fuse_requests"]["operation"] for k in keys for r in groups[k]["ok"]
+                if r.get("fuse_requests"))
+    rows = {}
+    for k in keys:
+        recs = [r["fuse_requests"] for r in groups[k]["ok"] if r.get("fuse_requests")]
+        names = {n for q in recs for n in q["per_op"]}
+        med = {n: statistics.median(q["per_op"].get(n, 0.0) for q in recs) for n in names}
+        med["total"] = statistics.median(q["total_per_op"] for q in recs)
+        rows[k] = (med, len(recs))
+    shown = sorted({n for med, _ in rows.values() for n, v in med.items()
+                    if n != "total" and v >= 0.01},
+                   key=lambda n: (-max(med.get(n, 0) for med, _ in rows.values()), n))
+    head = ["target"] + ([wcls.variant_name] if wcls.variant_name else []) + shown
+    head += ["others", "total"]
+    lines = [f"FUSE requests per {unit}, by opcode (median of the repetitions; the transport's "
+             "counts over the measured phase):", "",
+             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    variants = []
+    for k in keys:
+        if k[1] not in variants:
+            variants.append(k[1])
+    for v in variants:
+        for t in ordered({k[2] for k in keys if k[1] == v}, target_order):
+            med, _ = rows[(wcls.name, v, t)]
+            row = [t] + ([v.split("=", 1)[1] if v else ""] if wcls.variant_name else [])
+            row += [f"{med.get(n, 0):.2f}" for n in shown]
+            others = sum(x for n, x in med.items() if n != "total" and n not in shown)
+            row += [f"{others:.2f}", f"{med['total']:.2f}"]
+            lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def goal_lines(wcls, groups):
     """The workload's stated goal (e.g. oleo >= 0.7x kernel btrfs), checked per
     variant on the medians."""
@@ -178,6 +219,9 @@ def render(recs, meta):
         if table:
             seed = f" (seed {wcls.seed})" if wcls.seed else ""
             out += [f"## {wcls.name}{seed}", "", table]
+            reqs = requests_table(wcls, groups, target_order)
+            if reqs:
+                out += [reqs]
     return "\n".join(out)
 
 

@@ -11,6 +11,7 @@ import sys
 import time
 import traceback
 
+from . import requests
 from . import targets as T
 from . import workloads as W
 from .sysutil import (Cleanup, CmdError, NotApplicable, check_alive, drop_caches, reap_stale, run,
@@ -201,6 +202,11 @@ def measure(ctx, seq, rnd, w, variant, tname):
             m = target.fresh(cl, scratch, w.spec())
         drop_caches()
         metrics = w.run(ctx, m, variant)
+        counted = metrics.pop(W.REQUESTS, None)
+        if counted:
+            reqs = requests.per_operation(w.name, *counted, metrics, rec["params"])
+            if reqs:
+                rec["fuse_requests"] = reqs
         if m.daemon is not None:
             check_alive(m.path, m.daemon, tname)
         rec["metrics"] = metrics

@@ -58,6 +58,7 @@ class Mounted:
 class Target:
     name = "?"
     family = None          # which read data set it reads (None: reads are N/A)
+    fuse_stats = False     # answers FUSE_STATS (oleo's transport): requests per operation
     writable = True
     snapshots = False
     raw = False            # fio only, on a host file with O_DIRECT
@@ -327,6 +328,7 @@ class Oleo(Target):
     the commands --oleo-subvol-cmd and --oleo-snapshot-cmd give (by default `oleo
     subvolume create` and `oleo subvolume snapshot`)."""
     name, family = "oleo", "btrfs"
+    fuse_stats = True
     # FUSE over io_uring (the kernel offers it once the fuse module's enable_uring is
     # set, which _mount does); oleo-devfuse is the same server on /dev/fuse alone.
     transport_opts = ["fuse_uring=on"]
@@ -569,6 +571,7 @@ class FuseFloor(Target):
     reaches on it is the most any FUSE filesystem can reach here over that transport;
     oleo's distance to it is what oleo itself costs."""
     name, family = "fuse-floor", None
+    fuse_stats = True
     only = ("fsmark-create", "dbench")
     transport = []
 

@@ -108,6 +108,16 @@ def parse_dbench(text):
     return float(m.group(1)), float(m.group(2))
 
 
+_DBENCH_OP = re.compile(r"^\s*([A-Za-z]+)\s+(\d+)\s+[\d.]+\s+[\d.]+\s*$", re.M)
+
+
+def parse_dbench_ops(text):
+    """The operations dbench counted (the sum of its closing Operation table: NTCreateX,
+    Close, ReadX, ...), or None without the table."""
+    counts = [int(m.group(2)) for m in _DBENCH_OP.finditer(text)]
+    return sum(counts) if counts else None
+
+
 def dbench_loadfile():
     for f in ("/usr/share/dbench/client.txt", "/usr/local/share/client.txt",
               "/usr/local/share/dbench/client.txt"):

@@ -12,10 +12,16 @@ import os
 import subprocess
 import time
 
-from . import tools
+from . import requests, tools
 from .sysutil import (CmdError, NotApplicable, cpu_busy_seconds, disk_counters, drop_caches,
                       kill_group, read_tail, run, which)
 from .targets import GiB, MiB, FsSpec
+
+
+# The key under which a workload's run returns the FUSE request counts read before and
+# after its measured phase (`requests.snapshot`); the runner turns them into the record's
+# `fuse_requests` (`requests.per_operation`) and drops the key from the metrics.
+REQUESTS = "_fuse_requests"
 
 
 class Metric:
@@ -136,12 +142,14 @@ class FsyncWrite(Workload):
         if self.p.verify_writes:
             opts.update(verify="crc32c", do_verify=0, verify_state_save=0)  # see fio_verify
         before = disk_counters(m.scratch)
+        r0 = requests.snapshot(m)
         t = self.fio(ctx, m, opts, timeout=min(ctx.remaining(), self.p.fsync_runtime_s + 300),
                      variant=f"jobs{jobs}")
+        r1 = requests.snapshot(m)
         after = disk_counters(m.scratch)
         self.fio_verify(ctx, m, opts, t, ctx.remaining(), variant=f"jobs{jobs}")
         out = {"write_MiB_s": t["write"]["MiB_s"], "written_MiB": t["write"]["io_MiB"],
-               "runtime_s": t["runtime_s"]}
+               "runtime_s": t["runtime_s"], REQUESTS: (r0, r1)}
         # fio fsyncs after every 64 KiB write.
         fsyncs = t["write"]["io_MiB"] * 16
         if before and after and fsyncs > 0:
@@ -179,10 +187,12 @@ class SeqWrite(Workload):
         }
         if self.p.verify_writes:
             opts.update(verify="crc32c", do_verify=0, verify_state_save=0)  # see fio_verify
+        r0 = requests.snapshot(m)
         t = self.fio(ctx, m, opts, timeout=ctx.remaining())
+        r1 = requests.snapshot(m)
         self.fio_verify(ctx, m, opts, t, ctx.remaining())
         return {"write_MiB_s": t["write"]["MiB_s"], "written_MiB": t["write"]["io_MiB"],
-                "runtime_s": t["runtime_s"]}
+                "runtime_s": t["runtime_s"], REQUESTS: (r0, r1)}
 
 
 class FsmarkCreate(Workload):
@@ -224,7 +234,9 @@ class FsmarkCreate(Workload):
                 "-n", files, "-L", loops,
                 "-l", os.path.join(m.scratch, "fs_mark.log")] + dirs
         before = disk_counters(m.scratch)
+        r0 = requests.snapshot(m)
         r = run(argv, cwd=m.path, timeout=ctx.remaining())
+        r1 = requests.snapshot(m)
         after = disk_counters(m.scratch)
         rows = tools.parse_fs_mark(r.stdout)
         if len(rows) != loops:
@@ -241,6 +253,7 @@ class FsmarkCreate(Workload):
                 raise NotApplicable(f"fs_mark created {want} files but {have} are there after sync + "
                                     f"drop_caches{': ' + f.stderr.strip()[:200] if f.returncode else ''}")
         res = {f"loop{i + 1}_files_per_s": rate for i, (_, rate) in enumerate(rows)}
+        res[REQUESTS] = (r0, r1)
         # Overall rate = all files over the summed loop times.
         per_loop = threads * files
         res["files_per_s"] = per_loop * len(rows) / sum(per_loop / rate for _, rate in rows)
@@ -309,12 +322,15 @@ class UringRandrw(Workload):
         lay["io_size"] = "4k"
         self.fio(ctx, m, lay, timeout=ctx.remaining(), variant=f"{io}-layout")
         before = cpu_busy_seconds()
+        r0 = requests.snapshot(m)
         t = self.fio(ctx, m, opts, timeout=ctx.remaining(), variant=io)
+        r1 = requests.snapshot(m)
         cpu = cpu_busy_seconds() - before
         moved = (t["read"]["io_MiB"] + t["write"]["io_MiB"]) / 1024
         return {"read_MiB_s": t["read"]["MiB_s"], "write_MiB_s": t["write"]["MiB_s"],
                 "read_iops": t["read"]["iops"], "write_iops": t["write"]["iops"],
-                "cpu_s_per_GiB": cpu / moved if moved > 0 else None}
+                "read_MiB": t["read"]["io_MiB"], "written_MiB": t["write"]["io_MiB"],
+                "cpu_s_per_GiB": cpu / moved if moved > 0 else None, REQUESTS: (r0, r1)}
 
 
 BTRFS_IOC_SYNC = 0x9408      # _IO(0x94, 8): commit the transaction
@@ -374,14 +390,16 @@ class CompressWrite(Workload):
             opts["buffer_compress_percentage"] = self.p.compw_compress_percentage
         used = self.used_bytes(m)
         before = cpu_busy_seconds()
+        r0 = requests.snapshot(m)
         t = self.fio(ctx, m, opts, timeout=ctx.remaining(), variant=data)
+        r1 = requests.snapshot(m)
         cpu = cpu_busy_seconds() - before
         took = self.used_bytes(m) - used
         size = os.stat(opts["filename"]).st_size
         moved = t["write"]["io_MiB"] / 1024
         return {"write_MiB_s": t["write"]["MiB_s"], "written_MiB": t["write"]["io_MiB"],
                 "disk_ratio": took / size if size else None,
-                "cpu_s_per_GiB": cpu / moved if moved > 0 else None}
+                "cpu_s_per_GiB": cpu / moved if moved > 0 else None, REQUESTS: (r0, r1)}
 
 
 class Dbench(Workload):
@@ -412,8 +430,10 @@ class Dbench(Workload):
         # dbench runs for runtime_s and cleans up within seconds (everywhere in the
         # 2026-11-21 run); a minute more means a hung target
         before = disk_counters(m.scratch)
+        r0 = requests.snapshot(m)
         r = run(argv + [clients], cwd=m.scratch, check=False,
                 timeout=min(ctx.remaining(), self.p.dbench_runtime_s + 60))
+        r1 = requests.snapshot(m)
         after = disk_counters(m.scratch)
         try:
             mbs, lat = tools.parse_dbench(r.stdout)
@@ -421,7 +441,8 @@ class Dbench(Workload):
             raise CmdError(r.args, r.returncode, r.stdout, r.stderr) from None
         if r.returncode != 0:
             raise CmdError(r.args, r.returncode, r.stdout, r.stderr)
-        out = {"MB_s": mbs, "max_latency_ms": lat}
+        out = {"MB_s": mbs, "max_latency_ms": lat, "ops": tools.parse_dbench_ops(r.stdout),
+               REQUESTS: (r0, r1)}
         if before and after:
             out["flushes_per_s"] = (after[1] - before[1]) / self.p.dbench_runtime_s
         return out

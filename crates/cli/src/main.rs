@@ -12,6 +12,7 @@ mod filesystem;
 mod inspect;
 mod mkfs;
 mod mount;
+mod mount_stats;
 mod property;
 mod receive;
 mod restore;
@@ -44,6 +45,8 @@ enum Command {
     /// Unmount oleo mounts and wait until each server has written its final commit and
     /// released the image; exits with the server's status.
     Umount(umount::UmountArgs),
+    /// Requests of each FUSE opcode the kernel has sent a running mount (root only).
+    MountStats(mount_stats::MountStatsArgs),
     /// Print the superblock.
     DumpSuper {
         image: PathBuf,
@@ -117,6 +120,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Mount(m) => return mount::run(m),
         Command::Umount(a) => return umount::run(&a),
+        Command::MountStats(a) => mount_stats::run(&a),
         Command::DumpSuper { image, mirror } => dump_super::run(&image, mirror),
         Command::DumpTree(a) => dump_tree::run(&a),
         Command::Mkfs(a) => mkfs::run(&a),

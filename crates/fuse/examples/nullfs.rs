@@ -5,7 +5,9 @@
 //! (KEEP_CACHE, CACHE_DIR, READDIRPLUS). What a workload reaches on it is the
 //! most any FUSE filesystem can reach on the machine with the same transport and INIT
 //! flags as oleo: bench/ runs it as the `fuse-floor` target. Root only (it mounts with
-//! mount(2), not fusermount3).
+//! mount(2), not fusermount3). The transport counts its requests by opcode: the
+//! FUSE_STATS ioctl on its root answers them while it runs (`oleo mount-stats MNT`), and
+//! it prints them at unmount.
 //!
 //! Usage: nullfs MOUNTPOINT [devfuse]   (serves until unmounted; io_uring where enabled)
 
@@ -292,7 +294,16 @@ fn main() {
         uring,
         tree: Mutex::new(tree),
     };
-    if let Err(e) = Session::from_fd(fs, fd, 16, Access::All).run() {
+    let session = Session::from_fd(fs, fd, 16, Access::All);
+    // Its requests by opcode: read while mounted with the FUSE_STATS ioctl on the root
+    // (`oleo mount-stats MNT`, bench/), printed here at unmount.
+    let counts = session.request_counts();
+    let served = session.run();
+    eprintln!(
+        "nullfs: FUSE requests served: {}",
+        oleo_fuse::transport::counts::summary(&counts.snapshot())
+    );
+    if let Err(e) = served {
         eprintln!("nullfs: {e}");
         std::process::exit(1);
     }

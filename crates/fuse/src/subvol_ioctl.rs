@@ -53,6 +53,14 @@ pub const GET_SERVER_OPTIONS: u32 = ioc(READ, 17, SERVER_OPTIONS_SIZE);
 /// Size of GET_SERVER_OPTIONS's answer (`ServerOptions`).
 pub const SERVER_OPTIONS_SIZE: usize = 4096;
 
+/// On the mount's root: how many requests of each FUSE opcode the kernel has sent this
+/// mount (`transport::counts`: a little-endian u64 per opcode, slot 0 for opcodes past the
+/// table). The transport answers it, for any server on it (nullfs too). Root only (EPERM
+/// otherwise).
+pub const FUSE_STATS: u32 = ioc(READ, 18, FUSE_STATS_SIZE);
+/// Size of FUSE_STATS's answer.
+pub const FUSE_STATS_SIZE: usize = crate::transport::counts::SIZE;
+
 /// GET_SERVER_OPTIONS's answer.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ServerOptions {

@@ -5,11 +5,13 @@
 //! btrfs: the adapter in `lib.rs` turns requests into engine calls.
 
 pub mod abi;
+pub mod counts;
 mod reply;
 mod request;
 mod session;
 mod uring;
 
+pub use counts::RequestCounts;
 pub use reply::{DirBuf, Errno, Notifier, Reply};
 pub use request::{Op, Request};
 pub use session::{will_block, Access, Handler, InitConfig, Session};

@@ -12,6 +12,7 @@
 //! to become durable, for another writer of the same file.
 
 use super::abi::{self, init};
+use super::counts::{self, RequestCounts};
 use super::reply::{Channel, Errno, Notifier, Reply};
 use super::request::{parse, Op, Request};
 use super::uring;
@@ -59,6 +60,7 @@ pub struct Session<H: Handler> {
     threads: usize,
     access: Access,
     owner: u32,
+    counts: Arc<RequestCounts>,
 }
 
 /// Requests carry at most max_write bytes of data after their header and arguments.
@@ -76,7 +78,13 @@ impl<H: Handler> Session<H> {
             access,
             // SAFETY: geteuid cannot fail.
             owner: unsafe { libc::geteuid() },
+            counts: Arc::default(),
         }
+    }
+
+    /// The requests of each opcode the kernel sent this connection so far (`counts`).
+    pub fn request_counts(&self) -> Arc<RequestCounts> {
+        Arc::clone(&self.counts)
     }
 
     /// What lets the handler tell the kernel its caches went stale, for this connection.
@@ -88,6 +96,7 @@ impl<H: Handler> Session<H> {
         Gate {
             access: self.access,
             owner: self.owner,
+            counts: Arc::clone(&self.counts),
         }
     }
 
@@ -144,6 +153,10 @@ impl<H: Handler> Session<H> {
                 Err(_) => result = Err(std::io::Error::other("a FUSE worker panicked")),
             }
         }
+        log::info!(
+            "FUSE requests served: {}",
+            counts::summary(&self.counts.snapshot())
+        );
         let closed = self.handler.destroy();
         if let (Err(_), Err(e)) = (&result, &closed) {
             // Only the first error is returned: this one must not go unsaid.
@@ -160,6 +173,7 @@ impl<H: Handler> Session<H> {
             let Some(n) = read_request(&self.ch, &mut buf)? else {
                 return Err(std::io::Error::other("unmounted before INIT"));
             };
+            self.counts.record_message(&buf[..n]);
             let (req, op) = match parse(&buf[..n]) {
                 Ok(x) => x,
                 Err((unique, _)) => {
@@ -342,6 +356,7 @@ impl<H: Handler> Worker<H> {
     fn serve_requests(&self, max_write: u32) -> std::io::Result<()> {
         let mut buf = vec![0u8; buffer_size(max_write)];
         while let Some(n) = self.next_request(&mut buf)? {
+            self.gate.counts.record_message(&buf[..n]);
             let (req, op) = match parse(&buf[..n]) {
                 Ok(x) => x,
                 Err((unique, _)) => {
@@ -362,10 +377,12 @@ impl<H: Handler> Worker<H> {
 }
 
 /// What every transport does with a parsed request before and around the handler.
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 pub(crate) struct Gate {
     access: Access,
     owner: u32,
+    /// Every request read, by opcode (counted by the transport that read it).
+    pub(crate) counts: Arc<RequestCounts>,
 }
 
 impl Gate {
@@ -385,6 +402,17 @@ impl Gate {
                 return false;
             }
             op if !self.allowed(req, &op) => reply.error(Errno::EACCES),
+            // The request counts, on the mount's root, for root only: answered here, so
+            // every server on this transport answers it the same way.
+            Op::Ioctl { arg, .. }
+                if arg.cmd == crate::subvol_ioctl::FUSE_STATS && req.nodeid == abi::ROOT_ID =>
+            {
+                if crate::caller::Caller::is_root(req) {
+                    reply.ioctl(0, &counts::to_bytes(&self.counts.snapshot()))
+                } else {
+                    reply.error(Errno(libc::EPERM))
+                }
+            }
             op => handler.dispatch(req, op, reply),
         }
         true

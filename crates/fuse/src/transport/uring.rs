@@ -81,9 +81,10 @@ pub(crate) fn start<H: Handler>(
     for qid in 0..queues {
         for i in 0..per_queue {
             let (handler, ch) = (Arc::clone(&handler), Arc::clone(&ch));
+            let gate = gate.clone();
             let spawned = std::thread::Builder::new()
                 .name(format!("oleo-uring-{qid}.{i}"))
-                .spawn(move || serve_queue(&*handler, &ch, gate, qid as u16, payload));
+                .spawn(move || serve_queue(&*handler, &ch, &gate, qid as u16, payload));
             match spawned {
                 Ok(t) => out.push(t),
                 Err(e) => log::error!("FUSE ring thread for CPU {qid} not started: {e}"),
@@ -161,7 +162,7 @@ fn exchange(ring: &mut Ring, sqe: &squeue::Entry128) -> io::Result<i32> {
 fn serve_queue<H: Handler>(
     handler: &H,
     ch: &Channel,
-    gate: Gate,
+    gate: &Gate,
     qid: u16,
     payload_len: usize,
 ) -> io::Result<()> {
@@ -238,7 +239,7 @@ fn serve_queue<H: Handler>(
 /// The reply is left in `staged`.
 fn answer<H: Handler>(
     handler: &H,
-    gate: Gate,
+    gate: &Gate,
     headers: &[u8],
     buf: &mut [u8],
     staged: &RefCell<Staged>,
@@ -248,6 +249,7 @@ fn answer<H: Handler>(
         .unwrap_or_default();
     // The header block is larger than a request header: this read cannot fail.
     let h = InHeader::read_from_prefix(headers).map_or_else(|_| InHeader::default(), |(h, _)| h);
+    gate.counts.record(h.opcode);
     let payload = ent.payload_sz as usize;
     // The per-opcode header is whatever the request's length leaves beside the payload.
     let op_len = (h.len as usize)

@@ -1,0 +1,165 @@
+//! The transport's request counters (`oleo_fuse::transport::counts`) against what the kernel
+//! must send: N files made with open(O_CREAT), a 4 KiB write and close, and the counts
+//! read through `oleo mount-stats` before and after must show at least N LOOKUPs (the
+//! kernel looks a new name up before it creates it), N CREATEs, N WRITEs (the writeback
+//! cache writes a closed file's pages out at its close) and N RELEASEs, and nothing that
+//! went down. The FUSE_STATS ioctl that answers them is root's only: a user gets EPERM.
+//! Over /dev/fuse and over io_uring.
+//!
+//! Needs root and FUSE (io_uring: Linux 6.14+): a skip elsewhere, a failure under CI=true.
+
+use oleo_fuse::subvol_ioctl as cmd;
+use oleo_fuse::transport::counts;
+use oleo_testkit::syscalls::as_user;
+use oleo_testkit::*;
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+const OLEO: &str = env!("CARGO_BIN_EXE_oleo");
+const FILES: u64 = 200;
+
+/// `oleo mount-stats --oneline MNT`: the counts by opcode name.
+fn counts_of(mnt: &Path) -> BTreeMap<String, u64> {
+    let out = Command::new(OLEO)
+        .args(["mount-stats", "--oneline"])
+        .arg(mnt)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "oleo mount-stats: {out:?}");
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .map(|kv| {
+            let (k, v) = kv.split_once('=').unwrap_or_else(|| panic!("{kv:?}"));
+            (k.to_string(), v.parse().unwrap())
+        })
+        .collect()
+}
+
+/// FUSE_STATS on `mnt` by the calling thread: the errno, 0 for success.
+fn stats_ioctl(mnt: &Path) -> i32 {
+    use std::os::fd::AsRawFd;
+    let f = match std::fs::File::open(mnt) {
+        Ok(f) => f,
+        Err(e) => return e.raw_os_error().unwrap_or(-1),
+    };
+    let mut b = vec![0u8; cmd::FUSE_STATS_SIZE];
+    // SAFETY: the ioctl writes FUSE_STATS_SIZE bytes (its encoded size) into `b`.
+    let r = unsafe { libc::ioctl(f.as_raw_fd(), cmd::FUSE_STATS as _, b.as_mut_ptr()) };
+    if r == 0 {
+        assert!(
+            counts::parse(&b).iter().sum::<u64>() > 0,
+            "no request counted"
+        );
+        0
+    } else {
+        std::io::Error::last_os_error().raw_os_error().unwrap_or(-1)
+    }
+}
+
+/// Lets the test user reach `dir` (every directory above it in the temporary directory).
+fn open_to_user(dir: &Path) {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let mut p = Some(dir);
+    while let Some(d) =
+        p.filter(|d| d.starts_with(std::env::temp_dir()) && *d != std::env::temp_dir())
+    {
+        let mode = std::fs::metadata(d).unwrap().mode() | 0o711;
+        std::fs::set_permissions(d, std::fs::Permissions::from_mode(mode)).unwrap();
+        p = d.parent();
+    }
+}
+
+fn run(name: &str, transport: &str) {
+    if !require_fuse_mount(name) {
+        return;
+    }
+    if transport == "fuse_uring=on" {
+        let param = Path::new("/sys/module/fuse/parameters/enable_uring");
+        let on = std::fs::read_to_string(param).is_ok_and(|v| v.trim() == "Y")
+            || std::fs::write(param, "Y").is_ok();
+        if !on {
+            let why = format!("{name}: skipped: this kernel has no FUSE over io_uring (6.14+)");
+            assert!(std::env::var("CI").as_deref() != Ok("true"), "{why}");
+            eprintln!("{why}");
+            return;
+        }
+    }
+    let dir = TempDir::new(name).unwrap();
+    open_to_user(dir.path());
+    let img = dir.join("oleo.img");
+    empty_image(&img, 256, &[]).unwrap();
+    let mnt = dir.subdir("mnt").unwrap();
+    let m = OleoMount::mount_rw(Path::new(OLEO), &img, &mnt, &[transport]).unwrap();
+    let rings = m
+        .server_threads()
+        .iter()
+        .filter(|t| t.starts_with("oleo-uring"))
+        .count();
+    assert_eq!(
+        rings > 0,
+        transport == "fuse_uring=on",
+        "{transport}: {rings} ring threads"
+    );
+    let work = m.path().join("d");
+    std::fs::create_dir(&work).unwrap();
+
+    let before = counts_of(m.path());
+    let page = vec![0x5au8; 4096];
+    for i in 0..FILES {
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o644)
+            .open(work.join(format!("f{i}")))
+            .unwrap();
+        f.write_all(&page).unwrap();
+    }
+    // RELEASE goes out in the background after close: wait for it.
+    let delta = |after: &BTreeMap<String, u64>, op: &str| {
+        after.get(op).copied().unwrap_or(0) - before.get(op).copied().unwrap_or(0)
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let after = loop {
+        let after = counts_of(m.path());
+        if delta(&after, "RELEASE") >= FILES || Instant::now() > deadline {
+            break after;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    for (op, n) in &before {
+        assert!(after.get(op).copied().unwrap_or(0) >= *n, "{op} went down");
+    }
+    for op in ["LOOKUP", "CREATE", "WRITE", "RELEASE"] {
+        assert!(
+            delta(&after, op) >= FILES,
+            "{transport}: {} {op} for {FILES} files created and written ({before:?} -> {after:?})",
+            delta(&after, op)
+        );
+    }
+    // Not more than the kernel needs either: one CREATE per file.
+    assert_eq!(delta(&after, "CREATE"), FILES, "{after:?}");
+
+    // Root only, as the other ioctls that read the server's state.
+    assert_eq!(stats_ioctl(m.path()), 0);
+    assert_eq!(
+        as_user(|| stats_ioctl(m.path())),
+        libc::EPERM,
+        "a user's FUSE_STATS"
+    );
+    m.unmount().unwrap();
+}
+
+#[test]
+fn requests_are_counted_over_dev_fuse() {
+    run("fuse_requests_devfuse", "fuse_uring=off");
+}
+
+#[test]
+fn requests_are_counted_over_io_uring() {
+    run("fuse_requests_uring", "fuse_uring=on");
+}
