@@ -228,7 +228,11 @@ impl SpaceGuard {
         if !handle.cached {
             return false;
         }
-        std::mem::take(&mut handle.failed) || self.critical.load(Ordering::Relaxed)
+        // An O_DIRECT handle's writes come to us as write(2) makes them and keep the margin
+        // there: refusing its GETATTR would only fail its reads (the kernel asks one before
+        // a direct read near EOF, fuse_cache_read_iter), as fstests generic/299 found.
+        std::mem::take(&mut handle.failed)
+            || (!handle.o_direct && self.critical.load(Ordering::Relaxed))
     }
 
     fn invalidate_cached_writers(&self, which: impl Fn(u64) -> bool) {
@@ -352,6 +356,12 @@ mod tests {
             g.keep_free(),
             10 * MIB,
             "a buffered writer's dirty pages need it"
+        );
+        g.update(5 * MIB);
+        assert!(g.refuse_cached_write(cached), "below the margin a cached writer stops");
+        assert!(
+            !g.refuse_cached_write(o_direct),
+            "an O_DIRECT handle's GETATTR (before a read, too) is never refused for space"
         );
         g.released(cached);
         assert_eq!(g.keep_free(), 0);
