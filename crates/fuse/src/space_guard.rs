@@ -358,7 +358,10 @@ mod tests {
             "a buffered writer's dirty pages need it"
         );
         g.update(5 * MIB);
-        assert!(g.refuse_cached_write(cached), "below the margin a cached writer stops");
+        assert!(
+            g.refuse_cached_write(cached),
+            "below the margin a cached writer stops"
+        );
         assert!(
             !g.refuse_cached_write(o_direct),
             "an O_DIRECT handle's GETATTR (before a read, too) is never refused for space"
