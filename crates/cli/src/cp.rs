@@ -358,50 +358,7 @@ fn cpath(path: &Path) -> Result<CString, String> {
 
 /// Every xattr of `path` (not following a symlink) this process may read.
 fn read_xattrs(path: &Path) -> Result<into_image::Xattrs, String> {
-    let c = cpath(path)?;
-    let mut names = vec![0u8; 4096];
-    let n = loop {
-        // SAFETY: c is NUL-terminated, names a valid buffer of its length.
-        let n = unsafe { libc::llistxattr(c.as_ptr(), names.as_mut_ptr().cast(), names.len()) };
-        if n >= 0 {
-            break n as usize;
-        }
-        let e = std::io::Error::last_os_error();
-        match e.raw_os_error() {
-            Some(libc::ERANGE) => names.resize(names.len() * 4, 0),
-            Some(libc::ENOTSUP) => return Ok(Vec::new()),
-            _ => return Err(format!("listxattr: {e}")),
-        }
-    };
-    let mut out = Vec::new();
-    for name in names[..n].split(|&b| b == 0).filter(|s| !s.is_empty()) {
-        let cn = CString::new(name).expect("split at NUL");
-        let mut value = vec![0u8; 256];
-        loop {
-            // SAFETY: both strings are NUL-terminated, value a valid buffer.
-            let got = unsafe {
-                libc::lgetxattr(
-                    c.as_ptr(),
-                    cn.as_ptr(),
-                    value.as_mut_ptr().cast(),
-                    value.len(),
-                )
-            };
-            if got >= 0 {
-                value.truncate(got as usize);
-                out.push((name.to_vec(), value));
-                break;
-            }
-            let e = std::io::Error::last_os_error();
-            match e.raw_os_error() {
-                Some(libc::ERANGE) => value.resize(value.len().max(4096) * 4, 0),
-                // Gone since the listing.
-                Some(libc::ENODATA) => break,
-                _ => return Err(format!("xattr {}: {e}", show(name))),
-            }
-        }
-    }
-    Ok(out)
+    oleo::mkfs::rootdir::read_xattrs(path).map_err(|e| format!("xattrs: {e}"))
 }
 
 // ---- image to host ----

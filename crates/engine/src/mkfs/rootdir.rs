@@ -282,8 +282,9 @@ pub fn read_full(file: &File, buf: &mut [u8], at: u64) -> std::io::Result<usize>
     Ok(done)
 }
 
-/// Every xattr of `path` (not following a symlink) this process may read.
-fn read_xattrs(path: &Path) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+/// Every xattr of host file `path` (not following a symlink) this process may read, as
+/// (name, value); none where the filesystem has no xattrs. Also for `oleo cp`.
+pub fn read_xattrs(path: &Path) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
     let c = CString::new(path.as_os_str().as_bytes())
         .map_err(|_| Error::InvalidArgument(format!("{}: NUL in path", path.display())))?;
     let mut names = vec![0u8; 4096];
