@@ -66,7 +66,7 @@ pub fn parse(b: &[u8]) -> [u64; SLOTS] {
 }
 
 /// The kernel's name of an opcode (`FUSE_` left off), as fuse.h spells it; slot 0 is
-/// "OTHER", an opcode this table does not know "OP<n>".
+/// "OTHER", an opcode this table does not know "OP`n`" (its number).
 pub fn opcode_name(opcode: u32) -> std::borrow::Cow<'static, str> {
     let name = match opcode {
         0 => "OTHER",
