@@ -77,19 +77,6 @@ fn fstrim(mnt: &Path) -> u64 {
         .unwrap_or_else(|| panic!("fstrim said {text:?}"))
 }
 
-/// Seeded bytes.
-fn bytes(seed: u64, len: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
-
 /// Files kept (name, seed, length) and files deleted before the trim.
 const KEEP: &[(&str, u64, u64)] = &[("a", 1, 3 * MIB + 123), ("b", 2, 17 * MIB), ("c", 3, 4096)];
 const DELETE: &[(&str, u64, u64)] = &[("x", 4, 120 * MIB), ("y", 5, 90 * MIB)];
@@ -97,7 +84,11 @@ const DELETE: &[(&str, u64, u64)] = &[("x", 4, 120 * MIB), ("y", 5, 90 * MIB)];
 /// Writes every file, makes them durable, deletes the others and commits.
 fn fill_and_delete(mnt: &Path) {
     for &(name, seed, len) in KEEP.iter().chain(DELETE) {
-        std::fs::write(mnt.join(name), bytes(seed, len)).unwrap();
+        std::fs::write(
+            mnt.join(name),
+            oleo_testkit::ops::pattern(seed, len as usize),
+        )
+        .unwrap();
     }
     btrfs_sync(mnt).unwrap();
     for &(name, _, _) in DELETE {
@@ -111,23 +102,13 @@ fn fill_and_delete(mnt: &Path) {
 fn check_kept(mnt: &Path, who: &str) {
     for &(name, seed, len) in KEEP {
         let got = std::fs::read(mnt.join(name)).unwrap();
-        assert!(got == bytes(seed, len), "{who}: {name} does not read back");
+        assert!(
+            got == oleo_testkit::ops::pattern(seed, len as usize),
+            "{who}: {name} does not read back"
+        );
     }
     for &(name, _, _) in DELETE {
         assert!(!mnt.join(name).exists(), "{who}: {name} came back");
-    }
-}
-
-/// Lets USER reach `dir` (every directory above it in the temporary directory).
-fn open_to_user(dir: &Path) {
-    use std::os::unix::fs::PermissionsExt;
-    let mut p = Some(dir);
-    while let Some(d) =
-        p.filter(|d| d.starts_with(std::env::temp_dir()) && *d != std::env::temp_dir())
-    {
-        let mode = std::fs::metadata(d).unwrap().mode() | 0o711;
-        std::fs::set_permissions(d, std::fs::Permissions::from_mode(mode)).unwrap();
-        p = d.parent();
     }
 }
 
@@ -142,7 +123,7 @@ fn fstrim_punches_free_space_as_kernel_btrfs_does() {
         return;
     }
     let dir = TempDir::new(name).unwrap();
-    open_to_user(dir.path());
+    oleo_testkit::tempdir::open_to_others(dir.path());
 
     // Kernel btrfs on a loop device over the same kind of image, the same steps.
     let kimg = dir.join("kernel.img");
@@ -246,7 +227,7 @@ fn label_gets_and_sets_through_the_mount() {
         return;
     }
     let dir = TempDir::new(name).unwrap();
-    open_to_user(dir.path());
+    oleo_testkit::tempdir::open_to_others(dir.path());
     let img = dir.join("oleo.img");
     empty_image(&img, 256, &["-L", "first"]).unwrap();
     let mnt = dir.subdir("mnt").unwrap();

@@ -60,19 +60,6 @@ fn stats_ioctl(mnt: &Path) -> i32 {
     }
 }
 
-/// Lets the test user reach `dir` (every directory above it in the temporary directory).
-fn open_to_user(dir: &Path) {
-    use std::os::unix::fs::{MetadataExt, PermissionsExt};
-    let mut p = Some(dir);
-    while let Some(d) =
-        p.filter(|d| d.starts_with(std::env::temp_dir()) && *d != std::env::temp_dir())
-    {
-        let mode = std::fs::metadata(d).unwrap().mode() | 0o711;
-        std::fs::set_permissions(d, std::fs::Permissions::from_mode(mode)).unwrap();
-        p = d.parent();
-    }
-}
-
 fn run(name: &str, transport: &str) {
     if !require_fuse_mount(name) {
         return;
@@ -89,7 +76,7 @@ fn run(name: &str, transport: &str) {
         }
     }
     let dir = TempDir::new(name).unwrap();
-    open_to_user(dir.path());
+    oleo_testkit::tempdir::open_to_others(dir.path());
     let img = dir.join("oleo.img");
     empty_image(&img, 256, &[]).unwrap();
     let mnt = dir.subdir("mnt").unwrap();

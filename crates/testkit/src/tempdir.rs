@@ -67,6 +67,19 @@ impl TempDir {
     }
 }
 
+/// Lets any user reach `dir`: adds search permission (0o711) to it and every directory above
+/// it inside the system's temporary directory, for tests that run a step as another user.
+pub fn open_to_others(dir: &Path) {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let tmp = std::env::temp_dir();
+    let mut p = Some(dir);
+    while let Some(d) = p.filter(|d| d.starts_with(&tmp) && *d != tmp) {
+        let mode = std::fs::metadata(d).unwrap().mode() | 0o711;
+        std::fs::set_permissions(d, std::fs::Permissions::from_mode(mode)).unwrap();
+        p = d.parent();
+    }
+}
+
 impl Drop for TempDir {
     fn drop(&mut self) {
         if self.keep || std::env::var_os("OLEO_KEEP_TMP").is_some() {

@@ -326,15 +326,7 @@ impl Sink {
                         .owner(uid, gid);
                     let id = self.fs.mknod(dir, name, &new).map_err(e)?.id;
                     // Whatever the creation did with the set-id bits, they are as asked.
-                    self.fs
-                        .setattr(
-                            id,
-                            &SetAttr {
-                                mode: Some(perm),
-                                ..SetAttr::default()
-                            },
-                        )
-                        .map_err(e)?;
+                    self.set_mode(id, perm)?;
                     id
                 }
             }
@@ -378,17 +370,21 @@ impl Sink {
                 .map_err(e)?;
         }
         if keep.mode || keep.owner {
-            self.fs
-                .setattr(
-                    id,
-                    &SetAttr {
-                        mode: Some(perm),
-                        ..SetAttr::default()
-                    },
-                )
-                .map_err(e)?;
+            self.set_mode(id, perm)?;
         }
         Ok(())
+    }
+
+    /// Sets `id`'s permission bits (set-id and sticky included) to `perm`.
+    fn set_mode(&self, id: InodeId, perm: u32) -> Result<(), String> {
+        let mode = SetAttr {
+            mode: Some(perm),
+            ..SetAttr::default()
+        };
+        self.fs
+            .setattr(id, &mode)
+            .map(drop)
+            .map_err(|e| e.to_string())
     }
 
     /// The NOCOW/compression flags (before any data: NOCOW only takes on an empty file),
