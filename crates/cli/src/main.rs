@@ -93,6 +93,11 @@ enum Command {
     Tar(tar::TarArgs),
 }
 
+/// mimalloc: the FUSE server allocates and frees from many threads (a queue's threads, the
+/// commit thread); glibc's per-thread arenas made every request's allocations cold.
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().collect();
     // mount(8) runs helpers as `mount.fuse.oleo SOURCE TARGET -o OPTIONS`, and mount.fuse3

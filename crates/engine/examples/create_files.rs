@@ -7,6 +7,10 @@
 use oleo::{Filesystem, NewInode, OpenOptions};
 use std::time::Instant;
 
+/// The allocator oleo's binary uses.
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> oleo::Result<()> {
     let args: Vec<String> = std::env::args().collect();
     if args.len() != 4 {
@@ -24,10 +28,18 @@ fn main() -> oleo::Result<()> {
                 let fs = &fs;
                 s.spawn(move || -> oleo::Result<()> {
                     let dir = fs.mkdir(root, format!("d{t}").as_bytes(), &NewInode::dir(0o755))?;
+                    let mut lap = Instant::now();
                     for i in 0..files {
                         let name = format!("file-{i:08}");
                         let _ = fs.lookup(dir.id, name.as_bytes());
                         fs.mknod(dir.id, name.as_bytes(), &NewInode::file(0o644))?;
+                        // The rate of each 50,000 files: flat if nothing grows with the
+                        // transaction.
+                        if (i + 1) % 50_000 == 0 && t == 0 {
+                            let rate = 50_000.0 / lap.elapsed().as_secs_f64();
+                            println!("thread 0, files {}: {rate:.0}/s", i + 1);
+                            lap = Instant::now();
+                        }
                     }
                     Ok(())
                 })
