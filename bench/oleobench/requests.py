@@ -61,6 +61,11 @@ OPERATIONS = {
     "seq-write": ("4 KiB written", _written_4k),
     "compress-write": ("4 KiB written", _written_4k),
     "uring-randrw": ("4 KiB read or written", _moved_4k),
+    # every file tar wrote and every file cp wrote; the requests cover both steps and the
+    # syncs that end them
+    "untar-cp": ("file written", lambda m, p: m.get("files")),
+    # rename, link, unlink or rename back, in both directories (the fills not counted)
+    "bigdir-ops": ("rename, link or unlink", lambda m, p: m.get("ops")),
 }
 
 

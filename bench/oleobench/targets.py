@@ -572,7 +572,7 @@ class FuseFloor(Target):
     oleo's distance to it is what oleo itself costs."""
     name, family = "fuse-floor", None
     fuse_stats = True
-    only = ("fsmark-create", "dbench")
+    only = ("fsmark-create", "dbench", "bigdir-ops", "untar-cp")
     transport = []
 
     def _bin(self):

@@ -807,6 +807,7 @@ class UntarCopy(Workload):
 
     def run(self, ctx, m, _):
         tar = self.tarball(ctx)
+        r0 = requests.snapshot(m)
         t0 = time.monotonic()
         run(["tar", "-xf", tar, "-C", m.path], timeout=ctx.remaining())
         commit_all(m)
@@ -815,22 +816,24 @@ class UntarCopy(Workload):
             timeout=ctx.remaining())
         commit_all(m)
         t2 = time.monotonic()
+        r1 = requests.snapshot(m)
         n = run(["find", os.path.join(m.path, "copy"), "-type", "f"],
                 timeout=ctx.remaining()).stdout.count("\n")
         if n != self.p.untar_files:
             raise NotApplicable(f"the copy holds {n} files, the tarball {self.p.untar_files}")
-        return {"untar_s": t1 - t0, "cp_s": t2 - t1}
+        return {"untar_s": t1 - t0, "cp_s": t2 - t1, "files": 2 * n, REQUESTS: (r0, r1)}
 
 
+# One directory: `fill` makes its entries, `ops` times the operations on them (so that
+# the FUSE requests of the timed phases can be counted apart from the fills).
 _BIGDIR_SCRIPT = r"""
 import json, os, sys, time
-root, entries, runtime = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
-out = {}
-for label, n in (("big", entries), ("small", 100)):
-    d = os.path.join(root, label)
+d, n, runtime, step = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), sys.argv[4]
+if step == "fill":
     os.mkdir(d)
     for i in range(n):
         os.close(os.open(os.path.join(d, f"entry-{i:07d}"), os.O_CREAT | os.O_WRONLY, 0o644))
+else:
     # Renames, hard links and unlinks of entries spread over the directory.
     ops, i, t0 = 0, 0, time.monotonic()
     while time.monotonic() - t0 < runtime:
@@ -838,8 +841,7 @@ for label, n in (("big", entries), ("small", 100)):
         b, c = a + ".renamed", a + ".link"
         os.rename(a, b); os.link(b, c); os.unlink(c); os.rename(b, a)
         ops, i = ops + 4, i + 1
-    out[label] = ops / (time.monotonic() - t0)
-print(json.dumps(out))
+    print(json.dumps({"ops": ops, "s": time.monotonic() - t0}))
 """
 
 
@@ -857,11 +859,24 @@ class BigDirOps(Workload):
                 "ops": "rename, link, unlink, rename back"}
 
     def run(self, ctx, m, _):
-        r = run(["python3", "-c", _BIGDIR_SCRIPT, m.path, self.p.bigdir_entries,
-                 self.p.bigdir_runtime_s], timeout=ctx.remaining())
-        rates = json.loads(r.stdout)
-        return {"big_ops_s": rates["big"], "small_ops_s": rates["small"],
-                "big_over_small": rates["big"] / rates["small"]}
+        rates, counted, ops = {}, [], 0
+        for label, n in (("big", self.p.bigdir_entries), ("small", 100)):
+            d = os.path.join(m.path, label)
+            argv = ["python3", "-c", _BIGDIR_SCRIPT, d, n, self.p.bigdir_runtime_s]
+            run(argv + ["fill"], timeout=ctx.remaining())
+            r0 = requests.snapshot(m)
+            r = json.loads(run(argv + ["ops"], timeout=ctx.remaining()).stdout)
+            counted.append((r0, requests.snapshot(m)))
+            rates[label] = r["ops"] / r["s"]
+            ops += r["ops"]
+        out = {"big_ops_s": rates["big"], "small_ops_s": rates["small"],
+               "big_over_small": rates["big"] / rates["small"], "ops": ops}
+        # The requests of both timed phases, the fills left out.
+        if all(a is not None and b is not None for a, b in counted):
+            before = [0] * len(counted[0][0])
+            after = [sum(b[i] - a[i] for a, b in counted) for i in range(len(before))]
+            out[REQUESTS] = (before, after)
+        return out
 
 
 # send and receive (issue 32) live in sendrecv.py, which builds on Workload above

@@ -1,8 +1,11 @@
-//! The FUSE floor: a filesystem on oleo's transport that keeps names and attributes in
-//! hash maps, and file contents in memory (fs_mark keeps its own logs in the tree it
-//! tests, dbench reads back what it wrote), and nothing else: no disk, no commit, an
-//! fsync that returns at once, no xattrs. It answers opens, listings and INIT as oleo does
-//! (KEEP_CACHE, CACHE_DIR, READDIRPLUS). What a workload reaches on it is the
+//! The FUSE floor: a filesystem on oleo's transport that keeps names, hard links,
+//! symlinks and attributes in hash maps, and file contents in memory (fs_mark keeps its
+//! own logs in the tree it tests, dbench reads back what it wrote), and nothing else: no
+//! disk, no commit, an fsync that returns at once, xattrs in a map. It mounts as oleo
+//! mounts (default_permissions) and answers opens, listings, copy_file_range, FLUSH and
+//! INIT as oleo does (KEEP_CACHE, zero-message OPENDIR, READDIRPLUS), so the kernel asks it
+//! what it asks oleo: fs_mark, dbench, bigdir-ops and untar-cp run on it. What a
+//! workload reaches on it is the
 //! most any FUSE filesystem can reach on the machine with the same transport and INIT
 //! flags as oleo: bench/ runs it as the `fuse-floor` target. Root only (it mounts with
 //! mount(2), not fusermount3). The transport counts its requests by opcode: the
@@ -22,26 +25,88 @@ use std::os::fd::{AsRawFd, OwnedFd};
 
 const S_IFDIR: u32 = 0o040000;
 const S_IFREG: u32 = 0o100000;
+const S_IFLNK: u32 = 0o120000;
+const S_IFMT: u32 = 0o170000;
+
+/// An inode's attributes. Times are real (creation, then what SETATTR sets), as oleo's are:
+/// a floor answering 0 would make the kernel send a SETATTR of the times after every write.
+#[derive(Clone, Copy)]
+struct Meta {
+    mode: u32,
+    size: u64,
+    /// atime, mtime, ctime: seconds and nanoseconds.
+    times: [(u64, u32); 3],
+}
+
+impl Meta {
+    fn new(mode: u32, size: u64) -> Meta {
+        let t = now();
+        Meta {
+            mode,
+            size,
+            times: [t; 3],
+        }
+    }
+}
+
+/// The kernel's own clock for file times (current_time: the coarse realtime clock), as
+/// oleo's engine reads it: a write in the same tick as the CREATE then moves no time.
+fn now() -> (u64, u32) {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: ts is a valid out-pointer; CLOCK_REALTIME_COARSE always exists on Linux.
+    unsafe { libc::clock_gettime(libc::CLOCK_REALTIME_COARSE, &mut ts) };
+    (ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
+/// An inode's xattrs: (name, value).
+type Xattrs = Vec<(Vec<u8>, Vec<u8>)>;
 
 #[derive(Default)]
 struct Tree {
     names: HashMap<(u64, Vec<u8>), u64>,
-    /// Inode -> (mode, size).
-    modes: HashMap<u64, (u32, u64)>,
+    modes: HashMap<u64, Meta>,
     /// Directory -> its entries in creation order (a listing's offsets index them).
     children: HashMap<u64, Vec<(Vec<u8>, u64)>>,
     data: HashMap<u64, Vec<u8>>,
+    /// Names of each inode that has more than one (hard links); the others have one.
+    links: HashMap<u64, u32>,
+    xattrs: HashMap<u64, Xattrs>,
     next: u64,
 }
 
 impl Tree {
-    /// `ino` lost its name in `dir` (nullfs has no hard links): its contents go, so that
+    /// `ino` lost its name `name` in `dir`: with its last name its contents go, so that
     /// a workload that deletes what it wrote (dbench) runs in bounded memory.
-    fn forget_name(&mut self, dir: u64, ino: u64) {
+    fn forget_name(&mut self, dir: u64, name: &[u8], ino: u64) {
         if let Some(c) = self.children.get_mut(&dir) {
-            c.retain(|&(_, i)| i != ino);
+            c.retain(|(n, _)| n != name);
         }
-        self.data.remove(&ino);
+        match self.links.get_mut(&ino) {
+            Some(n) if *n > 2 => *n -= 1,
+            Some(_) => {
+                self.links.remove(&ino);
+            }
+            None => {
+                self.data.remove(&ino);
+                self.xattrs.remove(&ino);
+            }
+        }
+    }
+
+    fn nlink(&self, ino: u64, mode: u32) -> u32 {
+        if mode & S_IFMT == S_IFDIR {
+            2
+        } else {
+            self.links.get(&ino).copied().unwrap_or(1)
+        }
+    }
+
+    fn entry(&self, ino: u64) -> Option<abi::EntryOut> {
+        let m = self.modes.get(&ino)?;
+        Some(entry(ino, m, self.nlink(ino, m.mode)))
     }
 }
 
@@ -50,29 +115,47 @@ struct NullFs {
     tree: Mutex<Tree>,
 }
 
-fn attr(ino: u64, mode: u32, size: u64) -> abi::Attr {
+fn attr(ino: u64, m: &Meta, nlink: u32) -> abi::Attr {
+    let [a, mt, c] = m.times;
     abi::Attr {
         ino,
-        size,
-        mode,
-        nlink: if mode & S_IFDIR != 0 { 2 } else { 1 },
+        size: m.size,
+        mode: m.mode,
+        nlink,
+        atime: a.0,
+        atimensec: a.1,
+        mtime: mt.0,
+        mtimensec: mt.1,
+        ctime: c.0,
+        ctimensec: c.1,
         blksize: 4096,
         ..Default::default()
     }
 }
 
-fn entry(ino: u64, mode: u32, size: u64) -> abi::EntryOut {
+fn entry(ino: u64, m: &Meta, nlink: u32) -> abi::EntryOut {
     abi::EntryOut {
         nodeid: ino,
         entry_valid: 1,
         attr_valid: 1,
-        attr: attr(ino, mode, size),
+        attr: attr(ino, m, nlink),
         ..Default::default()
     }
 }
 
 impl NullFs {
     fn make(&self, parent: u64, name: &[u8], mode: u32) -> Result<abi::EntryOut, Errno> {
+        self.make_with(parent, name, mode, None)
+    }
+
+    /// A new inode named `name` in `parent`; a symlink's target is its contents.
+    fn make_with(
+        &self,
+        parent: u64,
+        name: &[u8],
+        mode: u32,
+        target: Option<&[u8]>,
+    ) -> Result<abi::EntryOut, Errno> {
         let mut t = self.tree.lock();
         if t.names.contains_key(&(parent, name.to_vec())) {
             return Err(Errno(libc::EEXIST));
@@ -80,12 +163,17 @@ impl NullFs {
         t.next += 1;
         let ino = t.next;
         t.names.insert((parent, name.to_vec()), ino);
-        t.modes.insert(ino, (mode, 0));
+        let size = target.map_or(0, |d| d.len() as u64);
+        let meta = Meta::new(mode, size);
+        t.modes.insert(ino, meta);
+        if let Some(d) = target {
+            t.data.insert(ino, d.to_vec());
+        }
         t.children
             .entry(parent)
             .or_default()
             .push((name.to_vec(), ino));
-        Ok(entry(ino, mode, 0))
+        Ok(entry(ino, &meta, 1))
     }
 }
 
@@ -105,11 +193,12 @@ impl Handler for NullFs {
         match op {
             Op::Lookup { name } => {
                 let t = self.tree.lock();
-                match t.names.get(&(node, name.to_vec())) {
-                    Some(&ino) => {
-                        let (mode, size) = t.modes[&ino];
-                        reply.entry(&entry(ino, mode, size))
-                    }
+                match t
+                    .names
+                    .get(&(node, name.to_vec()))
+                    .and_then(|&i| t.entry(i))
+                {
+                    Some(e) => reply.entry(&e),
                     None => reply.entry(&abi::EntryOut {
                         entry_valid: 1,
                         ..Default::default()
@@ -119,17 +208,42 @@ impl Handler for NullFs {
             Op::Getattr { .. } | Op::Setattr(_) => {
                 let mut t = self.tree.lock();
                 if let Op::Setattr(arg) = &op {
-                    if arg.valid & abi::fattr::SIZE != 0 {
+                    use abi::fattr;
+                    if arg.valid & fattr::SIZE != 0 {
                         t.data.entry(node).or_default().resize(arg.size as usize, 0);
-                        if let Some(m) = t.modes.get_mut(&node) {
-                            m.1 = arg.size;
+                    }
+                    if let Some(m) = t.modes.get_mut(&node) {
+                        let v = arg.valid;
+                        if v & fattr::SIZE != 0 {
+                            m.size = arg.size;
                         }
+                        if v & fattr::MODE != 0 {
+                            m.mode = (m.mode & S_IFMT) | (arg.mode & 0o7777);
+                        }
+                        let set = |now_bit: u32, given: (u64, u32)| {
+                            if v & now_bit != 0 {
+                                now()
+                            } else {
+                                given
+                            }
+                        };
+                        if v & fattr::ATIME != 0 {
+                            m.times[0] = set(fattr::ATIME_NOW, (arg.atime, arg.atimensec));
+                        }
+                        if v & fattr::MTIME != 0 {
+                            m.times[1] = set(fattr::MTIME_NOW, (arg.mtime, arg.mtimensec));
+                        }
+                        m.times[2] = if v & fattr::CTIME != 0 {
+                            (arg.ctime, arg.ctimensec)
+                        } else {
+                            now()
+                        };
                     }
                 }
                 match t.modes.get(&node) {
-                    Some(&(mode, size)) => reply.attr(&abi::AttrOut {
+                    Some(m) => reply.attr(&abi::AttrOut {
                         attr_valid: 1,
-                        attr: attr(node, mode, size),
+                        attr: attr(node, m, t.nlink(node, m.mode)),
                         ..Default::default()
                     }),
                     None => reply.error(Errno(libc::ENOENT)),
@@ -145,11 +259,40 @@ impl Handler for NullFs {
                     Err(e) => reply.error(e),
                 }
             }
+            Op::Symlink { name, target } => {
+                match self.make_with(node, name, S_IFLNK | 0o777, Some(target)) {
+                    Ok(e) => reply.entry(&e),
+                    Err(e) => reply.error(e),
+                }
+            }
+            Op::Readlink => {
+                let t = self.tree.lock();
+                reply.data(t.data.get(&node).map_or(&[][..], Vec::as_slice))
+            }
+            Op::Link { oldnode, name } => {
+                let mut t = self.tree.lock();
+                if t.names.contains_key(&(node, name.to_vec())) {
+                    return reply.error(Errno(libc::EEXIST));
+                }
+                if !t.modes.contains_key(&oldnode) {
+                    return reply.error(Errno(libc::ENOENT));
+                }
+                t.names.insert((node, name.to_vec()), oldnode);
+                t.children
+                    .entry(node)
+                    .or_default()
+                    .push((name.to_vec(), oldnode));
+                *t.links.entry(oldnode).or_insert(1) += 1;
+                match t.entry(oldnode) {
+                    Some(e) => reply.entry(&e),
+                    None => reply.error(Errno(libc::ENOENT)),
+                }
+            }
             Op::Unlink { name } | Op::Rmdir { name } => {
                 let mut t = self.tree.lock();
                 match t.names.remove(&(node, name.to_vec())) {
                     Some(ino) => {
-                        t.forget_name(node, ino);
+                        t.forget_name(node, name, ino);
                         reply.ok()
                     }
                     None => reply.error(Errno(libc::ENOENT)),
@@ -166,10 +309,10 @@ impl Handler for NullFs {
                     return reply.error(Errno(libc::ENOENT));
                 };
                 if let Some(c) = t.children.get_mut(&node) {
-                    c.retain(|&(_, i)| i != ino);
+                    c.retain(|(n, _)| n != name);
                 }
                 if let Some(old) = t.names.insert((newdir, newname.to_vec()), ino) {
-                    t.forget_name(newdir, old);
+                    t.forget_name(newdir, newname, old);
                 }
                 let c = t.children.entry(newdir).or_default();
                 c.push((newname.to_vec(), ino));
@@ -177,19 +320,80 @@ impl Handler for NullFs {
             }
             // No xattrs, answered as oleo answers a file without them (ENOSYS would make
             // the kernel stop asking, which oleo cannot let it do).
-            Op::Getxattr { .. } => reply.error(Errno(libc::ENODATA)),
+            Op::Setxattr { name, value, .. } => {
+                let mut t = self.tree.lock();
+                let list = t.xattrs.entry(node).or_default();
+                list.retain(|(n, _)| n != name);
+                list.push((name.to_vec(), value.to_vec()));
+                reply.ok()
+            }
+            Op::Getxattr { size, name } => {
+                let t = self.tree.lock();
+                let found = t
+                    .xattrs
+                    .get(&node)
+                    .and_then(|l| l.iter().find(|(n, _)| n == name));
+                match found {
+                    None => reply.error(Errno(libc::ENODATA)),
+                    Some((_, v)) if size == 0 => reply.xattr_size(v.len() as u32),
+                    Some((_, v)) if v.len() > size as usize => reply.error(Errno(libc::ERANGE)),
+                    Some((_, v)) => reply.data(v),
+                }
+            }
+            Op::Listxattr { size } => {
+                let t = self.tree.lock();
+                let mut names = Vec::new();
+                for (n, _) in t.xattrs.get(&node).map_or(&[][..], Vec::as_slice) {
+                    names.extend_from_slice(n);
+                    names.push(0);
+                }
+                match size {
+                    0 => reply.xattr_size(names.len() as u32),
+                    s if names.len() > s as usize => reply.error(Errno(libc::ERANGE)),
+                    _ => reply.data(&names),
+                }
+            }
+            Op::Removexattr { name } => {
+                let mut t = self.tree.lock();
+                let list = t.xattrs.entry(node).or_default();
+                let before = list.len();
+                list.retain(|(n, _)| n != name);
+                if list.len() == before {
+                    reply.error(Errno(libc::ENODATA))
+                } else {
+                    reply.ok()
+                }
+            }
+            Op::CopyFileRange(arg) => {
+                let mut t = self.tree.lock();
+                let src = t.data.get(&node).map_or(&[][..], Vec::as_slice);
+                let from = (arg.off_in as usize).min(src.len());
+                let to = from.saturating_add(arg.len as usize).min(src.len());
+                let chunk = src[from..to].to_vec();
+                let end = arg.off_out as usize + chunk.len();
+                let dst = t.data.entry(arg.nodeid_out).or_default();
+                if dst.len() < end {
+                    dst.resize(end, 0);
+                }
+                dst[arg.off_out as usize..end].copy_from_slice(&chunk);
+                let size = dst.len() as u64;
+                if let Some(m) = t.modes.get_mut(&arg.nodeid_out) {
+                    m.size = size;
+                }
+                reply.written(chunk.len() as u32)
+            }
             Op::Readdir(arg) | Op::Readdirplus(arg) => {
                 let plus = matches!(op, Op::Readdirplus(_));
                 let t = self.tree.lock();
                 let mut buf = DirBuf::new(arg.size);
                 let list = t.children.get(&node).map_or(&[][..], Vec::as_slice);
                 for (i, (name, ino)) in list.iter().enumerate().skip(arg.offset as usize) {
-                    let (mode, size) = t.modes[ino];
+                    let m = &t.modes[ino];
                     let off = i as u64 + 1;
                     let added = if plus {
-                        buf.add_plus(&entry(*ino, mode, size), off, mode, name)
+                        buf.add_plus(&entry(*ino, m, t.nlink(*ino, m.mode)), off, m.mode, name)
                     } else {
-                        buf.add(*ino, off, mode, name)
+                        buf.add(*ino, off, m.mode, name)
                     };
                     if !added {
                         break;
@@ -199,7 +403,8 @@ impl Handler for NullFs {
             }
             // oleo's open flags: the page cache survives opens, listings are cached.
             Op::Open { .. } => reply.opened(0, abi::fopen::KEEP_CACHE),
-            Op::Opendir { .. } => reply.opened(0, abi::fopen::KEEP_CACHE | abi::fopen::CACHE_DIR),
+            // Zero-message opendir, as oleo asks for it: listings are then cached.
+            Op::Opendir { .. } => reply.error(Errno(libc::ENOSYS)),
             Op::Write { arg, data } => {
                 let mut t = self.tree.lock();
                 let end = arg.offset as usize + data.len();
@@ -210,7 +415,7 @@ impl Handler for NullFs {
                 file[arg.offset as usize..end].copy_from_slice(data);
                 let size = file.len() as u64;
                 if let Some(m) = t.modes.get_mut(&node) {
-                    m.1 = size;
+                    m.size = size;
                 }
                 reply.written(data.len() as u32)
             }
@@ -264,7 +469,7 @@ fn main() {
         }
     };
     let opts = format!(
-        "fd={},rootmode=40000,user_id=0,group_id=0,allow_other",
+        "fd={},rootmode=40000,user_id=0,group_id=0,allow_other,default_permissions",
         fd.as_raw_fd()
     );
     let (Ok(opts), Ok(target)) = (CString::new(opts), CString::new(mnt.as_str())) else {
@@ -289,7 +494,7 @@ fn main() {
         next: 1,
         ..Tree::default()
     };
-    tree.modes.insert(1, (S_IFDIR | 0o755, 0));
+    tree.modes.insert(1, Meta::new(S_IFDIR | 0o755, 0));
     let fs = NullFs {
         uring,
         tree: Mutex::new(tree),
