@@ -139,14 +139,20 @@ def requests_table(wcls, groups, target_order):
         names = {n for q in recs for n in q["per_op"]}
         med = {n: statistics.median(q["per_op"].get(n, 0.0) for q in recs) for n in names}
         med["total"] = statistics.median(q["total_per_op"] for q in recs)
+        timed = [q["server_us_per_op"] for q in recs if "server_us_per_op" in q]
+        med["server_us"] = statistics.median(timed) if timed else None
         rows[k] = (med, len(recs))
+    extra = ("total", "server_us")
+    timed = any(med["server_us"] is not None for med, _ in rows.values())
     shown = sorted({n for med, _ in rows.values() for n, v in med.items()
-                    if n != "total" and v >= 0.01},
+                    if n not in extra and v >= 0.01},
                    key=lambda n: (-max(med.get(n, 0) for med, _ in rows.values()), n))
     head = ["target"] + ([wcls.variant_name] if wcls.variant_name else []) + shown
-    head += ["others", "total"]
+    head += ["others", "total"] + (["server µs per op"] if timed else [])
     lines = [f"FUSE requests per {unit}, by opcode (median of the repetitions; the transport's "
-             "counts over the measured phase):", "",
+             "counts over the measured phase" + ("; server µs: the server's own time on "
+                                                 "them, parse to reply" if timed else "")
+             + "):", "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     variants = []
     for k in keys:
@@ -157,8 +163,10 @@ def requests_table(wcls, groups, target_order):
             med, _ = rows[(wcls.name, v, t)]
             row = [t] + ([v.split("=", 1)[1] if v else ""] if wcls.variant_name else [])
             row += [f"{med.get(n, 0):.2f}" for n in shown]
-            others = sum(x for n, x in med.items() if n != "total" and n not in shown)
+            others = sum(x for n, x in med.items() if n not in extra and n not in shown)
             row += [f"{others:.2f}", f"{med['total']:.2f}"]
+            if timed:
+                row.append("" if med["server_us"] is None else f"{med['server_us']:.1f}")
             lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines) + "\n"
 

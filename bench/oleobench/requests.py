@@ -17,6 +17,8 @@ import struct
 
 SLOTS = 64          # counts.rs SLOTS: opcode n < 64 in slot n, slot 0 the rest
 FUSE_STATS = (2 << 30) | ((SLOTS * 8) << 16) | (ord("o") << 8) | 18   # _IOR('o', 18, 512)
+# the server's nanoseconds per slot (subvol_ioctl.rs FUSE_STATS_TIME), same layout
+FUSE_STATS_TIME = (2 << 30) | ((SLOTS * 8) << 16) | (ord("o") << 8) | 19
 
 # fuse.h's opcode names (FUSE_ left off), as counts.rs::opcode_name.
 NAMES = {
@@ -69,9 +71,16 @@ OPERATIONS = {
 }
 
 
+def _slots(fd, ioctl):
+    buf = bytearray(SLOTS * 8)
+    fcntl.ioctl(fd, ioctl, buf, True)
+    return list(struct.unpack(f"<{SLOTS}Q", bytes(buf)))
+
+
 def snapshot(m):
-    """The mount's request counts by opcode slot, or None for a target that cannot be asked
-    (or a server too old to answer)."""
+    """The mount's request counts by opcode slot, followed by the server's nanoseconds by
+    slot where it reports them (2 x SLOTS values then), or None for a target that cannot
+    be asked (or a server too old to answer)."""
     if not getattr(m.target, "fuse_stats", False) or not m.path:
         return None
     try:
@@ -79,13 +88,17 @@ def snapshot(m):
     except OSError:
         return None
     try:
-        buf = bytearray(SLOTS * 8)
-        fcntl.ioctl(fd, FUSE_STATS, buf, True)
+        counts = _slots(fd, FUSE_STATS)
     except OSError:
+        os.close(fd)
         return None
+    try:
+        counts += _slots(fd, FUSE_STATS_TIME)
+    except OSError:
+        pass
     finally:
         os.close(fd)
-    return list(struct.unpack(f"<{SLOTS}Q", bytes(buf)))
+    return counts
 
 
 def per_operation(workload, before, after, metrics, params):
@@ -97,12 +110,17 @@ def per_operation(workload, before, after, metrics, params):
     ops = count(metrics, params or {})
     if not ops:
         return None
-    delta = {opcode_name(i): after[i] - before[i] for i in range(min(len(before), len(after)))
-             if after[i] > before[i]}
-    return {
+    n = min(len(before), len(after), SLOTS)
+    delta = {opcode_name(i): after[i] - before[i] for i in range(n) if after[i] > before[i]}
+    out = {
         "operation": label,
         "ops": ops,
         "requests": delta,
         "per_op": {k: v / ops for k, v in delta.items()},
         "total_per_op": sum(delta.values()) / ops,
     }
+    if min(len(before), len(after)) >= 2 * SLOTS:
+        # the server's own time on those requests (parse to reply handed to the transport)
+        ns = sum(after[i] - before[i] for i in range(SLOTS, 2 * SLOTS))
+        out["server_us_per_op"] = ns / ops / 1000
+    return out

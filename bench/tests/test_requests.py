@@ -91,6 +91,32 @@ def test_names_and_ioctl_number_match_the_transport():
     ioctl = open(os.path.join(REPO, "crates/fuse/src/subvol_ioctl.rs")).read()
     assert "pub const FUSE_STATS: u32 = ioc(READ, 18, FUSE_STATS_SIZE);" in ioctl
     assert requests.FUSE_STATS == 0x8200_6F12
+    assert "pub const FUSE_STATS_TIME: u32 = ioc(READ, 19, FUSE_STATS_SIZE);" in ioctl
+    assert requests.FUSE_STATS_TIME == 0x8200_6F13
+
+
+def test_server_time_per_operation():
+    # counts then nanoseconds by slot, as snapshot() reads them from oleo's transport
+    c0 = counts() + [0] * requests.SLOTS
+    c1 = counts(LOOKUP=200, CREATE=100) + [0] * requests.SLOTS
+    c1[requests.SLOTS + 1] = 300_000      # 300 µs on LOOKUPs
+    c1[requests.SLOTS + 35] = 700_000     # 700 µs on CREATEs
+    params = {"threads": 1, "files_per_thread": 100, "loops": 1}
+    r = requests.per_operation("fsmark-create", c0, c1, {}, params)
+    assert r["requests"] == {"LOOKUP": 200, "CREATE": 100}
+    assert r["server_us_per_op"] == pytest.approx(10.0)
+    # a server without the time ioctl: counts only, no time
+    r = requests.per_operation("fsmark-create", c0[:requests.SLOTS], c1[:requests.SLOTS],
+                               {}, params)
+    assert "server_us_per_op" not in r
+    recs = [rec("oleo", {"LOOKUP": 2.0, "CREATE": 1.0}, 3.0),
+            rec("fuse-floor", {"LOOKUP": 2.0, "CREATE": 1.0}, 3.0)]
+    recs[0]["fuse_requests"]["server_us_per_op"] = 10.0
+    text = report.render(recs, {"targets": ["oleo", "fuse-floor"]})
+    table = text[text.index("FUSE requests per file created"):]
+    assert "| target | LOOKUP | CREATE | others | total | server µs per op |" in table
+    assert "| oleo | 2.00 | 1.00 | 0.00 | 3.00 | 10.0 |" in table
+    assert "| fuse-floor | 2.00 | 1.00 | 0.00 | 3.00 |  |" in table
 
 
 def rec(target, per_op, total, variant=None):

@@ -1,7 +1,8 @@
 //! `oleo mount-stats MOUNTPOINT`: how many requests of each FUSE opcode the kernel has sent
-//! a running mount so far, from the FUSE_STATS ioctl on its root (root only), which the
-//! transport answers for any server on it: an oleo mount or nullfs. Reading them costs the
-//! mount a few requests of its own (an OPENDIR, the IOCTL, a RELEASEDIR), counted too.
+//! a running mount so far, and the server's mean time per request of each, from the
+//! FUSE_STATS and FUSE_STATS_TIME ioctls on its root (root only), which the transport
+//! answers for any server on it: an oleo mount or nullfs. Reading them costs the mount a
+//! few requests of its own (an OPENDIR, the IOCTLs, a RELEASEDIR), counted too.
 
 use oleo_fuse::subvol_ioctl as cmd;
 use oleo_fuse::transport::counts;
@@ -19,39 +20,61 @@ pub struct MountStatsArgs {
 
 /// The mount's counts by opcode slot (`transport::counts`).
 pub fn read(path: &std::path::Path) -> Result<[u64; counts::SLOTS], String> {
+    read_slots(path, cmd::FUSE_STATS)
+}
+
+/// The nanoseconds the server spent on each slot's requests (None from a server that
+/// does not answer FUSE_STATS_TIME).
+pub fn read_nanos(path: &std::path::Path) -> Option<[u64; counts::SLOTS]> {
+    read_slots(path, cmd::FUSE_STATS_TIME).ok()
+}
+
+fn read_slots(path: &std::path::Path, ioctl: u32) -> Result<[u64; counts::SLOTS], String> {
     let f =
         std::fs::File::open(path).map_err(|e| format!("cannot open {}: {e}", path.display()))?;
     let mut b = vec![0u8; cmd::FUSE_STATS_SIZE];
-    crate::common::on_mount::raw_ioctl(&f, cmd::FUSE_STATS, &mut b).map_err(|e| {
-        match e.raw_os_error() {
-            Some(libc::EPERM) => {
-                format!("{}: only root may read the request counts", path.display())
-            }
-            Some(libc::ENOTTY) | Some(libc::EINVAL) => format!(
-                "{} is not the root of a mount served by oleo's FUSE transport",
-                path.display()
-            ),
-            _ => format!("{}: {e}", path.display()),
+    crate::common::on_mount::raw_ioctl(&f, ioctl, &mut b).map_err(|e| match e.raw_os_error() {
+        Some(libc::EPERM) => {
+            format!("{}: only root may read the request counts", path.display())
         }
+        Some(libc::ENOTTY) | Some(libc::EINVAL) => format!(
+            "{} is not the root of a mount served by oleo's FUSE transport",
+            path.display()
+        ),
+        _ => format!("{}: {e}", path.display()),
     })?;
     Ok(counts::parse(&b))
 }
 
 pub fn run(args: &MountStatsArgs) -> Result<(), String> {
     let c = read(&args.path)?;
-    let rows: Vec<(String, u64)> = (0..counts::SLOTS)
+    let nanos = read_nanos(&args.path);
+    let rows: Vec<(String, u64, Option<u64>)> = (0..counts::SLOTS)
         .filter(|&i| c[i] > 0)
-        .map(|i| (counts::opcode_name(i as u32).into_owned(), c[i]))
+        .map(|i| {
+            let name = counts::opcode_name(i as u32).into_owned();
+            (name, c[i], nanos.map(|t| t[i]))
+        })
         .collect();
     if args.oneline {
-        let pairs: Vec<String> = rows.iter().map(|(n, v)| format!("{n}={v}")).collect();
+        let pairs: Vec<String> = rows.iter().map(|(n, v, _)| format!("{n}={v}")).collect();
         println!("{}", pairs.join(" "));
         return Ok(());
     }
-    println!("{:<16} {:>14}", "opcode", "requests");
-    for (n, v) in &rows {
-        println!("{n:<16} {v:>14}");
+    // The mean server time per request, in microseconds.
+    let mean = |n: u64, ns: Option<u64>| match ns {
+        Some(ns) if n > 0 => format!("{:.1}", ns as f64 / n as f64 / 1000.0),
+        _ => "-".to_string(),
+    };
+    println!(
+        "{:<20} {:>14} {:>16}",
+        "opcode", "requests", "us per request"
+    );
+    for (n, v, ns) in &rows {
+        println!("{n:<20} {v:>14} {:>16}", mean(*v, *ns));
     }
-    println!("{:<16} {:>14}", "total", c.iter().sum::<u64>());
+    let total_ns = nanos.map(|t| t.iter().sum::<u64>());
+    let total = c.iter().sum::<u64>();
+    println!("{:<20} {total:>14} {:>16}", "total", mean(total, total_ns));
     Ok(())
 }

@@ -4,6 +4,8 @@
 //! kernel looks a new name up before it creates it), N CREATEs, N WRITEs (the writeback
 //! cache writes a closed file's pages out at its close) and N RELEASEs, and nothing that
 //! went down. The FUSE_STATS ioctl that answers them is root's only: a user gets EPERM.
+//! FUSE_STATS_TIME, the server's time per opcode, grows by the CREATEs' time: more than
+//! nothing, less than a second each; `oleo mount-stats` prints its mean per request.
 //! Over /dev/fuse and over io_uring.
 //!
 //! Needs root and FUSE (io_uring: Linux 6.14+): a skip elsewhere, a failure under CI=true.
@@ -37,6 +39,20 @@ fn counts_of(mnt: &Path) -> BTreeMap<String, u64> {
             (k.to_string(), v.parse().unwrap())
         })
         .collect()
+}
+
+/// FUSE_STATS_TIME on `mnt`: nanoseconds by slot, or the errno.
+fn nanos_of(mnt: &Path) -> Result<[u64; counts::SLOTS], i32> {
+    use std::os::fd::AsRawFd;
+    let f = std::fs::File::open(mnt).map_err(|e| e.raw_os_error().unwrap_or(-1))?;
+    let mut b = vec![0u8; cmd::FUSE_STATS_SIZE];
+    // SAFETY: the ioctl writes FUSE_STATS_SIZE bytes (its encoded size) into `b`.
+    let r = unsafe { libc::ioctl(f.as_raw_fd(), cmd::FUSE_STATS_TIME as _, b.as_mut_ptr()) };
+    if r == 0 {
+        Ok(counts::parse(&b))
+    } else {
+        Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(-1))
+    }
 }
 
 /// FUSE_STATS on `mnt` by the calling thread: the errno, 0 for success.
@@ -95,6 +111,7 @@ fn run(name: &str, transport: &str) {
     std::fs::create_dir(&work).unwrap();
 
     let before = counts_of(m.path());
+    let nanos_before = nanos_of(m.path()).unwrap();
     let page = vec![0x5au8; 4096];
     for i in 0..FILES {
         let mut f = std::fs::OpenOptions::new()
@@ -130,6 +147,31 @@ fn run(name: &str, transport: &str) {
     }
     // Not more than the kernel needs either: one CREATE per file.
     assert_eq!(delta(&after, "CREATE"), FILES, "{after:?}");
+
+    // The server's time on them: each CREATE took something, and less than a second.
+    let create = 35;
+    let spent = nanos_of(m.path()).unwrap()[create] - nanos_before[create];
+    assert!(
+        (FILES * 100..FILES * 1_000_000_000).contains(&spent),
+        "{transport}: {spent} ns for {FILES} CREATEs"
+    );
+    assert_eq!(
+        as_user(|| nanos_of(m.path()).err().unwrap_or(0)),
+        libc::EPERM,
+        "a user's FUSE_STATS_TIME"
+    );
+    let table = Command::new(OLEO)
+        .arg("mount-stats")
+        .arg(m.path())
+        .output()
+        .unwrap();
+    let table = String::from_utf8_lossy(&table.stdout);
+    let row = table
+        .lines()
+        .find(|l| l.starts_with("CREATE "))
+        .unwrap_or_else(|| panic!("no CREATE row in {table}"));
+    let mean: f64 = row.split_whitespace().nth(2).unwrap().parse().unwrap();
+    assert!(mean > 0.0, "{row}");
 
     // Root only, as the other ioctls that read the server's state.
     assert_eq!(stats_ioctl(m.path()), 0);

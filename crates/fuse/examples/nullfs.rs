@@ -19,7 +19,7 @@ use oleo_fuse::transport::{
     Access, DirBuf, Errno, Handler, InitConfig, Op, Reply, Request, Session,
 };
 use parking_lot::Mutex;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::ffi::CString;
 use std::os::fd::{AsRawFd, OwnedFd};
 
@@ -66,10 +66,14 @@ type Xattrs = Vec<(Vec<u8>, Vec<u8>)>;
 
 #[derive(Default)]
 struct Tree {
-    names: HashMap<(u64, Vec<u8>), u64>,
+    /// (directory, name) -> (inode, the entry's place in `children`).
+    names: HashMap<(u64, Vec<u8>), (u64, u64)>,
     modes: HashMap<u64, Meta>,
-    /// Directory -> its entries in creation order (a listing's offsets index them).
-    children: HashMap<u64, Vec<(Vec<u8>, u64)>>,
+    /// Directory -> its entries by place, in the order they were made (a listing's offset
+    /// is the place past the last entry given): a name comes and goes in O(log n), so a
+    /// big directory costs the floor no more than a small one, as oleo's B-tree does.
+    children: HashMap<u64, BTreeMap<u64, (Vec<u8>, u64)>>,
+    places: u64,
     data: HashMap<u64, Vec<u8>>,
     /// Names of each inode that has more than one (hard links); the others have one.
     links: HashMap<u64, u32>,
@@ -78,12 +82,31 @@ struct Tree {
 }
 
 impl Tree {
-    /// `ino` lost its name `name` in `dir`: with its last name its contents go, so that
-    /// a workload that deletes what it wrote (dbench) runs in bounded memory.
-    fn forget_name(&mut self, dir: u64, name: &[u8], ino: u64) {
-        if let Some(c) = self.children.get_mut(&dir) {
-            c.retain(|(n, _)| n != name);
+    /// `name` in `dir` leads to `ino` (replacing what it named, which the caller forgets).
+    fn add_name(&mut self, dir: u64, name: &[u8], ino: u64) -> Option<u64> {
+        self.places += 1;
+        let place = self.places;
+        let old = self.names.insert((dir, name.to_vec()), (ino, place));
+        let c = self.children.entry(dir).or_default();
+        if let Some((_, p)) = old {
+            c.remove(&p);
         }
+        c.insert(place, (name.to_vec(), ino));
+        old.map(|(i, _)| i)
+    }
+
+    /// Takes `name` out of `dir`; the inode it led to.
+    fn remove_name(&mut self, dir: u64, name: &[u8]) -> Option<u64> {
+        let (ino, place) = self.names.remove(&(dir, name.to_vec()))?;
+        if let Some(c) = self.children.get_mut(&dir) {
+            c.remove(&place);
+        }
+        Some(ino)
+    }
+
+    /// `ino` lost a name: with its last name its contents go, so that a workload that
+    /// deletes what it wrote (dbench) runs in bounded memory.
+    fn forget_name(&mut self, ino: u64) {
         match self.links.get_mut(&ino) {
             Some(n) if *n > 2 => *n -= 1,
             Some(_) => {
@@ -162,17 +185,13 @@ impl NullFs {
         }
         t.next += 1;
         let ino = t.next;
-        t.names.insert((parent, name.to_vec()), ino);
+        t.add_name(parent, name, ino);
         let size = target.map_or(0, |d| d.len() as u64);
         let meta = Meta::new(mode, size);
         t.modes.insert(ino, meta);
         if let Some(d) = target {
             t.data.insert(ino, d.to_vec());
         }
-        t.children
-            .entry(parent)
-            .or_default()
-            .push((name.to_vec(), ino));
         Ok(entry(ino, &meta, 1))
     }
 }
@@ -196,7 +215,7 @@ impl Handler for NullFs {
                 match t
                     .names
                     .get(&(node, name.to_vec()))
-                    .and_then(|&i| t.entry(i))
+                    .and_then(|&(i, _)| t.entry(i))
                 {
                     Some(e) => reply.entry(&e),
                     None => reply.entry(&abi::EntryOut {
@@ -277,11 +296,7 @@ impl Handler for NullFs {
                 if !t.modes.contains_key(&oldnode) {
                     return reply.error(Errno(libc::ENOENT));
                 }
-                t.names.insert((node, name.to_vec()), oldnode);
-                t.children
-                    .entry(node)
-                    .or_default()
-                    .push((name.to_vec(), oldnode));
+                t.add_name(node, name, oldnode);
                 *t.links.entry(oldnode).or_insert(1) += 1;
                 match t.entry(oldnode) {
                     Some(e) => reply.entry(&e),
@@ -290,9 +305,9 @@ impl Handler for NullFs {
             }
             Op::Unlink { name } | Op::Rmdir { name } => {
                 let mut t = self.tree.lock();
-                match t.names.remove(&(node, name.to_vec())) {
+                match t.remove_name(node, name) {
                     Some(ino) => {
-                        t.forget_name(node, name, ino);
+                        t.forget_name(ino);
                         reply.ok()
                     }
                     None => reply.error(Errno(libc::ENOENT)),
@@ -305,17 +320,12 @@ impl Handler for NullFs {
                 ..
             } => {
                 let mut t = self.tree.lock();
-                let Some(ino) = t.names.remove(&(node, name.to_vec())) else {
+                let Some(ino) = t.remove_name(node, name) else {
                     return reply.error(Errno(libc::ENOENT));
                 };
-                if let Some(c) = t.children.get_mut(&node) {
-                    c.retain(|(n, _)| n != name);
+                if let Some(old) = t.add_name(newdir, newname, ino) {
+                    t.forget_name(old);
                 }
-                if let Some(old) = t.names.insert((newdir, newname.to_vec()), ino) {
-                    t.forget_name(newdir, newname, old);
-                }
-                let c = t.children.entry(newdir).or_default();
-                c.push((newname.to_vec(), ino));
                 reply.ok()
             }
             // No xattrs, answered as oleo answers a file without them (ENOSYS would make
@@ -386,10 +396,12 @@ impl Handler for NullFs {
                 let plus = matches!(op, Op::Readdirplus(_));
                 let t = self.tree.lock();
                 let mut buf = DirBuf::new(arg.size);
-                let list = t.children.get(&node).map_or(&[][..], Vec::as_slice);
-                for (i, (name, ino)) in list.iter().enumerate().skip(arg.offset as usize) {
+                let Some(list) = t.children.get(&node) else {
+                    return buf.send(reply);
+                };
+                for (&place, (name, ino)) in list.range(arg.offset..) {
                     let m = &t.modes[ino];
-                    let off = i as u64 + 1;
+                    let off = place + 1;
                     let added = if plus {
                         buf.add_plus(&entry(*ino, m, t.nlink(*ino, m.mode)), off, m.mode, name)
                     } else {

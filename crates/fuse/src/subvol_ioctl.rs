@@ -61,6 +61,11 @@ pub const FUSE_STATS: u32 = ioc(READ, 18, FUSE_STATS_SIZE);
 /// Size of FUSE_STATS's answer.
 pub const FUSE_STATS_SIZE: usize = crate::transport::counts::SIZE;
 
+/// On the mount's root: the nanoseconds the server spent on the requests of each opcode so
+/// far, in FUSE_STATS's slots (from parse to the reply handed to the transport). The
+/// transport answers it; root only, as FUSE_STATS.
+pub const FUSE_STATS_TIME: u32 = ioc(READ, 19, FUSE_STATS_SIZE);
+
 /// GET_SERVER_OPTIONS's answer.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ServerOptions {

@@ -357,6 +357,7 @@ impl<H: Handler> Worker<H> {
         let mut buf = vec![0u8; buffer_size(max_write)];
         while let Some(n) = self.next_request(&mut buf)? {
             self.gate.counts.record_message(&buf[..n]);
+            let opcode = counts::opcode_of(&buf[..n]);
             let (req, op) = match parse(&buf[..n]) {
                 Ok(x) => x,
                 Err((unique, _)) => {
@@ -368,7 +369,7 @@ impl<H: Handler> Worker<H> {
                 }
             };
             let reply = Reply::new(&self.ch, req.unique);
-            if !self.gate.serve(&*self.handler, &req, op, reply) {
+            if !self.gate.serve(&*self.handler, opcode, &req, op, reply) {
                 return Ok(());
             }
         }
@@ -386,14 +387,23 @@ pub(crate) struct Gate {
 }
 
 impl Gate {
-    /// Answers one request; false once it was DESTROY (the last one).
+    /// Answers one request with this opcode; false once it was DESTROY (the last one).
+    /// The time it takes counts for the opcode (`RequestCounts::record_time`).
     pub(crate) fn serve<H: Handler>(
         &self,
         handler: &H,
+        opcode: u32,
         req: &Request,
         op: Op<'_>,
         reply: Reply<'_>,
     ) -> bool {
+        let start = std::time::Instant::now();
+        let more = self.answer(handler, req, op, reply);
+        self.counts.record_time(opcode, start.elapsed());
+        more
+    }
+
+    fn answer<H: Handler>(&self, handler: &H, req: &Request, op: Op<'_>, reply: Reply<'_>) -> bool {
         match op {
             Op::Interrupt => reply.none(),
             Op::Init(..) => reply.error(Errno::EIO),
@@ -405,12 +415,16 @@ impl Gate {
             // The request counts, on the mount's root, for root only: answered here, so
             // every server on this transport answers it the same way.
             Op::Ioctl { arg, .. }
-                if arg.cmd == crate::subvol_ioctl::FUSE_STATS && req.nodeid == abi::ROOT_ID =>
+                if (arg.cmd == crate::subvol_ioctl::FUSE_STATS
+                    || arg.cmd == crate::subvol_ioctl::FUSE_STATS_TIME)
+                    && req.nodeid == abi::ROOT_ID =>
             {
-                if crate::caller::Caller::is_root(req) {
+                if !crate::caller::Caller::is_root(req) {
+                    reply.error(Errno(libc::EPERM))
+                } else if arg.cmd == crate::subvol_ioctl::FUSE_STATS {
                     reply.ioctl(0, &counts::to_bytes(&self.counts.snapshot()))
                 } else {
-                    reply.error(Errno(libc::EPERM))
+                    reply.ioctl(0, &counts::to_bytes(&self.counts.nanos()))
                 }
             }
             op => handler.dispatch(req, op, reply),

@@ -278,7 +278,8 @@ fn answer<H: Handler>(
     match parse(request) {
         Ok((req, op)) => {
             // DESTROY's answer goes out like any other; the kernel then ends the ring.
-            gate.serve(handler, &req, op, Reply::staged(staged, req.unique, free));
+            let reply = Reply::staged(staged, req.unique, free);
+            gate.serve(handler, h.opcode, &req, op, reply);
         }
         Err(_) => {
             log::warn!("malformed FUSE request from a ring entry ({} bytes)", h.len);
