@@ -88,6 +88,8 @@ pub struct Filesystem {
     inode_locks: InodeLocks,
     /// In-place writers against snapshots (see `nocow`), taken before `core`.
     nocow: crate::data::nocow::NocowWriters,
+    /// The core's open counts, pinned and unpinned without `core` (`OpenInodes`).
+    open_inodes: std::sync::Arc<crate::transaction::fs::OpenInodes>,
 }
 
 /// Operations that read: they share the lock.
@@ -171,10 +173,23 @@ impl Filesystem {
     fn new(core: FsCore) -> Filesystem {
         Filesystem {
             io: std::sync::Arc::clone(&core.io),
+            open_inodes: std::sync::Arc::clone(&core.open_inodes),
             core: RwLock::new(core),
             inode_locks: InodeLocks::default(),
             nocow: Default::default(),
         }
+    }
+
+    /// Marks `id` as open: if its last name goes, it lives on until unpinned. Takes no
+    /// lock but the open counts' own (`OpenInodes`).
+    pub fn pin_open(&self, id: InodeId) {
+        self.open_inodes.pin(id);
+    }
+
+    /// Undoes one `pin_open` without deleting anything; true if it was the last (then
+    /// `unpin`'s caller deletes an inode left without names under the write lock).
+    pub fn drop_pin(&self, id: InodeId) -> bool {
+        self.open_inodes.unpin(id)
     }
 
     /// Runs a read `f` under the shared lock with tree-block reads limited to the cache.
@@ -544,10 +559,6 @@ impl Filesystem {
         fn tree_root(&self, id: u64) -> Result<Option<TreeRoot>>;
         /// Every tree the root tree records.
         fn tree_ids(&self) -> Result<Vec<u64>>;
-        /// Marks `id` as open: if its last name goes, it lives on until unpinned.
-        fn pin_open(&self, id: InodeId) -> ();
-        /// Undoes one `pin_open` without deleting anything; true if it was the last.
-        fn drop_pin(&self, id: InodeId) -> bool;
         /// Bytes new file data can still get (statfs's available space).
         fn data_available(&self) -> Result<u64>;
         /// statfs(2): size, free and available space from the block groups.

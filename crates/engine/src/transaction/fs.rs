@@ -250,8 +250,9 @@ pub(crate) struct FsCore {
     /// Direct-IO-aligned buffers reused by writes (see `ordered_extent`): one per writer
     /// at a time, so that concurrent writes do not each map and fault in a fresh one.
     pub(crate) staging: Mutex<Vec<crate::io::device::IoBuf>>,
-    /// Open counts of inodes (see `pin_open`).
-    pub(crate) open_inodes: Mutex<foldhash::HashMap<InodeId, u32>>,
+    /// Open counts of inodes (see `pin_open`), shared with `Filesystem`, which pins and
+    /// unpins without the filesystem's lock.
+    pub(crate) open_inodes: std::sync::Arc<OpenInodes>,
     /// Block groups between transactions: loaded once, carried from each transaction to
     /// the next (with what commits still writing have freed kept pinned).
     pub(crate) block_groups: Option<crate::transaction::space::block_group::BlockGroups>,
@@ -378,7 +379,7 @@ impl FsCore {
             next_ino: Mutex::new(HashMap::new()),
             next_index: Mutex::new(Default::default()),
             default_acls: Mutex::new(HashMap::new()),
-            open_inodes: Mutex::new(Default::default()),
+            open_inodes: Default::default(),
             readonly_subvols: Mutex::new(HashMap::new()),
             staging: Mutex::new(Vec::new()),
             block_groups: None,
@@ -1015,4 +1016,41 @@ pub(crate) fn random_uuid() -> Result<[u8; 16]> {
     u[6] = (u[6] & 0x0f) | 0x40;
     u[8] = (u[8] & 0x3f) | 0x80;
     Ok(u)
+}
+
+/// How many users hold each open inode. A leaf lock of its own: pinning and unpinning
+/// need not take the filesystem's lock (a file's RELEASE would otherwise wait for another
+/// thread's create to finish). What depends on the count is decided under the
+/// filesystem's write lock, which reads it again: an unlink that finds the inode open
+/// makes it an orphan, and `delete_if_unlinked` deletes only what is neither named nor
+/// open. A pin that races an unlink of the last name is no different from one that comes
+/// just after it: the lookup that found the inode was already done.
+#[derive(Default)]
+pub(crate) struct OpenInodes(parking_lot::Mutex<foldhash::HashMap<InodeId, u32>>);
+
+impl OpenInodes {
+    pub(crate) fn lock(&self) -> parking_lot::MutexGuard<'_, foldhash::HashMap<InodeId, u32>> {
+        self.0.lock()
+    }
+
+    /// One more user of `id`.
+    pub(crate) fn pin(&self, id: InodeId) {
+        *self.lock().entry(id).or_insert(0) += 1;
+    }
+
+    /// One user fewer; true if that was the last.
+    pub(crate) fn unpin(&self, id: InodeId) -> bool {
+        let mut open = self.lock();
+        match open.get_mut(&id) {
+            Some(n) if *n > 1 => {
+                *n -= 1;
+                false
+            }
+            Some(_) => {
+                open.remove(&id);
+                true
+            }
+            None => false,
+        }
+    }
 }

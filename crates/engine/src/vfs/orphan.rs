@@ -11,7 +11,7 @@ use oleo_format::key::{item, objectid, Key};
 impl FsCore {
     /// Marks `id` as open: if its last name goes, it lives on (as an orphan) until closed.
     pub(crate) fn pin_open(&self, id: InodeId) {
-        *self.open_inodes.lock().entry(id).or_insert(0) += 1;
+        self.open_inodes.pin(id);
     }
 
     /// Undoes one `pin_open`; the last one deletes the inode if it has no names left.
@@ -26,18 +26,7 @@ impl FsCore {
     /// Undoes one `pin_open` without deleting anything; true if that was the last pin (then
     /// `delete_if_unlinked` finishes the job). Lets callers decide under a shared lock.
     pub(crate) fn drop_pin(&self, id: InodeId) -> bool {
-        let mut open = self.open_inodes.lock();
-        match open.get_mut(&id) {
-            Some(n) if *n > 1 => {
-                *n -= 1;
-                false
-            }
-            Some(_) => {
-                open.remove(&id);
-                true
-            }
-            None => false,
-        }
+        self.open_inodes.unpin(id)
     }
 
     /// Deletes `id` if it has no names left and nothing pins it (an orphan whose last user
