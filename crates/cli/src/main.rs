@@ -45,7 +45,8 @@ enum Command {
     /// Unmount oleo mounts and wait until each server has written its final commit and
     /// released the image; exits with the server's status.
     Umount(umount::UmountArgs),
-    /// Requests of each FUSE opcode the kernel has sent a running mount (root only).
+    /// Requests of each FUSE opcode the kernel has sent a running mount, and the server's
+    /// mean time on each (root only).
     MountStats(mount_stats::MountStatsArgs),
     /// Print the superblock.
     DumpSuper {
