@@ -18,22 +18,15 @@ pub struct MountStatsArgs {
     path: PathBuf,
 }
 
-/// The mount's counts by opcode slot (`transport::counts`).
-pub fn read(path: &std::path::Path) -> Result<[u64; counts::SLOTS], String> {
-    read_slots(path, cmd::FUSE_STATS)
-}
-
-/// The nanoseconds the server spent on each slot's requests (None from a server that
-/// does not answer FUSE_STATS_TIME).
-pub fn read_nanos(path: &std::path::Path) -> Option<[u64; counts::SLOTS]> {
-    read_slots(path, cmd::FUSE_STATS_TIME).ok()
-}
-
-fn read_slots(path: &std::path::Path, ioctl: u32) -> Result<[u64; counts::SLOTS], String> {
-    let f =
-        std::fs::File::open(path).map_err(|e| format!("cannot open {}: {e}", path.display()))?;
+/// FUSE_STATS (counts) or FUSE_STATS_TIME (nanoseconds) by opcode slot
+/// (`transport::counts`), on the mount's root `f` (at `path`).
+fn read_slots(
+    f: &std::fs::File,
+    path: &std::path::Path,
+    ioctl: u32,
+) -> Result<[u64; counts::SLOTS], String> {
     let mut b = vec![0u8; cmd::FUSE_STATS_SIZE];
-    crate::common::on_mount::raw_ioctl(&f, ioctl, &mut b).map_err(|e| match e.raw_os_error() {
+    crate::common::on_mount::raw_ioctl(f, ioctl, &mut b).map_err(|e| match e.raw_os_error() {
         Some(libc::EPERM) => {
             format!("{}: only root may read the request counts", path.display())
         }
@@ -47,8 +40,12 @@ fn read_slots(path: &std::path::Path, ioctl: u32) -> Result<[u64; counts::SLOTS]
 }
 
 pub fn run(args: &MountStatsArgs) -> Result<(), String> {
-    let c = read(&args.path)?;
-    let nanos = read_nanos(&args.path);
+    let path = &args.path;
+    let f =
+        std::fs::File::open(path).map_err(|e| format!("cannot open {}: {e}", path.display()))?;
+    let c = read_slots(&f, path, cmd::FUSE_STATS)?;
+    // None from a server that does not answer FUSE_STATS_TIME.
+    let nanos = read_slots(&f, path, cmd::FUSE_STATS_TIME).ok();
     let rows: Vec<(String, u64, Option<u64>)> = (0..counts::SLOTS)
         .filter(|&i| c[i] > 0)
         .map(|i| {

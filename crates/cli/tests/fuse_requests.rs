@@ -41,13 +41,14 @@ fn counts_of(mnt: &Path) -> BTreeMap<String, u64> {
         .collect()
 }
 
-/// FUSE_STATS_TIME on `mnt`: nanoseconds by slot, or the errno.
-fn nanos_of(mnt: &Path) -> Result<[u64; counts::SLOTS], i32> {
+/// `ioctl` (FUSE_STATS or FUSE_STATS_TIME) on `mnt` by the calling thread: the slots, or
+/// the errno.
+fn slots_ioctl(mnt: &Path, ioctl: u32) -> Result<[u64; counts::SLOTS], i32> {
     use std::os::fd::AsRawFd;
     let f = std::fs::File::open(mnt).map_err(|e| e.raw_os_error().unwrap_or(-1))?;
     let mut b = vec![0u8; cmd::FUSE_STATS_SIZE];
     // SAFETY: the ioctl writes FUSE_STATS_SIZE bytes (its encoded size) into `b`.
-    let r = unsafe { libc::ioctl(f.as_raw_fd(), cmd::FUSE_STATS_TIME as _, b.as_mut_ptr()) };
+    let r = unsafe { libc::ioctl(f.as_raw_fd(), ioctl as _, b.as_mut_ptr()) };
     if r == 0 {
         Ok(counts::parse(&b))
     } else {
@@ -55,24 +56,19 @@ fn nanos_of(mnt: &Path) -> Result<[u64; counts::SLOTS], i32> {
     }
 }
 
+/// FUSE_STATS_TIME on `mnt`: nanoseconds by slot, or the errno.
+fn nanos_of(mnt: &Path) -> Result<[u64; counts::SLOTS], i32> {
+    slots_ioctl(mnt, cmd::FUSE_STATS_TIME)
+}
+
 /// FUSE_STATS on `mnt` by the calling thread: the errno, 0 for success.
 fn stats_ioctl(mnt: &Path) -> i32 {
-    use std::os::fd::AsRawFd;
-    let f = match std::fs::File::open(mnt) {
-        Ok(f) => f,
-        Err(e) => return e.raw_os_error().unwrap_or(-1),
-    };
-    let mut b = vec![0u8; cmd::FUSE_STATS_SIZE];
-    // SAFETY: the ioctl writes FUSE_STATS_SIZE bytes (its encoded size) into `b`.
-    let r = unsafe { libc::ioctl(f.as_raw_fd(), cmd::FUSE_STATS as _, b.as_mut_ptr()) };
-    if r == 0 {
-        assert!(
-            counts::parse(&b).iter().sum::<u64>() > 0,
-            "no request counted"
-        );
-        0
-    } else {
-        std::io::Error::last_os_error().raw_os_error().unwrap_or(-1)
+    match slots_ioctl(mnt, cmd::FUSE_STATS) {
+        Ok(c) => {
+            assert!(c.iter().sum::<u64>() > 0, "no request counted");
+            0
+        }
+        Err(e) => e,
     }
 }
 

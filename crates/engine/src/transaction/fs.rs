@@ -1038,6 +1038,11 @@ impl OpenInodes {
         *self.lock().entry(id).or_insert(0) += 1;
     }
 
+    /// Whether anyone holds `id`.
+    pub(crate) fn is_open(&self, id: InodeId) -> bool {
+        self.lock().contains_key(&id)
+    }
+
     /// One user fewer; true if that was the last.
     pub(crate) fn unpin(&self, id: InodeId) -> bool {
         let mut open = self.lock();

@@ -181,7 +181,7 @@ impl Transaction<'_> {
         if inode.nlink > 0 {
             return self.write_inode(id, inode);
         }
-        if self.filesystem().is_open(id) {
+        if self.filesystem().open_inodes.is_open(id) {
             self.write_inode(id, inode)?;
             self.add_orphan(id)
         } else {
@@ -626,7 +626,7 @@ impl FsCore {
         self.check_subvol_writable(parent.subvol)?;
         self.check_may_add_entry(parent)?;
         let id = self.write_op(Reserve::items(6), |t| t.create_tmpfile(parent, new))?;
-        self.pin_open(id);
+        self.open_inodes.pin(id);
         self.getattr(id)
     }
 

@@ -9,30 +9,21 @@ use crate::transaction::Transaction;
 use oleo_format::key::{item, objectid, Key};
 
 impl FsCore {
-    /// Marks `id` as open: if its last name goes, it lives on (as an orphan) until closed.
-    pub(crate) fn pin_open(&self, id: InodeId) {
-        self.open_inodes.pin(id);
-    }
-
-    /// Undoes one `pin_open`; the last one deletes the inode if it has no names left.
+    /// Undoes one pin (`OpenInodes`); the last one deletes the inode if it has no names
+    /// left.
     pub(crate) fn unpin_open(&mut self, id: InodeId) -> Result<()> {
-        if self.drop_pin(id) {
+        if self.open_inodes.unpin(id) {
             self.delete_if_unlinked(id)
         } else {
             Ok(())
         }
     }
 
-    /// Undoes one `pin_open` without deleting anything; true if that was the last pin (then
-    /// `delete_if_unlinked` finishes the job). Lets callers decide under a shared lock.
-    pub(crate) fn drop_pin(&self, id: InodeId) -> bool {
-        self.open_inodes.unpin(id)
-    }
-
     /// Deletes `id` if it has no names left and nothing pins it (an orphan whose last user
     /// went away).
     pub(crate) fn delete_if_unlinked(&mut self, id: InodeId) -> Result<()> {
-        if self.is_open(id) || self.aborted.is_some() || !self.io.device().is_writable() {
+        if self.open_inodes.is_open(id) || self.aborted.is_some() || !self.io.device().is_writable()
+        {
             return Ok(());
         }
         match self.inode_item(id) {
@@ -41,10 +32,6 @@ impl FsCore {
             }
             _ => Ok(()),
         }
-    }
-
-    pub(crate) fn is_open(&self, id: InodeId) -> bool {
-        self.open_inodes.lock().contains_key(&id)
     }
 
     /// Deletes inodes left as orphans (unlinked while open when the last session ended),

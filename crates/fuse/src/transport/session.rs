@@ -356,8 +356,8 @@ impl<H: Handler> Worker<H> {
     fn serve_requests(&self, max_write: u32) -> std::io::Result<()> {
         let mut buf = vec![0u8; buffer_size(max_write)];
         while let Some(n) = self.next_request(&mut buf)? {
-            self.gate.counts.record_message(&buf[..n]);
             let opcode = counts::opcode_of(&buf[..n]);
+            self.gate.counts.record(opcode);
             let (req, op) = match parse(&buf[..n]) {
                 Ok(x) => x,
                 Err((unique, _)) => {
