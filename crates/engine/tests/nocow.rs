@@ -310,6 +310,96 @@ fn writes_into_prealloc_split_it_as_the_kernel_does() {
     kernel_reads(&image, &tmp.join("mnt"), &expect);
 }
 
+/// Writes that fill a prealloc extent piece by piece, in and out of order, then the
+/// gap between two written runs: oleo's items and the extent's reference count equal the
+/// kernel's after the same writes (each its own ordered extent: an fsync after each), one
+/// regular item for the written run as btrfs_mark_extent_written merges them, not one per
+/// write. `btrfs check` clean, the kernel reads the data.
+#[test]
+fn fills_of_prealloc_merge_as_the_kernel_merges_them() {
+    let Some((tmp, image)) = setup("oleo-nocow-prealloc-merge", 256) else {
+        return;
+    };
+    let kimage = tmp.join("kernel-image");
+    oleo_testkit::image::empty_image(&kimage, 256, &[]).expect("mkfs.btrfs");
+    // (offset, length) in KiB: three in a row, one before them, one after a gap, the gap.
+    let writes: [(u64, u64); 6] = [(16, 4), (20, 4), (24, 8), (12, 4), (40, 4), (32, 8)];
+    let fs = open_rw(&image);
+    let top = fs.root();
+    let f = new_file(&fs, top, "p", false);
+    fs.fallocate(f, 0, 64 * KIB, FallocMode::Allocate { keep_size: false })
+        .expect("fallocate");
+    fs.sync().expect("commit");
+    let mut model = vec![0u8; 64 * KIB as usize];
+    for (i, &(off, len)) in writes.iter().enumerate() {
+        let data = pattern(i as u64 + 1, (len * KIB) as usize);
+        fs.write(f, off * KIB, &data).expect("write");
+        put(&mut model, off * KIB, &data);
+    }
+    fs.close().expect("close");
+
+    let mnt = tmp.join("kmnt");
+    let m = KernelMount::mount(&kimage, &mnt, &["rw", "noatime"]).expect("kernel mount");
+    let path = m.path().join("p");
+    std::fs::write(&path, b"").expect("create");
+    xfs_io(&path, &["falloc 0 64k", "fsync"]);
+    Command::new("sync").status().expect("sync");
+    for (i, &(off, len)) in writes.iter().enumerate() {
+        let data = pattern(i as u64 + 1, (len * KIB) as usize);
+        let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        std::os::unix::fs::FileExt::write_all_at(&file, &data, off * KIB).expect("write");
+        file.sync_all().expect("fsync");
+    }
+    m.unmount().expect("unmount");
+
+    let shape = |image: &Path| -> Vec<(u64, u64, u64, String)> {
+        let ino = if image == kimage { 257 } else { f.ino };
+        extent_items(image, 5, ino)
+            .into_iter()
+            .map(|i| (i.0, i.3, i.4, i.5))
+            .collect()
+    };
+    let ours = shape(&image);
+    assert_eq!(ours, shape(&kimage), "items: oleo's, then the kernel's");
+    // 12..44 KiB written in six pieces: one regular item, between two prealloc ones.
+    assert_eq!(
+        ours.iter().filter(|i| i.3 == "regular").count(),
+        1,
+        "one written run: {ours:?}"
+    );
+    assert_eq!(data_extent_refs(&image), data_extent_refs(&kimage));
+    assert_btrfs_check(&image, "the fills");
+    let mut expect = BTreeMap::new();
+    expect.insert("p".to_string(), model);
+    kernel_reads(&image, &tmp.join("mnt"), &expect);
+}
+
+fn xfs_io(path: &Path, cmds: &[&str]) {
+    let mut c = Command::new("xfs_io");
+    for cmd in cmds {
+        c.args(["-c", cmd]);
+    }
+    let st = c.arg(path).status().expect("xfs_io");
+    assert!(st.success(), "xfs_io {cmds:?}");
+}
+
+/// The reference count of every data extent item, in address order.
+fn data_extent_refs(image: &Path) -> Vec<u64> {
+    let out = Command::new("btrfs")
+        .args(["inspect-internal", "dump-tree", "-t", "extent"])
+        .arg(image)
+        .output()
+        .expect("dump-tree");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.trim_end().ends_with("flags DATA"))
+        .map(|l| {
+            let w: Vec<&str> = l.split_whitespace().collect();
+            w[1].parse().expect("refs N")
+        })
+        .collect()
+}
+
 /// Seeded random operations on NOCOW and checksummed files (writes anywhere, fallocate
 /// with and without KEEP_SIZE, hole punching, truncation, reflinks, snapshots, commits),
 /// compared with a reference after every step's file and at the end through the kernel.

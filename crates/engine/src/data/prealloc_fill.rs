@@ -91,26 +91,7 @@ impl crate::transaction::Transaction<'_> {
         for (i, p) in pieces.iter().enumerate() {
             let dropped = self.drop_extents(id, p.at, p.at + p.len)?;
             inode.nbytes = inode.nbytes.saturating_sub(dropped);
-            let body = oleo_format::items::FileExtent {
-                generation: self.transid,
-                ram_bytes: p.disk_len,
-                compression: Compression::None,
-                body: oleo_format::items::FileExtentBody::Extent {
-                    prealloc: false,
-                    disk_bytenr: p.bytenr,
-                    disk_num_bytes: p.disk_len,
-                    offset: p.ext_off,
-                    num_bytes: p.len,
-                },
-            }
-            .to_bytes();
-            self.insert_item(id.subvol, Key::new(id.ino, item::EXTENT_DATA, p.at), &body)?;
-            let r = DataRef {
-                root: id.subvol,
-                objectid: id.ino,
-                offset: p.at - p.ext_off,
-            };
-            self.add_data_ref(p.bytenr, p.disk_len, r)?;
+            self.insert_written(id, p)?;
             inode.nbytes = inode.nbytes.saturating_add(p.len);
             if let Some(s) = sums.get(i).filter(|s| !s.is_empty()) {
                 self.insert_csum_bytes(p.bytenr + p.ext_off, s)?;
@@ -123,5 +104,96 @@ impl crate::transaction::Transaction<'_> {
             inode.ctime = t;
         }
         self.write_inode(id, &mut inode)
+    }
+
+    /// The regular item for the written piece `p` (its range emptied by the caller),
+    /// joined with a regular neighbour on either side that maps the same extent at the
+    /// same shift, as the kernel's btrfs_mark_extent_written merges them (extent_mergeable):
+    /// a file filled piece by piece ends as one item, not one per write. Each item holds
+    /// one reference to the extent, so a join that leaves one item where there were two
+    /// drops one.
+    fn insert_written(&mut self, id: InodeId, p: &Owned) -> Result<()> {
+        // The file offset at which the extent would begin under this mapping; every
+        // item mergeable with this one maps the extent from the same place.
+        let base = p.at - p.ext_off;
+        let key = |at: u64| Key::new(id.ino, item::EXTENT_DATA, at);
+        let prev = match p.at.checked_sub(1) {
+            Some(before) => self
+                .lookup_le(id.subvol, &key(before))?
+                .filter(|(k, _)| k.objectid == id.ino && k.item_type == item::EXTENT_DATA)
+                .and_then(|(k, b)| mergeable(&b, p.bytenr, k.offset, base).map(|n| (k, n)))
+                .filter(|(k, n)| k.offset + n == p.at),
+            None => None,
+        };
+        let next_key = key(p.at + p.len);
+        let next = self
+            .lookup(id.subvol, &next_key)?
+            .and_then(|b| mergeable(&b, p.bytenr, next_key.offset, base));
+        let r = DataRef {
+            root: id.subvol,
+            objectid: id.ino,
+            offset: base,
+        };
+        let (at, len) = match (prev, next) {
+            (Some((k, n)), _) => (k.offset, n),
+            (None, _) => (p.at, 0),
+        };
+        let len = len + p.len + next.unwrap_or(0);
+        let ext_off = at - base;
+        let body = oleo_format::items::FileExtent {
+            generation: self.transid,
+            ram_bytes: p.disk_len,
+            compression: Compression::None,
+            body: oleo_format::items::FileExtentBody::Extent {
+                prealloc: false,
+                disk_bytenr: p.bytenr,
+                disk_num_bytes: p.disk_len,
+                offset: ext_off,
+                num_bytes: len,
+            },
+        }
+        .to_bytes();
+        if next.is_some() {
+            self.delete_item(id.subvol, &next_key)?;
+        }
+        match (prev.is_some(), next.is_some()) {
+            // The new piece adds an item and a reference.
+            (false, false) => {
+                self.insert_item(id.subvol, key(at), &body)?;
+                self.add_data_ref(p.bytenr, p.disk_len, r)
+            }
+            // The next item's reference passes to the one that replaces it.
+            (false, true) => self.insert_item(id.subvol, key(at), &body),
+            // The previous item grows over the piece.
+            (true, false) => self.replace_item(id.subvol, &key(at), &body),
+            // ... and over the next one, whose reference goes.
+            (true, true) => {
+                self.replace_item(id.subvol, &key(at), &body)?;
+                self.drop_data_ref(p.bytenr, p.disk_len, r)
+            }
+        }
+    }
+}
+
+/// The length of the EXTENT_DATA item `body` at file offset `at` if a written piece of
+/// extent `bytenr`, mapped from file offset `base`, may join it: a regular, uncompressed
+/// item of the same extent at the same shift (the kernel's extent_mergeable).
+fn mergeable(body: &[u8], bytenr: u64, at: u64, base: u64) -> Option<u64> {
+    use oleo_format::items::{FileExtent, FileExtentBody};
+    let fe = FileExtent::parse(body).ok()?;
+    match fe.body {
+        FileExtentBody::Extent {
+            prealloc: false,
+            disk_bytenr,
+            offset,
+            num_bytes,
+            ..
+        } if fe.compression == Compression::None
+            && disk_bytenr == bytenr
+            && at.checked_sub(base) == Some(offset) =>
+        {
+            Some(num_bytes)
+        }
+        _ => None,
     }
 }
