@@ -101,15 +101,7 @@ fn extent_items(image: &Path, tree: u64, ino: u64) -> Vec<(u64, u64, u64, u64, u
 
 /// Data extent items in the extent tree.
 fn data_extents(image: &Path) -> usize {
-    let out = Command::new("btrfs")
-        .args(["inspect-internal", "dump-tree", "-t", "extent"])
-        .arg(image)
-        .output()
-        .expect("dump-tree");
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter(|l| l.trim_end().ends_with("flags DATA"))
-        .count()
+    data_extent_refs(image).len()
 }
 
 /// The kernel reads every file of `expect` (path under the top level -> bytes).
