@@ -120,7 +120,6 @@ impl crate::transaction::Transaction<'_> {
         let prev = match p.at.checked_sub(1) {
             Some(before) => self
                 .lookup_le(id.subvol, &key(before))?
-                .filter(|(k, _)| k.objectid == id.ino && k.item_type == item::EXTENT_DATA)
                 .and_then(|(k, b)| mergeable(&b, p.bytenr, k.offset, base).map(|n| (k, n)))
                 .filter(|(k, n)| k.offset + n == p.at),
             None => None,
