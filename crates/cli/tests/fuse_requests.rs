@@ -6,7 +6,9 @@
 //! went down. The FUSE_STATS ioctl that answers them is root's only: a user gets EPERM.
 //! FUSE_STATS_TIME, the server's time per opcode, grows by the CREATEs' time: more than
 //! nothing, less than a second each; `oleo mount-stats` prints its mean per request.
-//! Over /dev/fuse and over io_uring.
+//! Over /dev/fuse and over io_uring. A direct write drops its range from the kernel's
+//! page cache only where the kernel may hold pages: no GETATTR follows the writes to a file
+//! nothing read through the cache.
 //!
 //! Needs root and FUSE (io_uring: Linux 6.14+): a skip elsewhere, a failure under CI=true.
 
@@ -187,4 +189,58 @@ fn requests_are_counted_over_dev_fuse() {
 #[test]
 fn requests_are_counted_over_io_uring() {
     run("fuse_requests_uring", "fuse_uring=on");
+}
+
+/// An asynchronous O_DIRECT write's page drop (NOTIFY_INVAL_INODE, docs/fuse-limits.md) is
+/// made only where the kernel may hold pages: writes to a file nothing read or wrote back
+/// through the cache cost none, seen as no GETATTR (a drop takes the attributes along and
+/// the kernel asks for them again at the next write: one per write before). That a file
+/// a buffered reader caches still gets its drops is `fuse_promises::
+/// buffered_read_after_async_direct_write` (readers racing the writes: stale at once
+/// without them).
+#[test]
+fn direct_writes_drop_pages_only_where_the_kernel_may_hold_them() {
+    let name = "fuse_requests_direct_drops";
+    if !require_fuse_mount(name) {
+        return;
+    }
+    let dir = TempDir::new(name).unwrap();
+    let img = dir.join("oleo.img");
+    empty_image(&img, 256, &[]).unwrap();
+    let mnt = dir.subdir("mnt").unwrap();
+    let m = OleoMount::mount_rw(Path::new(OLEO), &img, &mnt, &[]).unwrap();
+    let p = m.path().join("direct");
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .custom_flags(libc::O_DIRECT)
+        .open(&p)
+        .unwrap();
+    const LEN: usize = 8192;
+    let mut raw = vec![0u8; LEN + 4096];
+    let at = raw.as_ptr().align_offset(4096);
+    let buf = &mut raw[at..at + LEN];
+    let aio = oleo_testkit::aio::Aio::new(4).unwrap();
+    assert_eq!(aio.write(&f, buf, 0), LEN as i64);
+    let before = counts_of(m.path());
+    const N: u64 = 64;
+    for i in 0..N {
+        buf.fill(i as u8);
+        assert_eq!(aio.write(&f, buf, (i % 4) * LEN as u64), LEN as i64);
+    }
+    let after = counts_of(m.path());
+    let delta =
+        |op: &str| after.get(op).copied().unwrap_or(0) - before.get(op).copied().unwrap_or(0);
+    assert!(delta("WRITE") >= N, "{before:?} -> {after:?}");
+    assert!(
+        delta("GETATTR") < N / 4,
+        "{} GETATTRs for {N} direct writes to a file never cached: its pages were dropped",
+        delta("GETATTR")
+    );
+
+    drop(aio);
+    drop(f);
+    m.unmount().unwrap();
 }

@@ -162,6 +162,9 @@ pub struct OleoFuse {
     scrub: Arc<parking_lot::Mutex<subvol_ioctl::ScrubStatus>>,
     /// The VFS flags in force (a remount changes them).
     flags: mount_flags::FlagsCell,
+    /// Nodes whose pages the kernel may hold: every page it caches came from a READ or
+    /// went out as a cached WRITE of that node (see `OleoFuse::drop_cached_range`).
+    cached_nodes: parking_lot::RwLock<foldhash::HashSet<u64>>,
 }
 
 impl OleoFuse {
@@ -185,6 +188,16 @@ impl OleoFuse {
             kernel_times: Default::default(),
             scrub: Default::default(),
             lookups: parking_lot::Mutex::new(Default::default()),
+            cached_nodes: Default::default(),
+        }
+    }
+
+    /// `node` may have pages in the kernel's cache from now on. Called before the data
+    /// is read or written, so that a direct write that finds no mark after its own write
+    /// knows no page of the range can hold older bytes (`drop_cached_range`).
+    fn may_cache(&self, node: u64) {
+        if !self.cached_nodes.read().contains(&node) {
+            self.cached_nodes.write().insert(node);
         }
     }
 

@@ -766,6 +766,9 @@ impl OleoFuse {
             Err(e) => return reply.error(e),
         };
         let uncached = is_o_direct(arg.fh);
+        // Any READ may fill the kernel's page cache (an mmap of an O_DIRECT descriptor
+        // reads through it too).
+        self.may_cache(node);
         reply.data_into(arg.size as usize, |buf| {
             let n = self
                 .fs
@@ -788,6 +791,10 @@ impl OleoFuse {
         // Only a FOPEN_DIRECT_IO handle's own writes leave the times to us.
         let kernel_times =
             self.kernel_owns_times() && (arg.write_flags & abi::WRITE_CACHE != 0 || !direct);
+        if arg.write_flags & abi::WRITE_CACHE != 0 {
+            // The write-back of pages the kernel keeps.
+            self.may_cache(node);
+        }
         let r = self.id(node).and_then(|id| {
             self.mutate(|fs| {
                 let n = if guarded {
@@ -926,7 +933,14 @@ impl OleoFuse {
     /// short. So the drop runs on a thread of its own and the answer waits for it at most
     /// DROP_WAIT: where it could not finish before, it finishes after the answer, when
     /// those pages are written anyway.
+    ///
+    /// A node the kernel never read nor wrote back through its cache has no pages to drop
+    /// (`may_cache`): the drop, a round trip through one thread for every direct write,
+    /// is skipped (fio's 4 KiB random O_DIRECT writes: a quarter of the server's waits).
     fn drop_cached_range(&self, node: u64, offset: u64, len: u64) {
+        if !self.cached_nodes.read().contains(&node) {
+            return;
+        }
         let Some(n) = self.notifier() else {
             return;
         };
