@@ -18,10 +18,11 @@ use oleo_format::items::Compression;
 use oleo_format::key::{item, Key};
 
 /// A write into preallocated extents worked out: the sector-aligned buffer for
-/// `[start, start + len)` (zeros around the data, as prealloc reads) and where it goes.
+/// `[start, start + len)` (zeros around the data, as prealloc reads; None when the data
+/// itself is sector-aligned and goes out as it is) and where it goes.
 pub(crate) struct FillPlan {
     pub(crate) start: u64,
-    pub(crate) buf: crate::io::device::IoBuf,
+    pub(crate) buf: Option<crate::io::device::IoBuf>,
     pub(crate) len: usize,
     pub(crate) pieces: Vec<Owned>,
     pub(crate) sums: bool,
@@ -55,9 +56,16 @@ impl FsCore {
             return Ok(None);
         };
         let len = (b - a) as usize;
-        let mut buf = self.take_staging(len);
-        buf[..len].fill(0);
-        buf[(offset - a) as usize..(end - a) as usize].copy_from_slice(data);
+        // Only a write that starts or ends inside a sector is staged: the rest of those
+        // sectors reads as zeros.
+        let buf = (a != offset || b != end).then(|| {
+            let mut buf = self.take_staging(len);
+            let (from, to) = ((offset - a) as usize, (end - a) as usize);
+            buf[..from].fill(0);
+            buf[from..to].copy_from_slice(data);
+            buf[to..len].fill(0);
+            buf
+        });
         Ok(Some(FillPlan {
             start: a,
             buf,

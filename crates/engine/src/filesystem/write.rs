@@ -310,8 +310,10 @@ impl Filesystem {
         let Some(plan) = plan else {
             return Ok(None);
         };
-        let r = self.write_fill(id, offset + data.len() as u64, &plan, how);
-        self.core_read().give_back_staging(plan.buf);
+        let r = self.write_fill(id, offset + data.len() as u64, &plan, data, how);
+        if let Some(buf) = plan.buf {
+            self.core_read().give_back_staging(buf);
+        }
         r.map(|()| Some(data.len()))
     }
 
@@ -320,8 +322,11 @@ impl Filesystem {
         id: InodeId,
         end: u64,
         plan: &FillPlan,
+        data: &[u8],
         how: crate::data::ordered_extent::WriteHow,
     ) -> Result<()> {
+        // The staged sectors, or the caller's sector-aligned data as it came.
+        let bytes = plan.buf.as_deref().map_or(data, |b| &b[..plan.len]);
         let (io, csum, sector) = {
             let core = self.core_read();
             core.check_subvol_writable(id.subvol)?;
@@ -336,7 +341,7 @@ impl Filesystem {
         let mut sums = Vec::with_capacity(plan.pieces.len());
         for p in &plan.pieces {
             let from = (p.at - plan.start) as usize;
-            let piece = &plan.buf[from..from + p.len as usize];
+            let piece = &bytes[from..from + p.len as usize];
             io.write_logical_mode(p.bytenr + p.ext_off, piece, how.uncached)?;
             sums.push(if plan.sums {
                 crate::transaction::file_item::data_csums(csum, sector, piece)
