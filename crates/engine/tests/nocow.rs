@@ -366,6 +366,32 @@ fn fills_of_prealloc_merge_as_the_kernel_merges_them() {
     kernel_reads(&image, &tmp.join("mnt"), &expect);
 }
 
+/// A fill of preallocated space checks the file as a copy-on-write write does: an
+/// immutable file refuses it with EPERM and nothing changes; cleared, the write lands.
+#[test]
+fn fills_of_an_immutable_file_are_refused() {
+    let Some((_tmp, image)) = setup("oleo-nocow-prealloc-immutable", 256) else {
+        return;
+    };
+    let fs = open_rw(&image);
+    let f = new_file(&fs, fs.root(), "p", false);
+    fs.fallocate(f, 0, 64 * KIB, FallocMode::Allocate { keep_size: false })
+        .expect("fallocate");
+    fs.set_fs_flags(f, fs_flags::IMMUTABLE).expect("chattr +i");
+    let data = pattern(3, 4096);
+    let e = fs
+        .write(f, 8 * KIB, &data)
+        .expect_err("a write into an immutable file");
+    assert_eq!(e.errno(), libc::EPERM, "{e}");
+    assert_eq!(read_all(&fs, f), vec![0u8; 64 * KIB as usize]);
+    fs.set_fs_flags(f, 0).expect("chattr -i");
+    fs.write(f, 8 * KIB, &data).expect("write");
+    let mut model = vec![0u8; 64 * KIB as usize];
+    put(&mut model, 8 * KIB, &data);
+    assert_eq!(read_all(&fs, f), model);
+    fs.close().expect("close");
+}
+
 fn xfs_io(path: &Path, cmds: &[&str]) {
     let mut c = Command::new("xfs_io");
     for cmd in cmds {

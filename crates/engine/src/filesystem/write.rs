@@ -299,18 +299,25 @@ impl Filesystem {
         } else {
             self.inode_locks().lock_shared(id)
         };
-        let sector = u64::from(self.core_read().sb.sectorsize);
+        // Many fills run at once, each needing the filesystem's lock alone for its items:
+        // they take its shared side once (the plan, with the checks), not at every step.
+        let ctx = self.io.context();
+        let sector = u64::from(ctx.sectorsize);
         let _range = self.nocow_writers().lock_range(
             id,
             offset - offset % sector,
             end.saturating_add(sector - 1) / sector * sector,
         );
         let _nocow = self.nocow_writers().shared();
-        let plan = self.lookup_op(|core| core.plan_prealloc_fill(id, offset, data, grows))?;
+        let plan = self.lookup_op(|core| {
+            core.check_subvol_writable(id.subvol)?;
+            core.check_not_immutable(id)?;
+            core.plan_prealloc_fill(id, offset, data, grows)
+        })?;
         let Some(plan) = plan else {
             return Ok(None);
         };
-        let r = self.write_fill(id, offset + data.len() as u64, &plan, data, how);
+        let r = self.write_fill(id, offset + data.len() as u64, &plan, data, &ctx, how);
         if let Some(buf) = plan.buf {
             self.core_read().give_back_staging(buf);
         }
@@ -323,21 +330,12 @@ impl Filesystem {
         end: u64,
         plan: &FillPlan,
         data: &[u8],
+        ctx: &oleo_format::validate::FsContext,
         how: crate::data::ordered_extent::WriteHow,
     ) -> Result<()> {
         // The staged sectors, or the caller's sector-aligned data as it came.
         let bytes = plan.buf.as_deref().map_or(data, |b| &b[..plan.len]);
-        let (io, csum, sector) = {
-            let core = self.core_read();
-            core.check_subvol_writable(id.subvol)?;
-            core.check_not_immutable(id)?;
-            let sb = core.superblock();
-            (
-                std::sync::Arc::clone(&core.io),
-                sb.csum_type(),
-                sb.sectorsize as usize,
-            )
-        };
+        let (io, csum, sector) = (&self.io, ctx.csum_type, ctx.sectorsize as usize);
         let mut sums = Vec::with_capacity(plan.pieces.len());
         for p in &plan.pieces {
             let from = (p.at - plan.start) as usize;
