@@ -361,8 +361,7 @@ fn fills_of_prealloc_merge_as_the_kernel_merges_them() {
     );
     assert_eq!(data_extent_refs(&image), data_extent_refs(&kimage));
     assert_btrfs_check(&image, "the fills");
-    let mut expect = BTreeMap::new();
-    expect.insert("p".to_string(), model);
+    let expect = BTreeMap::from([("p".to_string(), model)]);
     kernel_reads(&image, &tmp.join("mnt"), &expect);
 }
 
