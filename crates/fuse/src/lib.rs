@@ -163,7 +163,8 @@ pub struct OleoFuse {
     /// The VFS flags in force (a remount changes them).
     flags: mount_flags::FlagsCell,
     /// Nodes whose pages the kernel may hold: every page it caches came from a READ or
-    /// went out as a cached WRITE of that node (see `OleoFuse::drop_cached_range`).
+    /// went out as a cached WRITE of that node (see `OleoFuse::drop_cached_range`). A
+    /// node leaves at its last FORGET, with the kernel's inode and pages.
     cached_nodes: parking_lot::RwLock<foldhash::HashSet<u64>>,
 }
 
@@ -342,6 +343,8 @@ impl OleoFuse {
         if !last {
             return;
         }
+        // The kernel's inode, and every page it cached, is gone.
+        self.cached_nodes.write().remove(&node);
         if let Ok(id) = self.id(node) {
             if let Err(e) = self.unpin(id) {
                 log::warn!("deleting forgotten inode {node}: {e:?}");

@@ -59,7 +59,7 @@ struct Found {
 }
 
 #[allow(clippy::too_many_arguments)] // one per field of the on-disk item
-pub(super) fn extent_item(
+pub(crate) fn extent_item(
     generation: u64,
     ram_bytes: u64,
     compression: Compression,

@@ -10,6 +10,7 @@
 //! a file have their data in flight together; the items change under the filesystem's
 //! lock, briefly.
 
+use crate::data::file_write::extent_item;
 use crate::data::nocow::Owned;
 use crate::error::Result;
 use crate::transaction::fs::{FileKind, FsCore, InodeId};
@@ -141,25 +142,18 @@ impl crate::transaction::Transaction<'_> {
             objectid: id.ino,
             offset: base,
         };
-        let (at, len) = match (prev, next) {
-            (Some((k, n)), _) => (k.offset, n),
-            (None, _) => (p.at, 0),
-        };
-        let len = len + p.len + next.unwrap_or(0);
-        let ext_off = at - base;
-        let body = oleo_format::items::FileExtent {
-            generation: self.transid,
-            ram_bytes: p.disk_len,
-            compression: Compression::None,
-            body: oleo_format::items::FileExtentBody::Extent {
-                prealloc: false,
-                disk_bytenr: p.bytenr,
-                disk_num_bytes: p.disk_len,
-                offset: ext_off,
-                num_bytes: len,
-            },
-        }
-        .to_bytes();
+        // The item starts where the previous one did, or at the piece.
+        let (at, before) = prev.map_or((p.at, 0), |(k, n)| (k.offset, n));
+        let body = extent_item(
+            self.transid,
+            p.disk_len,
+            Compression::None,
+            false,
+            p.bytenr,
+            p.disk_len,
+            at - base,
+            before + p.len + next.unwrap_or(0),
+        );
         if next.is_some() {
             self.delete_item(id.subvol, &next_key)?;
         }
