@@ -675,3 +675,48 @@ fn oleo_mkfs_compress_zlib_snapshots() {
         compress: Some("compress=zlib:9"),
     });
 }
+
+/// rename(2) refuses to move a directory below itself (EINVAL), as do_renameat2 does
+/// before any filesystem sees the call; library callers have no VFS in front of them. An
+/// exchange refuses the same from either side, and nothing changes on refusal.
+#[test]
+fn a_directory_is_never_moved_below_itself() {
+    let dir = std::env::temp_dir().join(format!("oleo-rename-loop-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let image = dir.join("image");
+    oleo::mkfs::mkfs(
+        &image,
+        &oleo::mkfs::MkfsOptions {
+            size: Some(256 << 20),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let fs = Filesystem::open_rw(&image, OpenOptions::default()).unwrap();
+    let root = fs.root();
+    let a = fs.mkdir(root, b"a", &NewInode::dir(0o755)).unwrap().id;
+    let b = fs.mkdir(a, b"b", &NewInode::dir(0o755)).unwrap().id;
+    let c = fs.mkdir(b, b"c", &NewInode::dir(0o755)).unwrap().id;
+    let none = RenameFlags::default();
+    let exchange = RenameFlags {
+        exchange: true,
+        ..Default::default()
+    };
+    for (from, name, to, new_name, flags) in [
+        (root, &b"a"[..], c, &b"x"[..], none),
+        (root, b"a", a, b"x", none),
+        (a, b"b", b, b"x", none),
+        (root, b"a", c, b"c2", exchange),
+        (b, b"c", root, b"a", exchange),
+    ] {
+        let e = fs.rename(from, name, to, new_name, flags).unwrap_err();
+        assert_eq!(e.errno(), libc::EINVAL, "{e}");
+    }
+    // Moving up and across still works, and the tree is as it was plus that.
+    fs.rename(b, b"c", root, b"c", none).unwrap();
+    assert_eq!(fs.resolve_path(root, b"a/b").unwrap(), b);
+    assert_eq!(fs.resolve_path(root, b"c").unwrap(), c);
+    fs.close().unwrap();
+    assert_btrfs_check(&image, "renames refused below themselves");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

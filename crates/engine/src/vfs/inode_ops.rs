@@ -16,7 +16,7 @@ use oleo_format::items::{
     Compression, FileExtent, FileExtentBody, FileType, InodeItem, Timespec as DiskTime,
     INODE_FLAG_COMPRESS, INODE_FLAG_NOCOMPRESS, INODE_FLAG_NODATACOW, INODE_FLAG_NODATASUM,
 };
-use oleo_format::key::{item, Key};
+use oleo_format::key::{item, objectid, Key};
 
 pub(crate) const S_IFMT: u32 = 0o170000;
 pub(crate) const S_IFDIR: u32 = 0o040000;
@@ -672,6 +672,25 @@ impl FsCore {
         self.write_op(Reserve::items(8), |t| t.remove(parent, name, true))
     }
 
+    /// True if `dir` is `ancestor` or below it, within `dir`'s subvolume: `..` followed
+    /// up to the subvolume's root (a damaged image whose parents loop is corrupt).
+    fn is_below(&self, dir: InodeId, ancestor: InodeId) -> Result<bool> {
+        let mut cur = dir;
+        for _ in 0..=u16::MAX {
+            if cur == ancestor {
+                return Ok(true);
+            }
+            if cur.ino == objectid::FIRST_FREE || cur == self.root() {
+                return Ok(false);
+            }
+            cur = self.lookup(cur, b"..")?;
+        }
+        Err(Error::corrupt(
+            0,
+            format!("the parents of directory {} loop", dir.ino),
+        ))
+    }
+
     pub(crate) fn rename(
         &mut self,
         parent: InodeId,
@@ -697,6 +716,27 @@ impl FsCore {
             return Err(Error::InvalidArgument(
                 "a rename cannot both exchange and leave a whiteout".into(),
             ));
+        }
+        // A directory never goes below itself (do_renameat2: "source should not be
+        // ancestor of target", and for an exchange the target not above the source). The
+        // VFS checks this before a FUSE request; library callers reach us directly.
+        // Within one directory no name can be above the other.
+        if parent != new_parent && parent.subvol == new_parent.subvol {
+            let src = self.lookup(parent, name)?;
+            if self.is_below(new_parent, src)? {
+                return Err(Error::InvalidArgument(
+                    "a directory cannot be moved below itself".into(),
+                ));
+            }
+            if flags.exchange {
+                if let Ok(dst) = self.lookup(new_parent, new_name) {
+                    if self.is_below(parent, dst)? {
+                        return Err(Error::InvalidArgument(
+                            "a directory cannot be exchanged with one below it".into(),
+                        ));
+                    }
+                }
+            }
         }
         self.write_op(Reserve::items(24), |t| {
             t.rename(parent, name, new_parent, new_name, flags)?;
