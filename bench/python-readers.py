@@ -4,13 +4,16 @@ same images in the same run (issue 42):
 
 - walk: a full walk with an lstat of every entry, over an image of N files (100,000 by
   default) in 1,000 directories;
-- read: every file's contents read and hashed, over an image of about 1 GiB: half its
-  files written with zstd compression, half plain, sizes from 1 KiB to 8 MiB.
+- read: every file's contents read, over an image of about 1 GiB: half of it written
+  with zstd compression, half plain; half of the bytes in small files (1 to 128 KiB,
+  some 8,000 of them), half in large ones (1 to 8 MiB).
 
 Each reader runs in a child interpreter of one venv (the oleo wheel built from this
-checkout, dissect.btrfs from PyPI), cold: the host's page cache of the image is dropped
-before each run (root) so that both read the disk. Medians of --reps runs; the child's
-peak RSS (ru_maxrss) beside each time. Writes report.md and results.json to --results.
+checkout, dissect.btrfs and backports.zstd from PyPI). Each workload runs cold (the
+host's page cache dropped before the run, as root: both read the disk) and warm (the
+image already in the host's page cache: the readers' own costs). Medians of --reps runs;
+the child's peak RSS (ru_maxrss) beside each time. Writes report.md and results.json to
+--results.
 
     bench/python-readers.py --results bench/results/DATE-python [--files 100000] [--reps 3]
 
@@ -64,20 +67,18 @@ print(n)
 
 READ = {
     "oleo": r"""
-import hashlib, oleo, stat, sys
+import oleo, sys
 n = 0
 with oleo.open(sys.argv[1]) as fs:
     for top, dirs, files in fs.walk("/"):
         for name in files:
             path = f"{top.rstrip('/')}/{name}"
             with fs.open(path, "rb", buffering=0) as f:
-                data = f.readall()
-            hashlib.sha256(data).hexdigest()
-            n += len(data)
+                n += len(f.readall())
 print(n)
 """,
     "dissect": r"""
-import hashlib, sys
+import sys
 from dissect.btrfs import Btrfs
 n = 0
 with open(sys.argv[1], "rb") as fh:
@@ -91,9 +92,7 @@ with open(sys.argv[1], "rb") as fh:
             if node.is_dir():
                 stack.append(node)
             elif node.is_file():
-                data = node.open().read()
-                hashlib.sha256(data).hexdigest()
-                n += len(data)
+                n += len(node.open().read())
 print(n)
 """,
 }
@@ -120,7 +119,8 @@ def venv(work):
         sh("/usr/bin/python3", "-m", "venv", v)
         pip = [os.path.join(v, "bin", "pip"), "install", "-q", "--disable-pip-version-check"]
         sh(*pip, "--upgrade", "pip")
-        sh(*pip, os.path.join(ROOT, "crates", "python"), "dissect.btrfs")
+        # dissect.btrfs reads zstd extents through backports.zstd before Python 3.14.
+        sh(*pip, os.path.join(ROOT, "crates", "python"), "dissect.btrfs", "backports.zstd")
     return os.path.join(v, "bin", "python")
 
 
@@ -152,18 +152,20 @@ for compress, half in ((None, "plain"), ("zstd", "zstd")):
     opts = {"compress": compress} if compress else {}
     with oleo.open(path, "w", **opts) as fs:
         fs.mkdir("/" + half)
-        done, i = 0, 0
-        while done < total // 2:
-            size = rnd.choice([1 << 10, 7000, 64 << 10, 300 << 10, 1 << 20, 8 << 20])
-            if rnd.random() < 0.5:
-                data = rnd.randbytes(size)
-            else:
-                start = rnd.randrange(len(text) - size) if size < len(text) else 0
-                data = (text * (size // len(text) + 1))[start:start + size]
-            with fs.open(f"/{half}/f{i:05d}", "wb") as f:
-                f.write(data)
-            done += size
-            i += 1
+        for kind, lo, hi in (("small", 1 << 10, 128 << 10), ("large", 1 << 20, 8 << 20)):
+            fs.mkdir(f"/{half}/{kind}")
+            done, i = 0, 0
+            while done < total // 4:
+                size = rnd.randrange(lo, hi)
+                if rnd.random() < 0.5:
+                    data = rnd.randbytes(size)
+                else:
+                    start = rnd.randrange(len(text) - size)
+                    data = text[start:start + size]
+                with fs.open(f"/{half}/{kind}/f{i:05d}", "wb") as f:
+                    f.write(data)
+                done += size
+                i += 1
 """
     sh(py, "-c", code, path, str(total))
 
@@ -175,13 +177,19 @@ def drop_caches():
             f.write("3\n")
 
 
-def measure(py, code, image):
-    drop_caches()
+def measure(py, code, image, cold):
+    if cold:
+        drop_caches()
+    else:
+        # Warm: the image read once beforehand, so the run finds it in the page cache.
+        with open(image, "rb") as f:
+            while f.read(16 << 20):
+                pass
     out = subprocess.run([py, "-c", MEASURE, code, image], capture_output=True, text=True)
     if out.returncode != 0:
         raise SystemExit(f"a reader failed: {out.stderr}")
     took, rss, result = out.stdout.split(maxsplit=2)
-    return float(took), int(rss) / 1024, result
+    return float(took), int(rss) / 1024, result.strip()
 
 
 def main():
@@ -202,22 +210,24 @@ def main():
     if not os.path.exists(read_img):
         make_read_image(py, read_img, a.read_bytes)
     versions = subprocess.run(
-        [py, "-c", "import importlib.metadata as m; print(m.version('oleo'), "
-                   "m.version('dissect.btrfs'))"], capture_output=True, text=True,
-        check=True).stdout.split()
+        [py, "-c", "import importlib.metadata as m, platform; print(m.version('oleo'), "
+                   "m.version('dissect.btrfs'), platform.python_version())"],
+        capture_output=True, text=True, check=True).stdout.split()
     results = []
     for workload, codes, image in (("walk", WALK, walk_img), ("read", READ, read_img)):
-        for rep in range(a.reps):
-            # Alternate who goes first in each repetition.
-            order = ["oleo", "dissect"] if rep % 2 == 0 else ["dissect", "oleo"]
-            for reader in order:
-                took, rss, out = measure(py, codes[reader], image)
-                results.append({"workload": workload, "reader": reader, "rep": rep,
-                                "seconds": took, "peak_rss_mib": rss, "result": out})
-                print(f"{workload} {reader} rep {rep}: {took:.2f} s, {rss:.0f} MiB, {out}",
-                      flush=True)
+        for cache in ("cold", "warm"):
+            for rep in range(a.reps):
+                # Alternate who goes first in each repetition.
+                order = ["oleo", "dissect"] if rep % 2 == 0 else ["dissect", "oleo"]
+                for reader in order:
+                    took, rss, out = measure(py, codes[reader], image, cache == "cold")
+                    results.append({"workload": workload, "cache": cache, "reader": reader,
+                                    "rep": rep, "seconds": took, "peak_rss_mib": rss,
+                                    "result": out})
+                    print(f"{workload} {cache} {reader} rep {rep}: {took:.2f} s, {rss:.0f} MiB,"
+                          f" {out}", flush=True)
     meta = {"date": time.strftime("%Y-%m-%d %H:%M:%S %z"), "kernel": platform.release(),
-            "cpus": os.cpu_count(), "python": platform.python_version(),
+            "cpus": os.cpu_count(), "python": versions[2],
             "oleo": versions[0], "dissect.btrfs": versions[1], "files": a.files,
             "read_bytes": a.read_bytes, "reps": a.reps,
             "cold": os.geteuid() == 0}
@@ -226,24 +236,27 @@ def main():
     lines = ["# oleo's Python binding against dissect.btrfs", "",
              f"{meta['date']}, kernel {meta['kernel']}, {meta['cpus']} CPUs, Python "
              f"{meta['python']}; oleo {meta['oleo']}, dissect.btrfs {meta['dissect.btrfs']}; "
-             f"medians of {a.reps} (min-max); "
-             + ("page cache dropped before each run." if meta["cold"] else "warm cache."),
+             f"medians of {a.reps} (min-max); cold: the page cache dropped before each run"
+             + ("" if meta["cold"] else " (not root: no drop, so cold is warm too)") + ".",
              "",
-             "| workload | oleo s | dissect.btrfs s | oleo's speed ×dissect | oleo peak RSS MiB "
-             "| dissect peak RSS MiB | result (entries / bytes) |",
-             "|---|---|---|---|---|---|---|"]
+             "| workload | cache | oleo s | dissect.btrfs s | oleo's speed ×dissect "
+             "| oleo peak RSS MiB | dissect peak RSS MiB | result (entries / bytes) |",
+             "|---|---|---|---|---|---|---|---|"]
     for workload, what in (("walk", f"walk + lstat of {a.files:,} files"),
-                           ("read", f"read + sha256 of {a.read_bytes >> 20} MiB")):
-        row = {}
-        for reader in ("oleo", "dissect"):
-            rs = [r for r in results if r["workload"] == workload and r["reader"] == reader]
-            secs = [r["seconds"] for r in rs]
-            row[reader] = (statistics.median(secs), min(secs), max(secs),
-                           statistics.median(r["peak_rss_mib"] for r in rs), rs[0]["result"])
-        o, d = row["oleo"], row["dissect"]
-        lines.append(f"| {what} | {o[0]:.2f} ({o[1]:.2f}-{o[2]:.2f}) | {d[0]:.2f} "
-                     f"({d[1]:.2f}-{d[2]:.2f}) | {d[0] / o[0]:.1f} | {o[3]:.0f} | {d[3]:.0f} "
-                     f"| {o[4]} / {d[4]} |")
+                           ("read", f"read every file, {a.read_bytes >> 20} MiB")):
+        for cache in ("cold", "warm"):
+            row = {}
+            for reader in ("oleo", "dissect"):
+                rs = [r for r in results if r["workload"] == workload and
+                      r["cache"] == cache and r["reader"] == reader]
+                secs = [r["seconds"] for r in rs]
+                row[reader] = (statistics.median(secs), min(secs), max(secs),
+                               statistics.median(r["peak_rss_mib"] for r in rs),
+                               rs[0]["result"])
+            o, d = row["oleo"], row["dissect"]
+            lines.append(f"| {what} | {cache} | {o[0]:.2f} ({o[1]:.2f}-{o[2]:.2f}) | "
+                         f"{d[0]:.2f} ({d[1]:.2f}-{d[2]:.2f}) | {d[0] / o[0]:.1f} | {o[3]:.0f} "
+                         f"| {d[3]:.0f} | {o[4]} / {d[4]} |")
     with open(os.path.join(a.results, "report.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))

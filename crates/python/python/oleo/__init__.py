@@ -197,6 +197,30 @@ class DirEntry:
         return f"<oleo.DirEntry {self.name!r}>"
 
 
+class _ScandirIterator:
+    """What ``FileSystem.scandir`` returns: an iterator that is also a context manager,
+    as os.scandir's."""
+
+    def __init__(self, entries):
+        self._it = iter(entries)
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        return next(self._it)
+
+    def close(self):
+        self._it = iter(())
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+
 class _RawFile(io.RawIOBase):
     """A file of the filesystem as a raw binary stream: seekable, with ``readinto``
     straight into the caller's buffer."""
@@ -399,7 +423,7 @@ class FileSystem:
             else:
                 out.append(DirEntry(self, os.fsdecode(name), os.fsdecode(full),
                                     (subvol, ino), dtype))
-        return iter(out)
+        return _ScandirIterator(out)
 
     def listdir(self, path="/"):
         """os.listdir: the names in directory ``path``."""
