@@ -130,8 +130,25 @@ fn push_page_cache(dir: &Path) -> Result<(), String> {
 
 /// fsync(2) of `path` if it is still a regular file.
 fn push_file(path: &Path) -> Result<(), String> {
+    use std::os::unix::fs::OpenOptionsExt;
+    // Only regular files hold pages (and an open of a FIFO would wait for its other end).
     // A file deleted since, or no longer a file: nothing of it goes into a snapshot.
-    let Ok(f) = File::open(path) else {
+    if !std::fs::symlink_metadata(path).is_ok_and(|m| m.is_file()) {
+        return Ok(());
+    }
+    // Opened for writing where we may: an open for reading can make the server tell the
+    // kernel to drop the file's pages (under relatime, so that the next read reaches it
+    // and moves the atime), and the kernel then writes each dirty page back on its own,
+    // one round trip per page, while the writer goes on dirtying more: seconds for a file
+    // being written (snapshot-under-write's sequential writer: 8 s, 0.06 s this way).
+    let open = |write: bool| {
+        std::fs::OpenOptions::new()
+            .read(!write)
+            .write(write)
+            .custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW)
+            .open(path)
+    };
+    let Ok(f) = open(true).or_else(|_| open(false)) else {
         return Ok(());
     };
     if f.metadata().is_ok_and(|m| m.is_file()) {
