@@ -361,3 +361,26 @@ def test_an_image_made_by_oleo_mkfs_passes_btrfs_check(tmp_path):
         assert fs.label == "pylabel"
         assert fs.read_bytes("/l") == b"rootdir\n" * 1000
     btrfs_check(str(image))
+
+
+def test_a_forgotten_close_still_commits(tmp_image):
+    """Writes of a script that never calls close() are committed at exit (and an unclosed
+    filesystem collected earlier warns, as an unclosed file does)."""
+    import subprocess
+    import sys
+
+    code = ("import oleo, sys\n"
+            "fs = oleo.open(sys.argv[1], 'w')\n"
+            "with fs.open('/kept', 'wb') as f:\n"
+            "    f.write(b'committed at exit')\n")
+    subprocess.run([sys.executable, "-c", code, str(tmp_image)], check=True)
+    with oleo.open(tmp_image) as fs:
+        assert fs.read_bytes("/kept") == b"committed at exit"
+    fs = oleo.open(tmp_image, "w")
+    fs.mkdir("/by-gc")
+    with pytest.warns(ResourceWarning):
+        del fs
+        import gc
+        gc.collect()
+    with oleo.open(tmp_image) as fs:
+        assert fs.isdir("/by-gc")

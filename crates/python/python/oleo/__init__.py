@@ -19,9 +19,12 @@ there too. Errors are the built-in ``OSError`` subclasses (``FileNotFoundError``
 the GIL, so threads run in parallel.
 """
 
+import atexit
 import io
 import os
 import stat as _stat
+import warnings
+import weakref
 
 from . import _oleo
 from ._oleo import CorruptError, __version__
@@ -349,6 +352,21 @@ class FileSystem:
         self.writable = writable
         # New inodes get the umask the process had when the filesystem was opened.
         self._umask = _umask()
+        if writable:
+            _open_writers.add(self)
+
+    def __del__(self):
+        # A writable one as an unclosed file: a warning, then the commit close() would
+        # have made (the engine commits when dropped, but could then only log a failure).
+        # A read-only one has nothing to lose (fsspec keeps its instances until exit).
+        native = getattr(self, "_native", None)
+        if native is not None and not native.closed and self.writable:
+            warnings.warn(f"unclosed {self!r}", ResourceWarning, source=self)
+            try:
+                native.close()
+            except OSError as e:
+                warnings.warn(f"{self!r}: the commit at garbage collection failed: {e}",
+                              RuntimeWarning)
 
     # -- the handle -------------------------------------------------------------------
 
@@ -715,6 +733,22 @@ class FileSystem:
     @property
     def label(self):
         return os.fsdecode(self._native.label())
+
+
+# Writable filesystems still open: committed at interpreter exit, so that a script that
+# forgets close() loses nothing (a failure there is reported on stderr).
+_open_writers = weakref.WeakSet()
+
+
+@atexit.register
+def _close_writers():
+    for fs in list(_open_writers):
+        if not fs.closed:
+            try:
+                fs.close()
+            except OSError as e:
+                import sys
+                print(f"oleo: {fs.image}: the commit at exit failed: {e}", file=sys.stderr)
 
 
 def _raw_of(f):
