@@ -239,6 +239,20 @@ impl Fs {
     }
 }
 
+impl Fs {
+    /// unlink (`dir` false) or rmdir of `path`.
+    fn remove(&self, py: Python<'_>, path: &[u8], dir: bool) -> PyResult<()> {
+        self.run(py, Some(path), |fs| {
+            let (parent, name) = parent_and_name(fs, path)?;
+            if dir {
+                fs.rmdir(parent, name)
+            } else {
+                fs.unlink(parent, name)
+            }
+        })
+    }
+}
+
 /// The directory `path` names and its last component, which must be a real name.
 fn parent_and_name<'a>(fs: &Filesystem, path: &'a [u8]) -> oleo::Result<(InodeId, &'a [u8])> {
     let (dir, name) = split_last(path);
@@ -659,18 +673,12 @@ impl Fs {
 
     /// unlink(2) of a non-directory.
     fn unlink(&self, py: Python<'_>, path: &[u8]) -> PyResult<()> {
-        self.run(py, Some(path), |fs| {
-            let (dir, name) = parent_and_name(fs, path)?;
-            fs.unlink(dir, name)
-        })
+        self.remove(py, path, false)
     }
 
     /// rmdir(2) of an empty directory.
     fn rmdir(&self, py: Python<'_>, path: &[u8]) -> PyResult<()> {
-        self.run(py, Some(path), |fs| {
-            let (dir, name) = parent_and_name(fs, path)?;
-            fs.rmdir(dir, name)
-        })
+        self.remove(py, path, true)
     }
 
     /// rename(2), or renameat2(2) with RENAME_NOREPLACE or RENAME_EXCHANGE.

@@ -402,30 +402,27 @@ class FileSystem:
     def lstat(self, path):
         return self.stat(path, follow_symlinks=False)
 
-    def exists(self, path):
+    def _mode(self, path, follow):
+        """The st_mode of ``path``, or None where nothing is (as os.path's tests)."""
         try:
-            self.stat(path)
-            return True
+            return self.stat(path, follow_symlinks=follow).st_mode
         except (FileNotFoundError, NotADirectoryError):
-            return False
+            return None
+
+    def exists(self, path):
+        return self._mode(path, True) is not None
 
     def isdir(self, path):
-        try:
-            return _stat.S_ISDIR(self.stat(path).st_mode)
-        except (FileNotFoundError, NotADirectoryError):
-            return False
+        mode = self._mode(path, True)
+        return mode is not None and _stat.S_ISDIR(mode)
 
     def isfile(self, path):
-        try:
-            return _stat.S_ISREG(self.stat(path).st_mode)
-        except (FileNotFoundError, NotADirectoryError):
-            return False
+        mode = self._mode(path, True)
+        return mode is not None and _stat.S_ISREG(mode)
 
     def islink(self, path):
-        try:
-            return _stat.S_ISLNK(self.lstat(path).st_mode)
-        except (FileNotFoundError, NotADirectoryError):
-            return False
+        mode = self._mode(path, False)
+        return mode is not None and _stat.S_ISLNK(mode)
 
     def scandir(self, path="/"):
         """os.scandir: an iterator of ``DirEntry``, in the directory's index order."""
