@@ -440,15 +440,20 @@ impl Fs {
                         _ if flags & libc::O_DIRECTORY != 0 => return Err(Error::NotDir),
                         _ => {}
                     }
-                    if flags & libc::O_TRUNC != 0
-                        && a.kind == FileKind::File
-                        && write
-                        && a.size != 0
-                    {
+                    if flags & libc::O_TRUNC != 0 && a.kind == FileKind::File && write {
+                        // As open(2)'s do_truncate: times stamped even when already empty.
+                        let t = std::time::SystemTime::now()
+                            .duration_since(std::time::UNIX_EPOCH)
+                            .unwrap_or_default();
+                        let now = Timespec {
+                            sec: t.as_secs() as i64,
+                            nsec: t.subsec_nanos(),
+                        };
                         fs.setattr(
                             id,
                             &SetAttr {
                                 size: Some(0),
+                                mtime: Some(now),
                                 ..Default::default()
                             },
                         )?;

@@ -384,3 +384,22 @@ def test_a_forgotten_close_still_commits(tmp_image):
         gc.collect()
     with oleo.open(tmp_image) as fs:
         assert fs.isdir("/by-gc")
+
+
+def test_open_for_writing_truncates_as_open_does(tmp_image):
+    """"w" empties an existing file and stamps its mtime, even when it was already empty
+    (open(2)'s O_TRUNC); "r+" and "a" keep the bytes."""
+    with oleo.open(tmp_image, "w") as fs:
+        with fs.open("/f", "wb") as f:
+            f.write(b"0123456789")
+        with fs.open("/f", "r+b") as f:
+            f.write(b"ab")
+        assert fs.read_bytes("/f") == b"ab23456789"
+        with fs.open("/f", "ab") as f:
+            f.write(b"!")
+        assert fs.read_bytes("/f") == b"ab23456789!"
+        fs.open("/f", "wb").close()
+        assert fs.read_bytes("/f") == b""
+        fs.utime("/f", ns=(1, 1))
+        fs.open("/f", "wb").close()
+        assert fs.stat("/f").st_mtime_ns > 1
