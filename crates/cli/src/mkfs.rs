@@ -78,17 +78,8 @@ fn parse_size(s: &str) -> Result<u64, String> {
 }
 
 fn parse_csum(s: &str) -> Result<CsumType, String> {
-    Ok(match s.to_ascii_lowercase().as_str() {
-        "crc32c" => CsumType::Crc32c,
-        "xxhash" | "xxhash64" => CsumType::Xxhash64,
-        "sha256" => CsumType::Sha256,
-        "blake2" | "blake2b" => CsumType::Blake2b,
-        _ => {
-            return Err(format!(
-                "unknown checksum `{s}` (crc32c, xxhash, sha256, blake2)"
-            ))
-        }
-    })
+    CsumType::parse(s)
+        .ok_or_else(|| format!("unknown checksum `{s}` (crc32c, xxhash, sha256, blake2)"))
 }
 
 fn parse_profile(s: &str, what: &str) -> Result<Profile, String> {

@@ -63,6 +63,18 @@ impl CsumType {
         }
     }
 
+    /// The type a name given to mkfs names: btrfs-progs' names and its short ones
+    /// (`xxhash`, `blake2`), any case.
+    pub fn parse(name: &str) -> Option<CsumType> {
+        Some(match name.to_ascii_lowercase().as_str() {
+            "crc32c" => CsumType::Crc32c,
+            "xxhash" | "xxhash64" => CsumType::Xxhash64,
+            "sha256" => CsumType::Sha256,
+            "blake2" | "blake2b" => CsumType::Blake2b,
+            _ => return None,
+        })
+    }
+
     /// The digest of `data`, zero-padded to the 32-byte on-disk field.
     pub fn compute(self, data: &[u8]) -> [u8; CSUM_FIELD_SIZE] {
         let mut out = [0u8; CSUM_FIELD_SIZE];
@@ -116,6 +128,21 @@ pub fn extref_hash(parent: u64, name: &[u8]) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn names_parse_back() {
+        for t in [
+            CsumType::Crc32c,
+            CsumType::Xxhash64,
+            CsumType::Sha256,
+            CsumType::Blake2b,
+        ] {
+            assert_eq!(CsumType::parse(t.name()), Some(t));
+        }
+        assert_eq!(CsumType::parse("XXHASH"), Some(CsumType::Xxhash64));
+        assert_eq!(CsumType::parse("blake2"), Some(CsumType::Blake2b));
+        assert_eq!(CsumType::parse("md5"), None);
+    }
 
     #[test]
     fn crc32c_check_value() {

@@ -441,13 +441,12 @@ impl Fs {
                         _ => {}
                     }
                     if flags & libc::O_TRUNC != 0 && a.kind == FileKind::File && write {
-                        // As open(2)'s do_truncate: times stamped even when already empty.
-                        let t = std::time::SystemTime::now()
-                            .duration_since(std::time::UNIX_EPOCH)
-                            .unwrap_or_default();
+                        // As open(2)'s do_truncate: times stamped even when already
+                        // empty, on the engine's clock.
+                        let t = oleo::now();
                         let now = Timespec {
-                            sec: t.as_secs() as i64,
-                            nsec: t.subsec_nanos(),
+                            sec: t.sec,
+                            nsec: t.nsec,
                         };
                         fs.setattr(
                             id,
@@ -876,13 +875,8 @@ fn mkfs(
         o.nodesize = n;
     }
     if let Some(c) = csum {
-        o.csum = match c.as_str() {
-            "crc32c" => oleo::format::CsumType::Crc32c,
-            "xxhash" | "xxhash64" => oleo::format::CsumType::Xxhash64,
-            "sha256" => oleo::format::CsumType::Sha256,
-            "blake2" | "blake2b" => oleo::format::CsumType::Blake2b,
-            _ => return Err(PyValueError::new_err(format!("unknown checksum {c:?}"))),
-        };
+        o.csum = oleo::format::CsumType::parse(&c)
+            .ok_or_else(|| PyValueError::new_err(format!("unknown checksum {c:?}")))?;
     }
     if let Some(m) = metadata {
         o.metadata_profile = Profile::parse(&m)

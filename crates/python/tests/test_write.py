@@ -403,3 +403,19 @@ def test_open_for_writing_truncates_as_open_does(tmp_image):
         fs.utime("/f", ns=(1, 1))
         fs.open("/f", "wb").close()
         assert fs.stat("/f").st_mtime_ns > 1
+
+
+def test_mkfs_options_reach_the_image(tmp_path):
+    need_progs()
+    import subprocess
+
+    image = tmp_path / "x.img"
+    oleo.mkfs(image, 256 << 20, csum="xxhash", nodesize=8192, label="opts")
+    sb = subprocess.run(["btrfs", "inspect-internal", "dump-super", str(image)],
+                        capture_output=True, text=True, check=True).stdout
+    assert "csum_type\t\t1 (xxhash64)" in sb, sb
+    assert "nodesize\t\t8192" in sb
+    assert "label\t\t\topts" in sb
+    btrfs_check(str(image))
+    with pytest.raises(ValueError):
+        oleo.mkfs(tmp_path / "y.img", 256 << 20, csum="md5")

@@ -63,6 +63,10 @@ def _umask():
     return mask
 
 
+# Only the fields this platform's os.stat_result has (st_birthtime is not Linux's).
+_STAT_FIELDS = frozenset(dir(os.stat_result))
+
+
 def _stat_result(raw):
     ints, times = raw
     mode, ino, subvol, nlink, uid, gid, size, blocks, blksize, rdev, flags, gen = ints
@@ -79,13 +83,11 @@ def _stat_result(raw):
         "st_blocks": blocks,
         "st_rdev": rdev,
     }
-    # Only the fields this platform's os.stat_result has (st_birthtime is not Linux's).
-    fields = set(dir(os.stat_result))
-    if "st_birthtime" in fields:
+    if "st_birthtime" in _STAT_FIELDS:
         extra["st_birthtime"] = b_s + b_ns / 1e9
-    if "st_gen" in fields:
+    if "st_gen" in _STAT_FIELDS:
         extra["st_gen"] = gen
-    if "st_flags" in fields:
+    if "st_flags" in _STAT_FIELDS:
         extra["st_flags"] = flags
     return os.stat_result(seq, extra)
 
