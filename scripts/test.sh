@@ -38,7 +38,7 @@ rm -f "$pylog"
 log=$(mktemp)
 status=$pystatus
 echo "python tests: ${pypassed:-0} passed, ${pyfailed:-0} failed" >> "$log"
-cargo test -p oleo --features model-check --lib -- commit_pipe log_sync::model nocow::model 2>&1 | tee "$log" || status=$?
+cargo test -p oleo --features model-check --lib -- commit_pipe log_sync::model nocow::model prealloc_fill::model 2>&1 | tee "$log" || status=$?
 cargo test --workspace --all-targets --no-fail-fast -- --test-threads=2 2>&1 | tee -a "$log" || status=$?
 # fstests' generic tests against the release binary's FUSE mount: fstests/generic.list on image
 # files, then fstests/generic-loop.list (the tests that need a block device) on loop devices;

@@ -647,6 +647,142 @@ fn concurrent_in_place_writers_never_write_through_a_snapshot() {
     kernel_reads(&image, &tmp.join("mnt"), &expect);
 }
 
+/// Writers fill their own blocks of a preallocated file from several threads (a fill's
+/// item change is queued when its write returns and applied later, in a batch with
+/// others), each reading its block back at once, one of them fsyncing, while snapshots
+/// are taken: a read right after a write returns sees it, a snapshot holds every write
+/// that returned before it began (and nothing older) and never changes after, and at the
+/// end the file holds each block's last write, `btrfs check` is clean and the kernel
+/// reads the same. Checksummed and NOCOW files both.
+#[test]
+fn queued_prealloc_fills_are_seen_by_reads_fsyncs_and_snapshots() {
+    use std::sync::{Arc, Mutex};
+    let Some((tmp, image)) = setup("oleo-prealloc-queued", 512) else {
+        return;
+    };
+    const BLOCK: usize = 4096;
+    const BLOCKS: u64 = 512;
+    const WRITERS: u64 = 4;
+    let fs = Arc::new(open_rw(&image));
+    let top = fs.root();
+    fs.create_subvolume(top, b"vol", 0, 0).expect("subvolume");
+    let vol = resolve(&fs, "vol");
+    let files: Vec<InodeId> = [("sums", false), ("nocow", true)]
+        .iter()
+        .map(|&(name, nocow)| {
+            let f = new_file(&fs, vol, name, nocow);
+            fs.fallocate(
+                f,
+                0,
+                BLOCK as u64 * BLOCKS,
+                FallocMode::Allocate { keep_size: false },
+            )
+            .expect("fallocate");
+            f
+        })
+        .collect();
+    fs.sync().unwrap();
+    // Per file and block, every write that returned, in order (one writer per block).
+    type History = Vec<Vec<Vec<Vec<u8>>>>;
+    let history: Arc<Mutex<History>> = Arc::new(Mutex::new(vec![
+        vec![Vec::new(); BLOCKS as usize];
+        files.len()
+    ]));
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writers: Vec<_> = (0..WRITERS)
+        .map(|w| {
+            let (fs, stop, history, files) =
+                (fs.clone(), stop.clone(), history.clone(), files.clone());
+            std::thread::spawn(move || {
+                let mut n = 0u64;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let (fi, f) = ((n % 2) as usize, files[(n % 2) as usize]);
+                    // Blocks of this writer in a scattered order: most fills split a
+                    // prealloc item, some land on written blocks.
+                    let b = w + WRITERS * ((n * 37 + w * 11) % (BLOCKS / WRITERS));
+                    let data = pattern(w << 40 | n, BLOCK);
+                    fs.write(f, b * BLOCK as u64, &data).expect("write");
+                    history.lock().unwrap()[fi][b as usize].push(data.clone());
+                    let back = fs.read(f, b * BLOCK as u64, BLOCK as u32).expect("read");
+                    assert!(back == data, "a read right after a write missed it");
+                    if w == 0 && n.is_multiple_of(64) {
+                        fs.fsync(f, false).expect("fsync");
+                    }
+                    n += 1;
+                }
+                n
+            })
+        })
+        .collect();
+    let mut taken = Vec::new();
+    for s in 0..5 {
+        std::thread::sleep(std::time::Duration::from_millis(80));
+        // What had returned before the snapshot began: each block holds this write or a
+        // later one in the snapshot.
+        let before: Vec<Vec<usize>> = history
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|f| f.iter().map(Vec::len).collect())
+            .collect();
+        let name = format!("snap{s}");
+        fs.snapshot(vol.subvol, top, name.as_bytes(), true)
+            .expect("snapshot");
+        let contents: Vec<Vec<u8>> = ["sums", "nocow"]
+            .iter()
+            .map(|f| read_all(&fs, resolve(&fs, &format!("{name}/{f}"))))
+            .collect();
+        taken.push((name, before, contents));
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for w in writers {
+        let n = w.join().unwrap();
+        assert!(n > 20, "a writer made {n} writes");
+    }
+    let history = history.lock().unwrap();
+    let zeros = vec![0u8; BLOCK];
+    for (name, before, contents) in &taken {
+        for (fi, content) in contents.iter().enumerate() {
+            for b in 0..BLOCKS as usize {
+                let got = &content[b * BLOCK..(b + 1) * BLOCK];
+                let writes = &history[fi][b];
+                let ok = if before[fi][b] == 0 {
+                    got == zeros || writes.iter().any(|d| d == got)
+                } else {
+                    writes[before[fi][b] - 1..].iter().any(|d| d == got)
+                };
+                assert!(
+                    ok,
+                    "{name}: block {b} of file {fi} holds a write older than the snapshot"
+                );
+            }
+        }
+    }
+    let mut expect = BTreeMap::new();
+    for (fi, (f, name)) in files.iter().zip(["sums", "nocow"]).enumerate() {
+        let mut model = vec![0u8; BLOCK * BLOCKS as usize];
+        for (b, writes) in history[fi].iter().enumerate() {
+            if let Some(last) = writes.last() {
+                put(&mut model, (b * BLOCK) as u64, last);
+            }
+        }
+        assert!(read_all(&fs, *f) == model, "{name} lost a write");
+        expect.insert(format!("vol/{name}"), model);
+    }
+    for (name, _, contents) in &taken {
+        for (f, content) in ["sums", "nocow"].iter().zip(contents) {
+            let now = read_all(&fs, resolve(&fs, &format!("{name}/{f}")));
+            assert!(now == *content, "{name}/{f} changed after it was taken");
+            expect.insert(format!("{name}/{f}"), content.clone());
+        }
+    }
+    drop(history);
+    let fs = Arc::try_unwrap(fs).ok().expect("writers done");
+    fs.close().expect("close");
+    assert_btrfs_check(&image, "after queued prealloc fills");
+    kernel_reads(&image, &tmp.join("mnt"), &expect);
+}
+
 /// Crash states while a NOCOW file is overwritten in place, with fsyncs between: at
 /// every crash point `btrfs check` is clean, and each sector holds what it held at the
 /// last fsync before the crash or something written after it (in-place data is old or

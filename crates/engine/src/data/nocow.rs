@@ -52,11 +52,16 @@ pub(crate) struct RangeGuard<'a> {
 
 impl Drop for RangeGuard<'_> {
     fn drop(&mut self) {
-        let mut held = self.owner.filling.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(i) = held.iter().position(|r| *r == self.range) {
-            held.swap_remove(i);
-        }
-        self.owner.filled.notify_all();
+        self.owner.unlock_range(self.range);
+    }
+}
+
+impl RangeGuard<'_> {
+    /// Keeps the range held past this guard: `NocowWriters::unlock_range` lets it go.
+    pub(crate) fn keep(self) -> (InodeId, u64, u64) {
+        let range = self.range;
+        std::mem::forget(self);
+        range
     }
 }
 
@@ -90,6 +95,15 @@ impl NocowWriters {
             .insert(id);
     }
 
+    /// Lets go of a range `RangeGuard::keep` kept.
+    pub(crate) fn unlock_range(&self, range: (InodeId, u64, u64)) {
+        let mut held = self.filling.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(i) = held.iter().position(|r| *r == range) {
+            held.swap_remove(i);
+        }
+        self.filled.notify_all();
+    }
+
     /// `[start, end)` of `id` alone among prealloc fills.
     pub(crate) fn lock_range(&self, id: InodeId, start: u64, end: u64) -> RangeGuard<'_> {
         let mut held = self.filling.lock().unwrap_or_else(|p| p.into_inner());
@@ -110,6 +124,7 @@ impl NocowWriters {
 
 /// Part of a file range that may be written in place: its file offset and length, its
 /// extent (disk_bytenr, disk_num_bytes), and the offset of its first byte in the extent.
+#[derive(Clone, Debug)]
 pub(crate) struct Owned {
     pub at: u64,
     pub len: u64,

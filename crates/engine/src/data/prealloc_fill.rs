@@ -7,16 +7,171 @@
 //!
 //! Fills share the file's lock with each other and with in-place writes, and each holds
 //! its own sector range alone (`NocowWriters::lock_range`), so fills of different parts of
-//! a file have their data in flight together; the items change under the filesystem's
-//! lock, briefly.
+//! a file have their data in flight together.
+//!
+//! The items change later, as the kernel finishes ordered extents after their data IO
+//! (btrfs_finish_one_ordered): a fill that does not grow the file queues its item change
+//! (`FillQueue`) once its data is on the device, and returns. Queued changes are applied in
+//! batches, under one hold of the filesystem's lock, by one writer at a time. Until its
+//! change is applied a fill keeps its range, and every other use of the filesystem's state
+//! (`Filesystem::core_read`, `core_mut`, `lookup_op`: reads, stat, fsync, fiemap, commits,
+//! snapshots, ...) first waits for every change queued before it: nothing sees a range
+//! as preallocated after its write returned. Only the write path's own planning looks
+//! without waiting: it reads nothing a queued change alters.
 
 use crate::data::file_write::extent_item;
 use crate::data::nocow::Owned;
 use crate::error::Result;
+use crate::sync::{Condvar, Mutex, MutexGuard};
 use crate::transaction::fs::{FileKind, FsCore, InodeId};
 use crate::transaction::space::delayed_ref::DataRef;
 use oleo_format::items::Compression;
 use oleo_format::key::{item, Key};
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// A fill whose data is on the device, waiting for `mark_extent_written`. It holds its
+/// range (`NocowWriters::lock_range`) until then.
+pub(crate) struct PendingFill {
+    pub(crate) id: InodeId,
+    pub(crate) pieces: Vec<Owned>,
+    pub(crate) sums: Vec<Vec<u8>>,
+    pub(crate) end: u64,
+    pub(crate) keep_times: bool,
+    pub(crate) range: (InodeId, u64, u64),
+}
+
+/// Item changes of fills, queued in the order their writes finished and applied in that
+/// order. At most one thread applies at a time (the applier); it takes every change
+/// queued, applies them, and goes on while more come, unless a writer stands ready to
+/// take over (the successor), so that no write waits behind more than about one batch
+/// of others. The queue is never left non-empty with nobody to apply it: the applier stops
+/// only on an empty queue or with a successor waiting.
+#[derive(Default)]
+pub(crate) struct FillQueue {
+    state: Mutex<QueueState>,
+    changed: Condvar,
+    /// Changes queued and not yet applied (`next - applied`), read without the mutex.
+    outstanding: AtomicU64,
+}
+
+#[derive(Default)]
+struct QueueState {
+    /// Tickets handed out: one per queued change, in queue order.
+    next: u64,
+    /// Every change with a ticket below this is applied (or failed and aborted).
+    applied: u64,
+    queued: VecDeque<PendingFill>,
+    applying: bool,
+    successor: bool,
+}
+
+/// Applies a batch of changes, in order. It must not fail: a change it cannot make leaves
+/// a write that returned without its items, so it aborts the filesystem instead.
+pub(crate) type ApplyFn<'a> = &'a dyn Fn(Vec<PendingFill>);
+
+impl FillQueue {
+    fn lock(&self) -> MutexGuard<'_, QueueState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn wait<'a>(&self, st: MutexGuard<'a, QueueState>) -> MutexGuard<'a, QueueState> {
+        crate::blocking::will_wait();
+        self.changed.wait(st).unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// True while some queued change is not applied.
+    pub(crate) fn busy(&self) -> bool {
+        self.outstanding.load(Ordering::SeqCst) != 0
+    }
+
+    /// Queues `fill`'s change. Returns at once when another thread will apply it; else this
+    /// thread applies queued changes (its own among them) before it returns.
+    pub(crate) fn push(&self, fill: PendingFill, apply: ApplyFn<'_>) {
+        let mut st = self.lock();
+        st.queued.push_back(fill);
+        st.next += 1;
+        self.outstanding
+            .store(st.next - st.applied, Ordering::SeqCst);
+        if st.applying {
+            if st.successor {
+                // The applier goes on until the successor takes over, and the successor
+                // until the queue is empty: this change is in hand.
+                return;
+            }
+            st.successor = true;
+            while st.applying {
+                st = self.wait(st);
+            }
+            st.successor = false;
+        }
+        st.applying = true;
+        drop(self.serve(st, apply));
+    }
+
+    /// Returns once every change queued before this call is applied; applies them itself
+    /// when nobody is applying.
+    pub(crate) fn drain(&self, apply: ApplyFn<'_>) {
+        if !self.busy() {
+            return;
+        }
+        let mut st = self.lock();
+        let target = st.next;
+        while st.applied < target {
+            if st.applying {
+                st = self.wait(st);
+            } else {
+                st.applying = true;
+                st = self.serve(st, apply);
+            }
+        }
+    }
+
+    /// The applier's loop (`applying` set by the caller): batches until the queue is empty
+    /// or a successor waits; then lets go of `applying`.
+    fn serve<'a>(
+        &'a self,
+        mut st: MutexGuard<'a, QueueState>,
+        apply: ApplyFn<'_>,
+    ) -> MutexGuard<'a, QueueState> {
+        // If `apply` unwinds, its batch counts as done and `applying` is let go, or every
+        // later write and drain would wait for it.
+        struct Stop<'q>(&'q FillQueue, Option<u64>);
+        impl Drop for Stop<'_> {
+            fn drop(&mut self) {
+                if let Some(through) = self.1 {
+                    let mut st = self.0.lock();
+                    st.applied = through;
+                    self.0
+                        .outstanding
+                        .store(st.next - st.applied, Ordering::SeqCst);
+                    st.applying = false;
+                    self.0.changed.notify_all();
+                }
+            }
+        }
+        let mut stop = Stop(self, None);
+        while !st.queued.is_empty() {
+            let batch: Vec<PendingFill> = st.queued.drain(..).collect();
+            let through = st.next;
+            drop(st);
+            stop.1 = Some(through);
+            apply(batch);
+            stop.1 = None;
+            st = self.lock();
+            st.applied = through;
+            self.outstanding
+                .store(st.next - st.applied, Ordering::SeqCst);
+            self.changed.notify_all();
+            if st.successor {
+                break;
+            }
+        }
+        st.applying = false;
+        self.changed.notify_all();
+        st
+    }
+}
 
 /// A write into preallocated extents worked out: the sector-aligned buffer for
 /// `[start, start + len)` (zeros around the data, as prealloc reads; None when the data
@@ -196,5 +351,134 @@ fn mergeable(body: &[u8], bytenr: u64, at: u64, base: u64) -> Option<u64> {
             Some(num_bytes)
         }
         _ => None,
+    }
+}
+
+/// The fill queue under shuttle: `cargo test -p oleo --features model-check --lib
+/// prealloc_fill::model`.
+#[cfg(all(test, feature = "model-check"))]
+mod model {
+    use super::*;
+    use shuttle::sync::Arc;
+    use shuttle::thread;
+
+    fn fill(ino: u64) -> PendingFill {
+        let id = InodeId { subvol: 5, ino };
+        PendingFill {
+            id,
+            pieces: Vec::new(),
+            sums: Vec::new(),
+            end: 0,
+            keep_times: false,
+            range: (id, 0, 0),
+        }
+    }
+
+    /// What the model's applications did: the inodes applied, in order, and whether an
+    /// application is running.
+    #[derive(Default)]
+    struct Trees {
+        applied: Vec<u64>,
+        inside: bool,
+    }
+
+    fn apply_into(trees: &Mutex<Trees>, batch: Vec<PendingFill>) {
+        assert!(
+            !std::mem::replace(&mut trees.lock().unwrap().inside, true),
+            "two applications at once"
+        );
+        thread::yield_now();
+        let mut t = trees.lock().unwrap();
+        t.applied.extend(batch.iter().map(|f| f.id.ino));
+        t.inside = false;
+    }
+
+    /// Writers queue changes while another thread drains: every change is applied once, in
+    /// queue order, one application at a time; a drain returns only after every change
+    /// queued before it began; a writer never waits for ever (shuttle reports a
+    /// deadlock), and nothing is left queued at the end.
+    fn writers_and_a_drain() {
+        let queue = Arc::new(FillQueue::default());
+        let trees = Arc::new(Mutex::new(Trees::default()));
+        let mut handles = Vec::new();
+        for ino in 256..259u64 {
+            let (queue, trees) = (Arc::clone(&queue), Arc::clone(&trees));
+            handles.push(thread::spawn(move || {
+                queue.push(fill(ino), &|b| apply_into(&trees, b));
+                queue.push(fill(ino + 100), &|b| apply_into(&trees, b));
+            }));
+        }
+        {
+            let (queue, trees) = (Arc::clone(&queue), Arc::clone(&trees));
+            handles.push(thread::spawn(move || {
+                let queued_before = queue.lock().next;
+                queue.drain(&|b| apply_into(&trees, b));
+                assert!(
+                    trees.lock().unwrap().applied.len() as u64 >= queued_before,
+                    "a drain returned before the changes queued ahead of it were applied"
+                );
+            }));
+        }
+        for h in handles {
+            h.join().unwrap();
+        }
+        let t = trees.lock().unwrap();
+        let mut sorted = t.applied.clone();
+        sorted.sort_unstable();
+        assert_eq!(sorted, vec![256, 257, 258, 356, 357, 358]);
+        for ino in 256..259 {
+            let first = t.applied.iter().position(|&i| i == ino).unwrap();
+            let second = t.applied.iter().position(|&i| i == ino + 100).unwrap();
+            assert!(
+                first < second,
+                "a writer's changes were applied out of order"
+            );
+        }
+        let st = queue.lock();
+        assert!(st.queued.is_empty() && !st.applying && st.applied == st.next);
+        assert!(!queue.busy());
+    }
+
+    #[test]
+    fn queued_fills_are_applied_once_in_order() {
+        shuttle::check_random(writers_and_a_drain, 3000);
+        shuttle::check_pct(writers_and_a_drain, 3000, 3);
+    }
+}
+
+#[cfg(all(test, not(feature = "model-check")))]
+mod tests {
+    use super::*;
+
+    fn fill(ino: u64) -> PendingFill {
+        let id = InodeId { subvol: 5, ino };
+        PendingFill {
+            id,
+            pieces: Vec::new(),
+            sums: Vec::new(),
+            end: 0,
+            keep_times: false,
+            range: (id, 0, 0),
+        }
+    }
+
+    /// An application that unwinds (a bug) lets the queue go on: later writes and drains
+    /// do not wait for it for ever.
+    #[test]
+    fn an_unwinding_application_does_not_stop_the_queue() {
+        let queue = FillQueue::default();
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            queue.push(fill(256), &|_| panic!("injected"));
+        }));
+        assert!(r.is_err());
+        assert!(!queue.busy());
+        let applied = std::sync::Mutex::new(Vec::new());
+        let apply = |b: Vec<PendingFill>| {
+            applied.lock().unwrap().extend(b.iter().map(|f| f.id.ino));
+        };
+        queue.push(fill(257), &apply);
+        queue.drain(&apply);
+        assert_eq!(*applied.lock().unwrap(), vec![257]);
+        assert!(!queue.busy());
     }
 }

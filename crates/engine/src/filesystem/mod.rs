@@ -88,6 +88,9 @@ pub struct Filesystem {
     inode_locks: InodeLocks,
     /// In-place writers against snapshots (see `nocow`), taken before `core`.
     nocow: crate::data::nocow::NocowWriters,
+    /// Item changes of prealloc fills whose writes have returned (`prealloc_fill`): every
+    /// use of `core` but the write path's planning applies them first.
+    fills: crate::data::prealloc_fill::FillQueue,
     /// The core's open counts, pinned and unpinned without `core` (`OpenInodes`).
     open_inodes: std::sync::Arc<crate::transaction::fs::OpenInodes>,
 }
@@ -177,6 +180,7 @@ impl Filesystem {
             core: RwLock::new(core),
             inode_locks: InodeLocks::default(),
             nocow: Default::default(),
+            fills: Default::default(),
         }
     }
 
@@ -197,12 +201,19 @@ impl Filesystem {
     /// not reused meanwhile), and `f` runs again: a cold read never holds the lock while
     /// the device works, and writers never wait for it.
     pub(crate) fn lookup_op<R>(&self, f: impl Fn(&FsCore) -> Result<R>) -> Result<R> {
+        self.drain_fills();
+        self.lookup_op_raw(f)
+    }
+
+    /// `lookup_op` without waiting for queued prealloc fills: for the write path's plans,
+    /// which read nothing a queued fill changes (see `prealloc_fill`).
+    pub(crate) fn lookup_op_raw<R>(&self, f: impl Fn(&FsCore) -> Result<R>) -> Result<R> {
         // A path longer than this many misses (a cache too small to hold it) is read with
         // the lock held, as before.
         const MAX_MISSES: usize = 16;
         for _ in 0..MAX_MISSES {
             let (miss, _pin) = {
-                let core = self.core_read();
+                let core = self.core.read();
                 let only = crate::io::disk_io::CachedOnly::new();
                 match f(&core) {
                     Err(Error::NotCached(miss)) => {
@@ -215,12 +226,13 @@ impl Filesystem {
             crate::blocking::will_wait();
             miss.fetch(&self.io)?;
         }
-        f(&self.core_read())
+        f(&self.core.read())
     }
 
     /// Commits and closes; returns the final commit's result (a drop commits too, but can
     /// only log a failure).
     pub fn close(self) -> Result<()> {
+        self.drain_fills();
         self.core.into_inner().close()
     }
 
@@ -231,7 +243,7 @@ impl Filesystem {
 
     /// The superblock as last committed.
     pub fn superblock(&self) -> Superblock {
-        self.core.read().superblock().clone()
+        self.core_read().superblock().clone()
     }
 
     /// Lists directory `dir` from offset `from` (an entry's `next_offset` resumes after
@@ -320,12 +332,13 @@ impl Filesystem {
         f: &mut dyn FnMut(TreeBlock<'_>),
         on_error: &mut dyn FnMut(&crate::Error),
     ) -> Result<()> {
-        self.core.read().walk_tree(root, f, on_error)
+        self.core_read().walk_tree(root, f, on_error)
     }
 
     /// Starts (or joins) the running transaction, with the filesystem to itself until the
     /// transaction handle is dropped or committed.
     pub fn start_transaction(&self) -> Result<Transaction<'_>> {
+        self.drain_fills();
         Transaction::start_locked(self.core.write())
     }
 
@@ -344,12 +357,61 @@ impl Filesystem {
     /// The state, alone. Letting go of it writes the commits closed meanwhile (a
     /// transaction over its dirty limit), outside the lock.
     pub(crate) fn core_mut(&self) -> CoreMut<'_> {
+        self.drain_fills();
         CoreMut(Some(self.core.write()))
     }
 
     /// The state, shared.
     pub(crate) fn core_read(&self) -> RwLockReadGuard<'_, FsCore> {
+        self.drain_fills();
         self.core.read()
+    }
+
+    /// `core_read` without waiting for queued prealloc fills (see `lookup_op_raw`).
+    pub(crate) fn core_read_raw(&self) -> RwLockReadGuard<'_, FsCore> {
+        self.core.read()
+    }
+
+    /// Waits until the item changes of every prealloc fill queued so far are applied.
+    fn drain_fills(&self) {
+        if self.fills.busy() {
+            self.fills.drain(&|batch| self.apply_fills(batch));
+        }
+    }
+
+    pub(crate) fn fill_queue(&self) -> &crate::data::prealloc_fill::FillQueue {
+        &self.fills
+    }
+
+    /// Applies queued prealloc fills under one hold of the lock, each in its own operation,
+    /// then lets their ranges go. A change that fails aborts the transaction: its write
+    /// has returned, and its range must not read as preallocated from now on.
+    pub(crate) fn apply_fills(&self, batch: Vec<crate::data::prealloc_fill::PendingFill>) {
+        {
+            let mut core = CoreMut(Some(self.core.write()));
+            for f in &batch {
+                let need = crate::filesystem::write::fill_reserve(f);
+                let r = core.write_op(need, |t| {
+                    t.mark_extent_written(f.id, &f.pieces, &f.sums, f.end, f.keep_times)
+                });
+                if let Err(e) = r {
+                    let why = format!(
+                        "the write into preallocated space of inode {} at {} could not be recorded: {e}",
+                        f.id.ino,
+                        f.pieces.first().map_or(0, |p| p.at)
+                    );
+                    if core.aborted.is_none() {
+                        let started = core.start_transaction().map(|t| t.abort(&why));
+                        if started.is_err() {
+                            core.aborted = Some(why);
+                        }
+                    }
+                }
+            }
+        }
+        for f in &batch {
+            self.nocow.unlock_range(f.range);
+        }
     }
 
     pub(crate) fn inode_locks(&self) -> &InodeLocks {
@@ -606,7 +668,7 @@ impl Filesystem {
         // threads keep joining the running transaction; waiting for that commit first
         // lets one commit (two flushes) cover every sync that arrived meanwhile.
         let (closed, pipe) = {
-            let core = self.core.read();
+            let core = self.core_read();
             (core.superblock().generation, core.pipe.clone())
         };
         pipe.wait_durable(closed)?;

@@ -44,7 +44,7 @@ pub struct ChunkInfo {
 impl Filesystem {
     /// The filesystem's devices in devid order, missing ones included.
     pub fn devices(&self) -> Result<Vec<DeviceInfo>> {
-        let core = self.core.read();
+        let core = self.core_read();
         let chunk_root = core.tree_root(objectid::CHUNK_TREE)?.expect("always there");
         let mut out = Vec::new();
         let min = Key::new(objectid::DEV_ITEMS, item::DEV_ITEM, 0);
@@ -71,7 +71,7 @@ impl Filesystem {
 
     /// Every chunk with its block group's use, in logical order.
     pub fn chunk_usage(&self) -> Result<Vec<ChunkInfo>> {
-        let core = self.core.read();
+        let core = self.core_read();
         let used = core.committed_block_groups()?;
         let chunks = core.io.chunks();
         Ok(chunks
@@ -119,7 +119,7 @@ impl Filesystem {
         const BATCH_BYTES: u64 = 4 << 20;
         self.sync()?;
         let (mut stats, groups, repair) = {
-            let core = self.core.read();
+            let core = self.core_read();
             let repair = !opts.readonly && core.io.devices().is_writable();
             (core.scrub_begin(), core.scrub_groups(), repair)
         };
@@ -168,14 +168,14 @@ impl Filesystem {
     ) -> Result<parking_lot::RwLockReadGuard<'_, crate::transaction::fs::FsCore>> {
         loop {
             let (closed, pipe) = {
-                let core = self.core.read();
+                let core = self.core_read();
                 (
                     core.superblock().generation,
                     std::sync::Arc::clone(&core.pipe),
                 )
             };
             pipe.wait_durable(closed)?;
-            let core = self.core.read();
+            let core = self.core_read();
             if core.superblock().generation == closed {
                 return Ok(core);
             }
@@ -202,7 +202,7 @@ impl Filesystem {
     /// Each device's error counters (write, read, flush, corruption, generation), as
     /// `btrfs device stats` shows them; missing devices included.
     pub fn device_stats(&self) -> Result<Vec<(DeviceInfo, [u64; 5])>> {
-        let stats = self.core.read().io.devices().stats();
+        let stats = self.core_read().io.devices().stats();
         Ok(self
             .devices()?
             .into_iter()
@@ -215,7 +215,7 @@ impl Filesystem {
 
     /// Zeroes every device's error counters and commits (`btrfs device stats -z`).
     pub fn reset_device_stats(&self) -> Result<()> {
-        self.core.read().io.devices().reset_stats();
+        self.core_read().io.devices().reset_stats();
         self.persist_device_stats()
     }
 }

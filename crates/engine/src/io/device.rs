@@ -13,7 +13,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Writes at least this large go around the page cache (O_DIRECT, when aligned).
-const DIRECT_MIN: usize = 64 << 10;
+pub(crate) const DIRECT_MIN: usize = 64 << 10;
 /// Once this much has gone into the image's page cache, its writeback is started: a
 /// flush (every fsync) writes back all that is dirty in the image, not only the
 /// fsynced file's part, so what is dirty there must stay small.

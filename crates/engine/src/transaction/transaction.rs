@@ -33,18 +33,20 @@
 //! 0. `InodeLocks` (one file's writers: write, truncate, fallocate, copy into or out of
 //!    it; in-place writes and prealloc fills share it), taken before `core`, held across
 //!    that file's data IO; two at once only in id order (`lock_two`). Then a prealloc
-//!    fill's range (`NocowWriters::lock_range`), then `NocowWriters`' lock (in-place
-//!    writers share it across their data IO; snapshot and subvolume deletion hold it alone
-//!    before taking `core`).
-//! 1. `Filesystem::core` (RwLock over `FsCore`): reads share it, changes hold it alone.
-//! 2. The deferred queue (taken and let go at once), `CommitOrder::durable`, then
+//!    fill's range (`NocowWriters::lock_range`; a queued fill keeps it until its item
+//!    change is applied), then `NocowWriters`' lock (in-place writers share it across
+//!    their data IO; snapshot and subvolume deletion hold it alone before taking `core`).
+//! 1. The prealloc fill queue (`FillQueue`): its mutex is let go at once; a thread waits
+//!    there (for queued changes, or to take over applying them) only before taking `core`.
+//! 2. `Filesystem::core` (RwLock over `FsCore`): reads share it, changes hold it alone.
+//! 3. The deferred queue (taken and let go at once), `CommitOrder::durable`, then
 //!    `CommitOrder::failed`. A thread holding `core` may wait
 //!    on `durable` (an inline commit, `sync` with nothing new); the writing half of a
 //!    commit never takes `core`, so it always finishes.
-//! 3. `LogSyncs::io` (`log_sync`): held by a log sync across its IO, and by a
+//! 4. `LogSyncs::io` (`log_sync`): held by a log sync across its IO, and by a
 //!    commit writing its superblocks (inside `durable`). A log sync waits for the commit
 //!    before its own first and takes nothing else but leaf locks while holding it.
-//! 4. Leaf locks, never held while taking another: the caches, `open_inodes`, `next_ino`,
+//! 5. Leaf locks, never held while taking another: the caches, `open_inodes`, `next_ino`,
 //!    `next_index`, `subvol_roots`, `DiskIo`'s chunk map, context and in-flight map,
 //!    `CommitPins` and `ReadPins`.
 //!
