@@ -38,8 +38,8 @@ pub(crate) struct NocowWriters {
     lock: RwLock<()>,
     /// Files written in place since their last fsync.
     unsynced: Mutex<HashSet<InodeId>>,
-    /// File ranges whose prealloc items are being turned into written ones: writes that
-    /// fill prealloc share the file's lock, so each holds its range alone.
+    /// File ranges being written in place or filled (until a queued fill's items are
+    /// applied): such writes share the file's lock, so each holds its range alone.
     filling: Mutex<Vec<(InodeId, u64, u64)>>,
     filled: Condvar,
 }

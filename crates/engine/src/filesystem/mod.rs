@@ -621,10 +621,19 @@ impl Filesystem {
         fn tree_root(&self, id: u64) -> Result<Option<TreeRoot>>;
         /// Every tree the root tree records.
         fn tree_ids(&self) -> Result<Vec<u64>>;
-        /// Bytes new file data can still get (statfs's available space).
-        fn data_available(&self) -> Result<u64>;
-        /// statfs(2): size, free and available space from the block groups.
-        fn statfs(&self) -> Result<StatFs>;
+    }
+
+    /// Bytes new file data can still get (statfs's available space). Asked around every
+    /// guarded write (the FUSE space guard), it does not wait for queued prealloc fills:
+    /// they change items, not the space given to data.
+    pub fn data_available(&self) -> Result<u64> {
+        self.core_read_raw().data_available()
+    }
+
+    /// statfs(2): size, free and available space from the block groups (queued prealloc
+    /// fills change none of it, as for `data_available`).
+    pub fn statfs(&self) -> Result<StatFs> {
+        self.core_read_raw().statfs()
     }
 
     lookups! {

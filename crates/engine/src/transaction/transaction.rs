@@ -32,10 +32,11 @@
 //! ## Lock order
 //! 0. `InodeLocks` (one file's writers: write, truncate, fallocate, copy into or out of
 //!    it; in-place writes and prealloc fills share it), taken before `core`, held across
-//!    that file's data IO; two at once only in id order (`lock_two`). Then a prealloc
-//!    fill's range (`NocowWriters::lock_range`; a queued fill keeps it until its item
-//!    change is applied), then `NocowWriters`' lock (in-place writers share it across
-//!    their data IO; snapshot and subvolume deletion hold it alone before taking `core`).
+//!    that file's data IO; two at once only in id order (`lock_two`). Then an in-place
+//!    write's or prealloc fill's range (`NocowWriters::lock_range`; a queued fill keeps it
+//!    until its item change is applied), then `NocowWriters`' lock (in-place writers
+//!    share it across their data IO; snapshot and subvolume deletion hold it alone before
+//!    taking `core`).
 //! 1. The prealloc fill queue (`FillQueue`): its mutex is let go at once; a thread waits
 //!    there (for queued changes, or to take over applying them) only before taking `core`.
 //! 2. `Filesystem::core` (RwLock over `FsCore`): reads share it, changes hold it alone.
