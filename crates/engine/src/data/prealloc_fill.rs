@@ -354,6 +354,20 @@ fn mergeable(body: &[u8], bytenr: u64, at: u64, base: u64) -> Option<u64> {
     }
 }
 
+/// An empty change of inode `ino`, for the queue's tests.
+#[cfg(test)]
+fn test_fill(ino: u64) -> PendingFill {
+    let id = InodeId { subvol: 5, ino };
+    PendingFill {
+        id,
+        pieces: Vec::new(),
+        sums: Vec::new(),
+        end: 0,
+        keep_times: false,
+        range: (id, 0, 0),
+    }
+}
+
 /// The fill queue under shuttle: `cargo test -p oleo --features model-check --lib
 /// prealloc_fill::model`.
 #[cfg(all(test, feature = "model-check"))]
@@ -362,17 +376,7 @@ mod model {
     use shuttle::sync::Arc;
     use shuttle::thread;
 
-    fn fill(ino: u64) -> PendingFill {
-        let id = InodeId { subvol: 5, ino };
-        PendingFill {
-            id,
-            pieces: Vec::new(),
-            sums: Vec::new(),
-            end: 0,
-            keep_times: false,
-            range: (id, 0, 0),
-        }
-    }
+    use super::test_fill as fill;
 
     /// What the model's applications did: the inodes applied, in order, and whether an
     /// application is running.
@@ -450,17 +454,7 @@ mod model {
 mod tests {
     use super::*;
 
-    fn fill(ino: u64) -> PendingFill {
-        let id = InodeId { subvol: 5, ino };
-        PendingFill {
-            id,
-            pieces: Vec::new(),
-            sums: Vec::new(),
-            end: 0,
-            keep_times: false,
-            range: (id, 0, 0),
-        }
-    }
+    use super::test_fill as fill;
 
     /// An application that unwinds (a bug) lets the queue go on: later writes and drains
     /// do not wait for it for ever.
