@@ -91,6 +91,8 @@ pub struct Filesystem {
     /// Item changes of prealloc fills whose writes have returned (`prealloc_fill`): every
     /// use of `core` but the write path's planning applies them first.
     fills: crate::data::prealloc_fill::FillQueue,
+    /// The core's commit pipe, reached without the lock (`write_queued_commits`).
+    pipe: std::sync::Arc<crate::transaction::commit_pipe::CommitPipe>,
     /// The core's open counts, pinned and unpinned without `core` (`OpenInodes`).
     open_inodes: std::sync::Arc<crate::transaction::fs::OpenInodes>,
 }
@@ -176,6 +178,7 @@ impl Filesystem {
     fn new(core: FsCore) -> Filesystem {
         Filesystem {
             io: std::sync::Arc::clone(&core.io),
+            pipe: std::sync::Arc::clone(&core.pipe),
             open_inodes: std::sync::Arc::clone(&core.open_inodes),
             core: RwLock::new(core),
             inode_locks: InodeLocks::default(),
@@ -383,12 +386,22 @@ impl Filesystem {
         &self.fills
     }
 
+    /// Writes the commits an operation closed at the dirty limit and left to write once
+    /// the lock was let go (what `CoreMut`'s drop does), for the fill path, whose batches
+    /// are applied without `CoreMut`. A failure is logged and fails the pipe: the next
+    /// operation reports it.
+    pub(crate) fn write_queued_commits(&self) {
+        let _ = self.pipe.write_deferred();
+    }
+
     /// Applies queued prealloc fills under one hold of the lock, each in its own operation,
     /// then lets their ranges go. A change that fails aborts the transaction: its write
-    /// has returned, and its range must not read as preallocated from now on.
+    /// has returned, and its range must not read as preallocated from now on. A commit
+    /// closed meanwhile (the dirty limit) is not written here, where readers may be
+    /// waiting for the batch, but by the writer after it (`write_queued_commits`).
     pub(crate) fn apply_fills(&self, batch: Vec<crate::data::prealloc_fill::PendingFill>) {
         {
-            let mut core = CoreMut(Some(self.core.write()));
+            let mut core = self.core.write();
             for f in &batch {
                 let need = crate::filesystem::write::fill_reserve(f);
                 let r = core.write_op(need, |t| {

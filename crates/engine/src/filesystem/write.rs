@@ -354,6 +354,7 @@ impl Filesystem {
             };
             self.fill_queue()
                 .push(fill, &|batch| self.apply_fills(batch));
+            self.write_queued_commits();
         }
         Ok(Some(data.len()))
     }
