@@ -261,13 +261,7 @@ impl Filesystem {
         // keeps its range until its items say written, so this plan sees them so; and two
         // writes never reach the same pages of the image at once, one through its page
         // cache and one around it (see `uncached_write`).
-        let sector = u64::from(self.io.context().sectorsize);
-        let end = offset.saturating_add(data.len() as u64);
-        let _range = self.nocow_writers().lock_range(
-            id,
-            offset - offset % sector,
-            end.saturating_add(sector - 1) / sector * sector,
-        );
+        let _range = self.lock_sectors(id, offset, data.len());
         let _nocow = self.nocow_writers().shared();
         let Some(plan) = self.lookup_op_raw(|core| core.plan_in_place(id, offset, data.len()))?
         else {
@@ -291,6 +285,23 @@ impl Filesystem {
 }
 
 impl Filesystem {
+    /// The sectors `[offset, offset + len)` touches of `id`, alone among in-place writes
+    /// and fills (`NocowWriters::lock_range`).
+    fn lock_sectors(
+        &self,
+        id: InodeId,
+        offset: u64,
+        len: usize,
+    ) -> crate::data::nocow::RangeGuard<'_> {
+        let sector = u64::from(self.io.context().sectorsize);
+        let end = offset.saturating_add(len as u64);
+        self.nocow_writers().lock_range(
+            id,
+            offset - offset % sector,
+            end.saturating_add(sector - 1) / sector * sector,
+        )
+    }
+
     /// `write`'s path into preallocated extents: the data goes where fallocate put its
     /// space, then the items say it is written. Ok(None) when the range is not all
     /// prealloc this file alone references, or the file turns out to grow after all when
@@ -308,7 +319,6 @@ impl Filesystem {
         // the file changes what lies between the old end and its range (holes), so it
         // holds the lock alone.
         // `grows` (the size the caller saw) picks the lock; the plan checks it again.
-        let end = offset.saturating_add(data.len() as u64);
         let _file = if grows {
             self.inode_locks().lock(id)
         } else {
@@ -317,12 +327,7 @@ impl Filesystem {
         // Many fills run at once, each needing the filesystem's lock alone for its items:
         // they take its shared side once (the plan, with the checks), not at every step.
         let ctx = self.io.context();
-        let sector = u64::from(ctx.sectorsize);
-        let range = self.nocow_writers().lock_range(
-            id,
-            offset - offset % sector,
-            end.saturating_add(sector - 1) / sector * sector,
-        );
+        let range = self.lock_sectors(id, offset, data.len());
         let _nocow = self.nocow_writers().shared();
         // Holding the range, no queued fill overlaps it: the plan needs none applied.
         let plan = self.lookup_op_raw(|core| {
