@@ -124,7 +124,6 @@ impl NocowWriters {
 
 /// Part of a file range that may be written in place: its file offset and length, its
 /// extent (disk_bytenr, disk_num_bytes), and the offset of its first byte in the extent.
-#[derive(Clone, Debug)]
 pub(crate) struct Owned {
     pub at: u64,
     pub len: u64,

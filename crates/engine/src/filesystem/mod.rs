@@ -91,7 +91,7 @@ pub struct Filesystem {
     /// Item changes of prealloc fills whose writes have returned (`prealloc_fill`): every
     /// use of `core` but the write path's planning applies them first.
     fills: crate::data::prealloc_fill::FillQueue,
-    /// The core's commit pipe, reached without the lock (`write_queued_commits`).
+    /// The core's commit pipe, reached without the lock (`queue_fill`).
     pipe: std::sync::Arc<crate::transaction::commit_pipe::CommitPipe>,
     /// The core's open counts, pinned and unpinned without `core` (`OpenInodes`).
     open_inodes: std::sync::Arc<crate::transaction::fs::OpenInodes>,
@@ -382,15 +382,13 @@ impl Filesystem {
         }
     }
 
-    pub(crate) fn fill_queue(&self) -> &crate::data::prealloc_fill::FillQueue {
-        &self.fills
-    }
-
-    /// Writes the commits an operation closed at the dirty limit and left to write once
-    /// the lock was let go (what `CoreMut`'s drop does), for the fill path, whose batches
-    /// are applied without `CoreMut`. A failure is logged and fails the pipe: the next
-    /// operation reports it.
-    pub(crate) fn write_queued_commits(&self) {
+    /// Queues a fill's item change (its data is on the device; it keeps its range until
+    /// the change is applied), applying queued ones if nobody else is. Then writes a
+    /// commit closed at the dirty limit meanwhile, as `CoreMut`'s drop would: batches are
+    /// applied without `CoreMut`, so that readers waiting for them never wait for commit
+    /// IO. A failure there is logged and fails the pipe: the next operation reports it.
+    pub(crate) fn queue_fill(&self, fill: crate::data::prealloc_fill::PendingFill) {
+        self.fills.push(fill, &|batch| self.apply_fills(batch));
         let _ = self.pipe.write_deferred();
     }
 
@@ -398,12 +396,12 @@ impl Filesystem {
     /// then lets their ranges go. A change that fails aborts the transaction: its write
     /// has returned, and its range must not read as preallocated from now on. A commit
     /// closed meanwhile (the dirty limit) is not written here, where readers may be
-    /// waiting for the batch, but by the writer after it (`write_queued_commits`).
-    pub(crate) fn apply_fills(&self, batch: Vec<crate::data::prealloc_fill::PendingFill>) {
+    /// waiting for the batch, but by the writer after it (`queue_fill`).
+    fn apply_fills(&self, batch: Vec<crate::data::prealloc_fill::PendingFill>) {
         {
             let mut core = self.core.write();
             for f in &batch {
-                let need = crate::filesystem::write::fill_reserve(f);
+                let need = crate::filesystem::write::fill_reserve(&f.pieces, &f.sums);
                 let r = core.write_op(need, |t| {
                     t.mark_extent_written(f.id, &f.pieces, &f.sums, f.end, f.keep_times)
                 });

@@ -339,40 +339,41 @@ impl Filesystem {
             return Ok(None);
         };
         let end = offset + data.len() as u64;
-        let r = self.write_fill(id, end, &plan, data, &ctx, how);
+        let r = self.write_fill(&plan, data, &ctx, how);
         if let Some(buf) = plan.buf {
             self.core_read_raw().give_back_staging(buf);
         }
-        let fill = r?;
+        let sums = r?;
         if grows {
             // The file's lock is held alone (the fill may move the end of file and the
             // holes before it): its items change now.
-            let need = fill_reserve(&fill);
+            let need = fill_reserve(&plan.pieces, &sums);
             self.core_mut().write_op(need, |t| {
-                t.mark_extent_written(id, &fill.pieces, &fill.sums, end, how.keep_times)
+                t.mark_extent_written(id, &plan.pieces, &sums, end, how.keep_times)
             })?;
         } else {
             // Queued, to be applied in a batch; the range stays held until then.
-            let fill = PendingFill {
+            self.queue_fill(PendingFill {
+                id,
+                pieces: plan.pieces,
+                sums,
+                end,
+                keep_times: how.keep_times,
                 range: range.keep(),
-                ..fill
-            };
-            self.fill_queue()
-                .push(fill, &|batch| self.apply_fills(batch));
-            self.write_queued_commits();
+            });
         }
         Ok(Some(data.len()))
     }
 
+    /// Writes a fill's data where its plan says; returns the checksums of each piece
+    /// (empty for a file without them).
     fn write_fill(
         &self,
-        id: InodeId,
-        end: u64,
         plan: &FillPlan,
         data: &[u8],
         ctx: &oleo_format::validate::FsContext,
         how: crate::data::ordered_extent::WriteHow,
-    ) -> Result<PendingFill> {
+    ) -> Result<Vec<Vec<u8>>> {
         // The staged sectors, or the caller's sector-aligned data as it came.
         let bytes = plan.buf.as_deref().map_or(data, |b| &b[..plan.len]);
         let (io, csum, sector) = (&self.io, ctx.csum_type, ctx.sectorsize as usize);
@@ -391,14 +392,7 @@ impl Filesystem {
             plan.len as u64,
             plan.pieces.iter().map(|p| p.len).sum::<u64>()
         );
-        Ok(PendingFill {
-            id,
-            pieces: plan.pieces.clone(),
-            sums,
-            end,
-            keep_times: how.keep_times,
-            range: (id, 0, 0),
-        })
+        Ok(sums)
     }
 }
 
@@ -422,8 +416,8 @@ fn uncached_write(o_direct: bool, data: &[u8]) -> bool {
     o_direct && data.len() >= crate::io::device::DIRECT_MIN
 }
 
-/// What `mark_extent_written` of `fill` may add to the trees.
-pub(crate) fn fill_reserve(fill: &PendingFill) -> Reserve {
-    let csums: u64 = fill.sums.iter().map(|s| s.len() as u64).sum();
-    Reserve::items(4 * fill.pieces.len() as u64 + 4).bulk(csums)
+/// What `mark_extent_written` of `pieces` with checksums `sums` may add to the trees.
+pub(crate) fn fill_reserve(pieces: &[crate::data::nocow::Owned], sums: &[Vec<u8>]) -> Reserve {
+    let csums: u64 = sums.iter().map(|s| s.len() as u64).sum();
+    Reserve::items(4 * pieces.len() as u64 + 4).bulk(csums)
 }
