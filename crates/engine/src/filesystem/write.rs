@@ -333,9 +333,10 @@ impl Filesystem {
         let plan = self.lookup_op_raw(|core| {
             core.check_subvol_writable(id.subvol)?;
             core.check_not_immutable(id)?;
-            core.plan_prealloc_fill(id, offset, data, grows)
+            let plan = core.plan_prealloc_fill(id, offset, data, grows)?;
+            Ok(plan.map(|p| (p, core.metadata_room())))
         })?;
-        let Some(plan) = plan else {
+        let Some((plan, room)) = plan else {
             return Ok(None);
         };
         let end = offset + data.len() as u64;
@@ -344,9 +345,11 @@ impl Filesystem {
             self.core_read_raw().give_back_staging(buf);
         }
         let sums = r?;
-        if grows {
+        if grows || room < QUEUE_ROOM {
             // The file's lock is held alone (the fill may move the end of file and the
-            // holes before it): its items change now.
+            // holes before it), or metadata space runs short (a queued change that found
+            // none would abort the transaction; here the write fails with ENOSPC, as a
+            // copy-on-write one does): its items change now.
             let need = fill_reserve(&plan.pieces, &sums);
             self.core_mut().write_op(need, |t| {
                 t.mark_extent_written(id, &plan.pieces, &sums, end, how.keep_times)
@@ -415,6 +418,11 @@ impl Filesystem {
 fn uncached_write(o_direct: bool, data: &[u8]) -> bool {
     o_direct && data.len() >= crate::io::device::DIRECT_MIN
 }
+
+/// Free metadata space (in the block groups there are) below which a fill changes its
+/// items before it returns instead of queueing them: a queued change cannot fail its
+/// write any more, only abort the transaction. Far more than the queue's batches need.
+const QUEUE_ROOM: u64 = 8 << 20;
 
 /// What `mark_extent_written` of `pieces` with checksums `sums` may add to the trees.
 pub(crate) fn fill_reserve(pieces: &[crate::data::nocow::Owned], sums: &[Vec<u8>]) -> Reserve {

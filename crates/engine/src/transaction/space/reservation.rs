@@ -148,6 +148,17 @@ impl FsCore {
         }
     }
 
+    /// Metadata space free in the block groups there are, without allocating a chunk.
+    pub(crate) fn metadata_room(&self) -> u64 {
+        match self.running.as_deref() {
+            Some(t) => t.block_groups.available(bg::METADATA),
+            None => self
+                .block_groups
+                .as_ref()
+                .map_or(0, |g| g.available(bg::METADATA)),
+        }
+    }
+
     /// Runs one operation in the running transaction after reserving `need`.
     pub(crate) fn write_op<R>(
         &mut self,
