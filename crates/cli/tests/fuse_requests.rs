@@ -246,6 +246,98 @@ fn direct_writes_drop_pages_only_where_the_kernel_may_hold_them() {
     m.unmount().unwrap();
 }
 
+/// seed 002's shape: a file laid out through the page cache (fio writes it with write(2),
+/// then drops its pages), then O_DIRECT reads and asynchronous O_DIRECT writes mixed. The
+/// kernel's direct reads never fill its cache (they carry a lock owner, its page-cache
+/// reads never do), and once a drop of the whole file finished with nothing filling the
+/// cache since, the file is known to hold no pages: its writes cost no more drops, seen as
+/// no GETATTR each (before: a drop, and with it a GETATTR, for every write). A buffered
+/// read after that marks the file again: the next direct write drops what it cached, so a
+/// buffered read after it sees the new bytes.
+#[test]
+fn direct_reads_and_writes_of_a_file_laid_out_through_the_cache_stop_its_drops() {
+    use std::os::unix::fs::FileExt;
+    let name = "fuse_requests_mixed_direct";
+    if !require_fuse_mount(name) {
+        return;
+    }
+    let dir = TempDir::new(name).unwrap();
+    let img = dir.join("oleo.img");
+    empty_image(&img, 256, &[]).unwrap();
+    let mnt = dir.subdir("mnt").unwrap();
+    let m = OleoMount::mount_rw(Path::new(OLEO), &img, &mnt, &[]).unwrap();
+    let p = m.path().join("laid-out");
+    const LEN: usize = 8192;
+    const SPAN: usize = 16 * LEN;
+    {
+        let mut f = std::fs::File::create(&p).unwrap();
+        f.write_all(&vec![0x11; SPAN]).unwrap();
+        f.sync_all().unwrap();
+        // SAFETY: fadvise on an open descriptor.
+        let r = unsafe {
+            libc::posix_fadvise(
+                std::os::fd::AsRawFd::as_raw_fd(&f),
+                0,
+                0,
+                libc::POSIX_FADV_DONTNEED,
+            )
+        };
+        assert_eq!(r, 0);
+    }
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(&p)
+        .unwrap();
+    let mut raw = vec![0u8; LEN + 4096];
+    let at = raw.as_ptr().align_offset(4096);
+    let buf = &mut raw[at..at + LEN];
+    let aio = oleo_testkit::aio::Aio::new(4).unwrap();
+    let before = counts_of(m.path());
+    const N: u64 = 64;
+    for i in 0..N {
+        let off = (i % (SPAN / LEN) as u64) * LEN as u64;
+        assert_eq!(
+            f.read_at(buf, (off + LEN as u64) % SPAN as u64).unwrap(),
+            LEN
+        );
+        buf.fill(i as u8);
+        assert_eq!(aio.write(&f, buf, off), LEN as i64);
+    }
+    let after = counts_of(m.path());
+    let delta =
+        |op: &str| after.get(op).copied().unwrap_or(0) - before.get(op).copied().unwrap_or(0);
+    assert!(
+        delta("WRITE") >= N && delta("READ") >= N,
+        "{before:?} -> {after:?}"
+    );
+    assert!(
+        delta("GETATTR") < N / 8,
+        "{} GETATTRs for {N} direct writes mixed with direct reads: pages dropped for each",
+        delta("GETATTR")
+    );
+    // A buffered reader caches the file again; the direct write after must drop its pages.
+    let cached = std::fs::read(&p).unwrap();
+    assert_eq!(cached.len(), SPAN);
+    buf.fill(0xee);
+    assert_eq!(aio.write(&f, buf, 0), LEN as i64);
+    let again = std::fs::read(&p).unwrap();
+    assert_eq!(
+        &again[..LEN],
+        &buf[..],
+        "a buffered read after the direct write is stale"
+    );
+    assert_eq!(&again[LEN..], &cached[LEN..]);
+
+    drop(aio);
+    drop(f);
+    m.unmount().unwrap();
+    let m = OleoMount::mount_rw(Path::new(OLEO), &img, &mnt, &[]).unwrap();
+    assert_eq!(std::fs::read(m.path().join("laid-out")).unwrap(), again);
+    m.unmount().unwrap();
+}
+
 /// `oleo subvolume snapshot` first makes the daemon hold what the kernel's page cache
 /// holds for files open under the source: a file being written goes out in its
 /// writeback's whole WRITEs (up to 1 MiB each). Opened for reading, under relatime, the

@@ -139,6 +139,16 @@ impl Default for MountSettings {
     }
 }
 
+/// What is known of one node's pages in the kernel's cache (`OleoFuse::cached_nodes`).
+#[derive(Default)]
+struct CacheMark {
+    /// Requests that may have filled its cache so far (page-cache READs, cached WRITEs).
+    filled: std::sync::atomic::AtomicU64,
+    /// `filled` when the last direct write dropped the pages it wrote: where it has not
+    /// moved since, the next drop takes the whole file, which may clear the mark.
+    at_last_drop: std::sync::atomic::AtomicU64,
+}
+
 /// The FUSE server of one mount: a [`transport::Handler`] that answers the kernel's
 /// requests with calls to an [`oleo::Filesystem`]. Hand it to [`Session::from_fd`].
 pub struct OleoFuse {
@@ -162,10 +172,11 @@ pub struct OleoFuse {
     scrub: Arc<parking_lot::Mutex<subvol_ioctl::ScrubStatus>>,
     /// The VFS flags in force (a remount changes them).
     flags: mount_flags::FlagsCell,
-    /// Nodes whose pages the kernel may hold: every page it caches came from a READ or
-    /// went out as a cached WRITE of that node (see `OleoFuse::drop_cached_range`). A
-    /// node leaves at its last FORGET, with the kernel's inode and pages.
-    cached_nodes: parking_lot::RwLock<foldhash::HashSet<u64>>,
+    /// Nodes whose pages the kernel may hold: every page it caches came from a page-cache
+    /// READ or went out as a cached WRITE of that node (see `OleoFuse::drop_cached_range`).
+    /// A node leaves at its last FORGET, with the kernel's inode and pages, or once a drop
+    /// of all its pages finished with no such request since (`CacheMark`).
+    cached_nodes: parking_lot::RwLock<foldhash::HashMap<u64, CacheMark>>,
 }
 
 impl OleoFuse {
@@ -195,11 +206,16 @@ impl OleoFuse {
 
     /// `node` may have pages in the kernel's cache from now on. Called before the data
     /// is read or written, so that a direct write that finds no mark after its own write
-    /// knows no page of the range can hold older bytes (`drop_cached_range`).
+    /// knows no page of the range can hold older bytes (`drop_cached_range`), and a drop
+    /// of the whole file that began before it does not clear the mark.
     fn may_cache(&self, node: u64) {
-        if !self.cached_nodes.read().contains(&node) {
-            self.cached_nodes.write().insert(node);
+        if let Some(m) = self.cached_nodes.read().get(&node) {
+            m.filled.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            return;
         }
+        let mut nodes = self.cached_nodes.write();
+        let m = nodes.entry(node).or_default();
+        m.filled.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
     }
 
     /// Set it to the session's notifier once the session exists: near full, the server

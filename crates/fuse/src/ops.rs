@@ -766,9 +766,11 @@ impl OleoFuse {
             Err(e) => return reply.error(e),
         };
         let uncached = is_o_direct(arg.fh);
-        // Any READ may fill the kernel's page cache (an mmap of an O_DIRECT descriptor
-        // reads through it too).
-        self.may_cache(node);
+        // A READ of the page cache fills it, whatever the handle (an mmap of an O_DIRECT
+        // descriptor reads through it too); the kernel's direct reads carry a lock owner.
+        if arg.read_flags & abi::READ_LOCKOWNER == 0 {
+            self.may_cache(node);
+        }
         reply.data_into(arg.size as usize, |buf| {
             let n = self
                 .fs
@@ -926,26 +928,43 @@ impl OleoFuse {
     }
 
     /// Drops `len` bytes of `node` from `offset` from the kernel's page cache (and its
-    /// attributes). The kernel waits for each cached page it drops to be unlocked, and one
-    /// request keeps its pages locked until we answer it: a write-through, which the kernel
-    /// makes of a buffered write by a caller without CAP_FSETID to a file whose
-    /// setuid/setgid must go; on an O_DIRECT handle, the rest of a direct write that came up
-    /// short. So the drop runs on a thread of its own and the answer waits for it at most
-    /// DROP_WAIT: where it could not finish before, it finishes after the answer, when
-    /// those pages are written anyway.
+    /// attributes, so the kernel's next write asks for them: a round trip). The kernel
+    /// waits for each cached page it drops to be unlocked, and one request keeps its pages
+    /// locked until we answer it: a write-through, which the kernel makes of a buffered
+    /// write by a caller without CAP_FSETID to a file whose setuid/setgid must go; on an
+    /// O_DIRECT handle, the rest of a direct write that came up short. So the drop runs on
+    /// a thread of its own and the answer waits for it at most DROP_WAIT: where it could
+    /// not finish before, it finishes after the answer, when those pages are written
+    /// anyway.
     ///
-    /// A node the kernel never read nor wrote back through its cache has no pages to drop
-    /// (`may_cache`): the drop, a round trip through one thread for every direct write,
-    /// is skipped (fio's 4 KiB random O_DIRECT writes: a quarter of the server's waits).
+    /// A node the kernel never filled pages of (`may_cache`) has none to drop: the drop, a
+    /// round trip through one thread for every direct write, is skipped (fio's 4 KiB random
+    /// O_DIRECT writes: a quarter of the server's waits). A node stays marked after the
+    /// writer that filled its cache is gone (fio lays its file out with write(2), then
+    /// drops the pages itself), so where nothing could fill its cache since the last drop,
+    /// the drop takes the whole file, and once that finished with still nothing since, the
+    /// mark goes: a mixed O_DIRECT reader and writer (seed 002) paid a drop, and through it
+    /// a GETATTR, for every write. A buffered reader beside a direct writer keeps the mark
+    /// (its READs move it), and loses its cache at most once per quiet spell.
     fn drop_cached_range(&self, node: u64, offset: u64, len: u64) {
-        if !self.cached_nodes.read().contains(&node) {
-            return;
-        }
+        use std::sync::atomic::Ordering::SeqCst;
+        let (filled, quiet) = match self.cached_nodes.read().get(&node) {
+            Some(m) => {
+                let filled = m.filled.load(SeqCst);
+                (filled, m.at_last_drop.swap(filled, SeqCst) == filled)
+            }
+            None => return,
+        };
         let Some(n) = self.notifier() else {
             return;
         };
-        let (Ok(off), Ok(len)) = (i64::try_from(offset), i64::try_from(len)) else {
-            return;
+        let (off, len) = if quiet {
+            (0, 0)
+        } else {
+            match (i64::try_from(offset), i64::try_from(len)) {
+                (Ok(off), Ok(len)) => (off, len),
+                _ => return,
+            }
         };
         // Dropping waits for the reads in flight over those pages (and writes back dirty
         // mapped ones): other workers must be free to answer them.
@@ -956,7 +975,16 @@ impl OleoFuse {
         }
         // A drop can wait on pages the kernel keeps locked until this very write is
         // answered: never wait for it without bound.
-        let _ = wait.recv_timeout(DROP_WAIT);
+        let dropped = wait.recv_timeout(DROP_WAIT).unwrap_or(false);
+        if quiet && dropped {
+            let mut nodes = self.cached_nodes.write();
+            if nodes
+                .get(&node)
+                .is_some_and(|m| m.filled.load(SeqCst) == filled)
+            {
+                nodes.remove(&node);
+            }
+        }
     }
 
     fn readdir(&self, req: &Request, node: u64, arg: &abi::ReadIn, reply: Reply<'_>) {
@@ -1074,10 +1102,15 @@ impl OleoFuse {
 /// from its page cache (see `drop_cached_range`).
 const DROP_WAIT: Duration = Duration::from_secs(1);
 
-fn drop_pages(n: &crate::transport::Notifier, node: u64, off: i64, len: i64) {
-    if let Err(e) = n.inval_inode(node, off, len) {
-        if e.raw_os_error() != Some(libc::ENOENT) {
+/// Whether the kernel holds none of those pages now (it has no such inode, or dropped
+/// them).
+fn drop_pages(n: &crate::transport::Notifier, node: u64, off: i64, len: i64) -> bool {
+    match n.inval_inode(node, off, len) {
+        Ok(()) => true,
+        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => true,
+        Err(e) => {
             log::warn!("cannot drop inode {node}'s cached pages: {e}");
+            false
         }
     }
 }
@@ -1088,7 +1121,7 @@ type PageDrop = (
     u64,
     i64,
     i64,
-    std::sync::mpsc::SyncSender<()>,
+    std::sync::mpsc::SyncSender<bool>,
 );
 
 /// The thread that drops ranges from the kernel's page cache for direct writes of callers
@@ -1102,8 +1135,7 @@ fn page_dropper() -> std::sync::mpsc::Sender<PageDrop> {
             .name("oleo-page-drop".into())
             .spawn(move || {
                 for (n, node, off, len, done) in rx {
-                    drop_pages(&n, node, off, len);
-                    let _ = done.try_send(());
+                    let _ = done.try_send(drop_pages(&n, node, off, len));
                 }
             });
         if let Err(e) = spawned {

@@ -201,6 +201,10 @@ pub mod fattr {
 pub const WRITE_KILL_SUIDGID: u32 = 1 << 2;
 /// A WRITE that writes back the kernel's page cache (not a caller's write(2) itself).
 pub const WRITE_CACHE: u32 = 1 << 0;
+/// `FUSE_READ_LOCKOWNER` (`fuse_read_in.read_flags`): set by the kernel's direct path
+/// (`fuse_direct_io`, which reads into the caller's buffer, never into the page cache) for
+/// any caller with a file table; its page-cache reads (`read_folio`, readahead) never set it.
+pub const READ_LOCKOWNER: u32 = 1 << 1;
 /// `FUSE_OPEN_KILL_SUIDGID` (`fuse_open_in.open_flags`): see [`WRITE_KILL_SUIDGID`].
 pub const OPEN_KILL_SUIDGID: u32 = 1 << 0;
 
