@@ -96,9 +96,11 @@ pub fn snapshot(source: &Path, dir: &Path, name: &str, readonly: bool) -> Result
 
 /// Makes the daemon hold what the kernel's page cache still holds for files under `dir`.
 /// syncfs(2) does not do it on FUSE (the kernel neither waits for the writes it starts nor
-/// tells the server), but fsync(2) of a file does: its dirty pages go out and are waited
-/// for. A FUSE file is written back when it is closed, so only open files can hold dirty
-/// pages: those found in /proc under `dir` are fsynced.
+/// tells the server), but a close(2) of a descriptor of the file does: with the writeback
+/// cache the kernel writes every page dirty at that moment back and waits for the
+/// server's answers before close returns (fuse_flush). A FUSE file is written back when
+/// it is closed, so only open files can hold dirty pages: those found in /proc under `dir`
+/// are opened and closed again.
 fn push_page_cache(dir: &Path) -> Result<(), String> {
     let root = std::fs::canonicalize(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let mut seen = std::collections::BTreeSet::new();
@@ -128,7 +130,12 @@ fn push_page_cache(dir: &Path) -> Result<(), String> {
     })
 }
 
-/// fsync(2) of `path` if it is still a regular file.
+/// Opens and closes `path` if it is still a regular file: its close writes its dirty
+/// pages back to the daemon and waits for them. Not fsync(2): that writes them back too,
+/// but then makes them durable apart (a log tree and a flush of the device) when the
+/// snapshot's commit will, and a writer going on meanwhile leaves the close that follows
+/// the same again to write: four random writers' snapshot (bench snapshot-under-write)
+/// spent 0.26-0.47 s in the fsyncs and as long again in the closes after them.
 fn push_file(path: &Path) -> Result<(), String> {
     use std::os::unix::fs::OpenOptionsExt;
     // Only regular files hold pages (and an open of a FIFO would wait for its other end).
@@ -151,9 +158,14 @@ fn push_file(path: &Path) -> Result<(), String> {
     let Ok(f) = open(true).or_else(|_| open(false)) else {
         return Ok(());
     };
-    if f.metadata().is_ok_and(|m| m.is_file()) {
-        f.sync_all()
-            .map_err(|e| format!("{}: fsync: {e}", path.display()))?;
+    if !f.metadata().is_ok_and(|m| m.is_file()) {
+        return Ok(());
+    }
+    let fd = std::os::fd::IntoRawFd::into_raw_fd(f);
+    // SAFETY: `fd` is ours alone (taken from the File above) and closed once.
+    if unsafe { libc::close(fd) } != 0 {
+        let e = std::io::Error::last_os_error();
+        return Err(format!("{}: writing back its cached pages: {e}", path.display()));
     }
     Ok(())
 }
