@@ -165,7 +165,10 @@ fn push_file(path: &Path) -> Result<(), String> {
     // SAFETY: `fd` is ours alone (taken from the File above) and closed once.
     if unsafe { libc::close(fd) } != 0 {
         let e = std::io::Error::last_os_error();
-        return Err(format!("{}: writing back its cached pages: {e}", path.display()));
+        return Err(format!(
+            "{}: writing back its cached pages: {e}",
+            path.display()
+        ));
     }
     Ok(())
 }

@@ -265,6 +265,8 @@ impl Device {
             (buf.len() >= DIRECT_MIN || uncached) && aligned(offset) && aligned(buf.len() as u64)
         });
         if let Some(d) = direct {
+            // Around the page cache the write waits for the device itself.
+            crate::blocking::will_wait();
             let staged;
             let buf = if aligned(buf.as_ptr() as u64) {
                 buf
