@@ -192,6 +192,33 @@ fn requests_are_counted_over_io_uring() {
     run("fuse_requests_uring", "fuse_uring=on");
 }
 
+/// A fresh 256 MiB image mounted read-write: (its folder, the image, the mount).
+fn fresh_mount(name: &str) -> (TempDir, std::path::PathBuf, OleoMount) {
+    let dir = TempDir::new(name).unwrap();
+    let img = dir.join("oleo.img");
+    empty_image(&img, 256, &[]).unwrap();
+    let mnt = dir.subdir("mnt").unwrap();
+    let m = OleoMount::mount_rw(Path::new(OLEO), &img, &mnt, &[]).unwrap();
+    (dir, img, m)
+}
+
+/// `p` opened O_DIRECT for reading and writing (made if missing).
+fn open_direct(p: &Path) -> std::fs::File {
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .custom_flags(libc::O_DIRECT)
+        .open(p)
+        .unwrap()
+}
+
+/// Requests of opcode `op` between two `counts_of`.
+fn delta(before: &BTreeMap<String, u64>, after: &BTreeMap<String, u64>, op: &str) -> u64 {
+    after.get(op).copied().unwrap_or(0) - before.get(op).copied().unwrap_or(0)
+}
+
 /// An asynchronous O_DIRECT write's page drop (NOTIFY_INVAL_INODE, docs/fuse-limits.md) is
 /// made only where the kernel may hold pages: writes to a file nothing read or wrote back
 /// through the cache cost none, seen as no GETATTR (a drop takes the attributes along and
@@ -205,20 +232,8 @@ fn direct_writes_drop_pages_only_where_the_kernel_may_hold_them() {
     if !require_fuse_mount(name) {
         return;
     }
-    let dir = TempDir::new(name).unwrap();
-    let img = dir.join("oleo.img");
-    empty_image(&img, 256, &[]).unwrap();
-    let mnt = dir.subdir("mnt").unwrap();
-    let m = OleoMount::mount_rw(Path::new(OLEO), &img, &mnt, &[]).unwrap();
-    let p = m.path().join("direct");
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .custom_flags(libc::O_DIRECT)
-        .open(&p)
-        .unwrap();
+    let (_dir, _img, m) = fresh_mount(name);
+    let f = open_direct(&m.path().join("direct"));
     const LEN: usize = 8192;
     let mut raw = vec![0u8; LEN + 4096];
     let at = raw.as_ptr().align_offset(4096);
@@ -232,8 +247,7 @@ fn direct_writes_drop_pages_only_where_the_kernel_may_hold_them() {
         assert_eq!(aio.write(&f, buf, (i % 4) * LEN as u64), LEN as i64);
     }
     let after = counts_of(m.path());
-    let delta =
-        |op: &str| after.get(op).copied().unwrap_or(0) - before.get(op).copied().unwrap_or(0);
+    let delta = |op: &str| delta(&before, &after, op);
     assert!(delta("WRITE") >= N, "{before:?} -> {after:?}");
     assert!(
         delta("GETATTR") < N / 4,
@@ -261,11 +275,7 @@ fn direct_reads_and_writes_of_a_file_laid_out_through_the_cache_stop_its_drops()
     if !require_fuse_mount(name) {
         return;
     }
-    let dir = TempDir::new(name).unwrap();
-    let img = dir.join("oleo.img");
-    empty_image(&img, 256, &[]).unwrap();
-    let mnt = dir.subdir("mnt").unwrap();
-    let m = OleoMount::mount_rw(Path::new(OLEO), &img, &mnt, &[]).unwrap();
+    let (dir, img, m) = fresh_mount(name);
     let p = m.path().join("laid-out");
     const LEN: usize = 8192;
     const SPAN: usize = 16 * LEN;
@@ -284,12 +294,7 @@ fn direct_reads_and_writes_of_a_file_laid_out_through_the_cache_stop_its_drops()
         };
         assert_eq!(r, 0);
     }
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .custom_flags(libc::O_DIRECT)
-        .open(&p)
-        .unwrap();
+    let f = open_direct(&p);
     let mut raw = vec![0u8; LEN + 4096];
     let at = raw.as_ptr().align_offset(4096);
     let buf = &mut raw[at..at + LEN];
@@ -306,8 +311,7 @@ fn direct_reads_and_writes_of_a_file_laid_out_through_the_cache_stop_its_drops()
         assert_eq!(aio.write(&f, buf, off), LEN as i64);
     }
     let after = counts_of(m.path());
-    let delta =
-        |op: &str| after.get(op).copied().unwrap_or(0) - before.get(op).copied().unwrap_or(0);
+    let delta = |op: &str| delta(&before, &after, op);
     assert!(
         delta("WRITE") >= N && delta("READ") >= N,
         "{before:?} -> {after:?}"
@@ -333,7 +337,7 @@ fn direct_reads_and_writes_of_a_file_laid_out_through_the_cache_stop_its_drops()
     drop(aio);
     drop(f);
     m.unmount().unwrap();
-    let m = OleoMount::mount_rw(Path::new(OLEO), &img, &mnt, &[]).unwrap();
+    let m = OleoMount::mount_rw(Path::new(OLEO), &img, &dir.join("mnt"), &[]).unwrap();
     assert_eq!(std::fs::read(m.path().join("laid-out")).unwrap(), again);
     m.unmount().unwrap();
 }
