@@ -416,8 +416,14 @@ fn a_snapshot_pushes_a_file_being_written_in_whole_writes() {
         (before, (after, w1 - w0))
     });
     let (after, bytes) = after;
-    let writes =
-        after.get("WRITE").copied().unwrap_or(0) - before.get("WRITE").copied().unwrap_or(0);
+    let writes = delta(&before, &after, "WRITE");
+    // A close pushes the pages; an fsync would push them too, and then write a log tree
+    // and flush the device ahead of the snapshot's own commit.
+    assert_eq!(
+        delta(&before, &after, "FSYNC"),
+        0,
+        "the snapshot fsynced the files it pushed"
+    );
     // Whole WRITEs of the writer's writeback carry hundreds of KiB each; pages dropped
     // from the cache go one folio at a time (1,017 WRITEs where this takes 66).
     assert!(
