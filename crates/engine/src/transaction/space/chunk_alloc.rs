@@ -142,7 +142,7 @@ fn raid_attr(profile: u64) -> RaidAttr {
 /// The most redundant of the profiles in `flags` that `devices` writable devices allow;
 /// SINGLE when none (the kernel's btrfs_reduce_alloc_profile: a degraded RAID1 mount
 /// makes SINGLE chunks).
-fn reduce_profile(flags: u64, devices: usize) -> u64 {
+pub(crate) fn reduce_profile(flags: u64, devices: usize) -> u64 {
     let order = [
         bg::RAID1C4,
         bg::RAID6,

@@ -143,14 +143,22 @@ impl FsCore {
         let blocks_free = blocks
             .saturating_sub(used_raw / factor / bs)
             .saturating_sub(reserve / bs);
-        let mut avail = (data_free_raw / factor)
-            .saturating_add(unallocated_for(data_profile, &devices) / factor);
+        // New chunks take the profile the writable devices allow (`reduce_profile`): on a
+        // degraded RAID1 mount, SINGLE chunks on the devices present. Counted in RAID1
+        // there, the unallocated space gave nothing, the FUSE space guard saw the disk
+        // full once the data chunks filled, and writes failed with ENOSPC that the
+        // allocator would have placed (mount_multi's degraded copy, 2 runs in 12).
+        let grown = |profile: u64| {
+            let p = super::chunk_alloc::reduce_profile(profile, devices.len());
+            unallocated_for(p, &devices) / copies(p)
+        };
+        let mut avail = (data_free_raw / factor).saturating_add(grown(data_profile));
         // The kernel's guess at a metadata space that cannot take the reserve any more.
         let meta_profile = groups
             .iter()
             .find(|g| g.0 & bg::METADATA != 0)
             .map_or(0, |g| g.0 & bg::PROFILE_MASK);
-        let meta_full = unallocated_for(meta_profile, &devices) == 0;
+        let meta_full = grown(meta_profile) == 0;
         if !mixed && meta_full && meta_free_raw.saturating_sub(4 << 20) < reserve {
             avail = 0;
         }
