@@ -455,6 +455,10 @@ impl Device {
         }
         Ok(match self.direct.as_ref() {
             Some(d) if uncached && aligned(offset) && lens_aligned && addrs.all(aligned) => {
+                // Around the page cache the read waits for the device itself: a FUSE
+                // worker pool lets another worker take the requests behind it (over
+                // /dev/fuse the seed-002 mix had two requests at the device at a time).
+                crate::blocking::will_wait();
                 d.as_raw_fd()
             }
             _ => self.file.as_raw_fd(),
@@ -479,6 +483,7 @@ impl Device {
         let aligned = |x: u64| x.is_multiple_of(DIRECT_ALIGN as u64);
         match self.direct.as_ref() {
             Some(d) if uncached && aligned(offset) && aligned(buf.len() as u64) => {
+                crate::blocking::will_wait();
                 use std::os::fd::AsRawFd;
                 let read = |dst: &mut [u8]| -> std::io::Result<()> {
                     match crate::io::device_uring::read_at(d.as_raw_fd(), dst, offset) {

@@ -290,12 +290,6 @@ impl DeviceSet {
                 iov,
             });
         }
-        if uncached {
-            // A caller's O_DIRECT read waits for the device, never for the page cache:
-            // a FUSE worker pool lets another worker take the requests behind it (over
-            // /dev/fuse the seed-002 mix had two requests at the device at a time).
-            crate::blocking::will_wait();
-        }
         // SAFETY: the iovecs point into `reads`' slices, borrowed mutably until we return;
         // a read's slices are looked at only once it has ended.
         let results =
