@@ -10,6 +10,7 @@
 
 mod common;
 
+use common::extents::{data_extent_refs, extent_items};
 use common::{open_top_rw as open_rw, resolve};
 use oleo::fileattr::fs_flags;
 use oleo::{FallocMode, Filesystem, InodeId, NewInode};
@@ -50,53 +51,6 @@ fn read_all(fs: &Filesystem, id: InodeId) -> Vec<u8> {
         out.extend_from_slice(&chunk);
     }
     out
-}
-
-/// (file offset, generation, disk_bytenr, offset, num_bytes, type) of every EXTENT_DATA
-/// item of inode `ino` in tree `tree`, as `btrfs inspect-internal dump-tree` prints them.
-fn extent_items(image: &Path, tree: u64, ino: u64) -> Vec<(u64, u64, u64, u64, u64, String)> {
-    let out = Command::new("btrfs")
-        .args(["inspect-internal", "dump-tree", "-t", &tree.to_string()])
-        .arg(image)
-        .output()
-        .expect("dump-tree");
-    let text = String::from_utf8_lossy(&out.stdout);
-    let mut items = Vec::new();
-    let mut lines = text.lines().peekable();
-    let prefix = format!("key ({ino} EXTENT_DATA ");
-    while let Some(l) = lines.next() {
-        let Some(at) = l.find(&prefix) else { continue };
-        let rest = &l[at + prefix.len()..];
-        let off: u64 = rest.split(')').next().unwrap().parse().unwrap();
-        let mut body = Vec::new();
-        while let Some(l) = lines.next_if(|l| !l.contains(" key (")) {
-            body.push(l);
-        }
-        let words = |s: &str| -> Vec<String> { s.split_whitespace().map(String::from).collect() };
-        let g = words(body[0]);
-        let generation: u64 = g[1].parse().unwrap();
-        let kind = g
-            .last()
-            .unwrap()
-            .trim_matches(|c| c == '(' || c == ')')
-            .to_string();
-        if kind == "inline" {
-            items.push((off, generation, 0, 0, 0, kind));
-            continue;
-        }
-        let d = words(body[1]);
-        let bytenr: u64 = d[4].parse().unwrap();
-        let o = words(body[2]);
-        items.push((
-            off,
-            generation,
-            bytenr,
-            o[3].parse().unwrap(),
-            o[5].parse().unwrap(),
-            kind,
-        ));
-    }
-    items
 }
 
 /// Data extent items in the extent tree.
@@ -398,23 +352,6 @@ fn xfs_io(path: &Path, cmds: &[&str]) {
     }
     let st = c.arg(path).status().expect("xfs_io");
     assert!(st.success(), "xfs_io {cmds:?}");
-}
-
-/// The reference count of every data extent item, in address order.
-fn data_extent_refs(image: &Path) -> Vec<u64> {
-    let out = Command::new("btrfs")
-        .args(["inspect-internal", "dump-tree", "-t", "extent"])
-        .arg(image)
-        .output()
-        .expect("dump-tree");
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter(|l| l.trim_end().ends_with("flags DATA"))
-        .map(|l| {
-            let w: Vec<&str> = l.split_whitespace().collect();
-            w[1].parse().expect("refs N")
-        })
-        .collect()
 }
 
 /// Seeded random operations on NOCOW and checksummed files (writes anywhere, fallocate

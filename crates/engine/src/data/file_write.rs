@@ -19,6 +19,9 @@ use std::ops::ControlFlow;
 
 /// The largest data extent we create (the kernel's limit for uncompressed extents).
 pub(crate) const MAX_EXTENT: u64 = 128 << 20;
+/// How far past the end of a file's newest extent a write may start and still be placed
+/// on disk as its continuation (`Transaction::continuation`).
+const MAX_GAP: u64 = 8 << 20;
 /// Largest file size: the kernel's MAX_LFS_FILESIZE on 64-bit.
 const MAX_FILE_SIZE: u64 = i64::MAX as u64;
 
@@ -397,8 +400,21 @@ impl Transaction<'_> {
         Ok(true)
     }
 
-    /// The file extent item and backref of a new extent at `file_off`.
+    /// The file extent item and backref of a new extent at `file_off`, or the extent
+    /// before it grown over the piece (`join_previous`).
     fn insert_piece(&mut self, id: InodeId, file_off: u64, p: &Piece) -> Result<()> {
+        let plain = p.compression == Compression::None && p.disk_len == p.ram_len;
+        let grown;
+        let p = if plain {
+            grown = self.absorb_next(id, file_off, p)?;
+            if self.join_previous(id, file_off, &grown)? {
+                return Ok(());
+            }
+            self.fresh_data.insert(grown.bytenr, grown.disk_len);
+            &grown
+        } else {
+            p
+        };
         let body = extent_item(
             self.transid,
             p.ram_len,
@@ -424,6 +440,155 @@ impl Transaction<'_> {
                 offset: file_off,
             },
         )
+    }
+
+    /// The EXTENT_DATA item of file `id` at or before `file_off` (`exact`: at it) if it is
+    /// all of an uncompressed extent written in this transaction, the file not logged
+    /// since: (its key offset, disk address, length).
+    fn fresh_item(
+        &mut self,
+        id: InodeId,
+        file_off: u64,
+        exact: bool,
+    ) -> Result<Option<(u64, u64, u64)>> {
+        if self.log.inodes.get(&id).is_some_and(|c| c.logged.is_some()) {
+            // Its log may name the extent with its old length.
+            return Ok(None);
+        }
+        let key = Key::new(id.ino, item::EXTENT_DATA, file_off);
+        let found = if exact {
+            self.lookup(id.subvol, &key)?.map(|b| (key, b))
+        } else {
+            self.lookup_le(id.subvol, &key)?
+        };
+        let Some((k, body)) = found else {
+            return Ok(None);
+        };
+        if k.objectid != id.ino || k.item_type != item::EXTENT_DATA {
+            return Ok(None);
+        }
+        let Ok(fe) = FileExtent::parse(&body) else {
+            return Ok(None);
+        };
+        let FileExtentBody::Extent {
+            prealloc: false,
+            disk_bytenr,
+            disk_num_bytes,
+            offset: 0,
+            num_bytes,
+        } = fe.body
+        else {
+            return Ok(None);
+        };
+        let whole = disk_bytenr != 0
+            && fe.compression == Compression::None
+            && fe.generation == self.transid
+            && num_bytes == disk_num_bytes
+            && fe.ram_bytes == disk_num_bytes
+            && k.offset.checked_add(num_bytes).is_some()
+            && self.fresh_data.get(&disk_bytenr) == Some(&disk_num_bytes);
+        Ok(whole.then_some((k.offset, disk_bytenr, disk_num_bytes)))
+    }
+
+    /// `fresh_item` of the file bytes right before `file_off`, if its item ends there.
+    fn fresh_before(&mut self, id: InodeId, file_off: u64) -> Result<Option<(u64, u64, u64)>> {
+        let Some(before) = file_off.checked_sub(1) else {
+            return Ok(None);
+        };
+        Ok(self
+            .fresh_item(id, before, false)?
+            .filter(|&(at, _, len)| at + len == file_off))
+    }
+
+    /// Where a write at `file_off` should put its data: after the extent of the file's
+    /// last bytes before it, if that one may still grow (`fresh_item`), as far on as the
+    /// write is past its end (up to MAX_GAP). The FUSE writeback hands one file's WRITEs
+    /// to several threads, so they come a few MiB out of order: the space left is where
+    /// the write that fills the gap goes, and then all three become one extent.
+    pub(crate) fn continuation(&mut self, id: InodeId, file_off: u64) -> Result<Option<u64>> {
+        let Some(before) = file_off.checked_sub(1) else {
+            return Ok(None);
+        };
+        Ok(self
+            .fresh_item(id, before, false)?
+            .filter(|&(at, _, len)| at + len <= file_off && file_off - (at + len) <= MAX_GAP)
+            .filter(|&(at, _, len)| file_off - at < MAX_EXTENT && len < MAX_EXTENT)
+            .map(|(at, bytenr, len)| bytenr + len + (file_off - (at + len))))
+    }
+
+    /// The kernel's delayed allocation gives data written in order one extent (up to
+    /// MAX_EXTENT); oleo allocates per write, and a WRITE carries at most 1 MiB. So a
+    /// piece that lies right after the extent of the file bytes before it, where that
+    /// extent is new in this transaction and referenced by that one item alone, joins
+    /// it: the item and the extent's queued reference grow, and no new item or extent
+    /// is made. The checksums and the space accounting are the piece's as before.
+    fn join_previous(&mut self, id: InodeId, file_off: u64, p: &Piece) -> Result<bool> {
+        let Some((at, bytenr, len)) = self.fresh_before(id, file_off)? else {
+            return Ok(false);
+        };
+        let new_len = len + p.disk_len;
+        if bytenr + len != p.bytenr
+            || new_len > MAX_EXTENT
+            || !self.block_groups.within_one_group(bytenr, new_len)
+        {
+            return Ok(false);
+        }
+        let r = DataRef {
+            root: id.subvol,
+            objectid: id.ino,
+            offset: at,
+        };
+        if !self.refs.grow_new_data(bytenr, len, r, new_len) {
+            return Ok(false);
+        }
+        let body = extent_item(
+            self.transid,
+            new_len,
+            Compression::None,
+            false,
+            bytenr,
+            new_len,
+            0,
+            new_len,
+        );
+        self.replace_item(id.subvol, &Key::new(id.ino, item::EXTENT_DATA, at), &body)?;
+        self.fresh_data.insert(bytenr, new_len);
+        Ok(true)
+    }
+
+    /// The piece at `file_off` grown over the extent of the file bytes right after it,
+    /// where that one lies right after the piece on disk and could have been joined to it
+    /// (`fresh_item`; a write that came out of order): that extent's item and queued
+    /// reference go, and the piece takes its place.
+    fn absorb_next(&mut self, id: InodeId, file_off: u64, p: &Piece) -> Result<Piece> {
+        let next_off = file_off + p.ram_len;
+        let Some((at, bytenr, len)) = self.fresh_item(id, next_off, true)? else {
+            return Ok(*p);
+        };
+        let new_len = p.disk_len + len;
+        if at != next_off
+            || bytenr != p.bytenr + p.disk_len
+            || new_len > MAX_EXTENT
+            || !self.block_groups.within_one_group(p.bytenr, new_len)
+        {
+            return Ok(*p);
+        }
+        let r = DataRef {
+            root: id.subvol,
+            objectid: id.ino,
+            offset: at,
+        };
+        if !self.refs.take_new_data(bytenr, len, r) {
+            return Ok(*p);
+        }
+        self.delete_item(id.subvol, &Key::new(id.ino, item::EXTENT_DATA, at))?;
+        self.fresh_data.remove(&bytenr);
+        Ok(Piece {
+            bytenr: p.bytenr,
+            disk_len: new_len,
+            ram_len: new_len,
+            compression: Compression::None,
+        })
     }
 
     /// `data` as it is, in extents of at most MAX_EXTENT.
@@ -453,9 +618,28 @@ impl Transaction<'_> {
     /// Reserves data space for `len` bytes (sector-aligned) in extents of at most
     /// MAX_EXTENT, smaller where free space is fragmented: (address, length) in order.
     pub(crate) fn reserve_data_extents(&mut self, len: u64) -> Result<Vec<(u64, u64)>> {
+        self.reserve_data_extents_after(len, None)
+    }
+
+    /// `reserve_data_extents`, starting at `hint` if the space there is free: the end of
+    /// the extent the write continues, so that the two lie end to end and become one
+    /// (`join_previous`).
+    fn reserve_data_extents_after(
+        &mut self,
+        len: u64,
+        hint: Option<u64>,
+    ) -> Result<Vec<(u64, u64)>> {
         let sector = self.sector();
         let mut out: Vec<(u64, u64)> = Vec::new();
         let mut done = 0;
+        if let Some(at) = hint.filter(|at| at.is_multiple_of(sector)) {
+            let want = len.min(MAX_EXTENT);
+            if len > 0 && self.block_groups.reserve_data_at(at, want) {
+                self.spend_data(want);
+                out.push((at, want));
+                done = want;
+            }
+        }
         while done < len {
             match self.find_data((len - done).min(MAX_EXTENT), sector, true) {
                 Ok((b, got)) => {
@@ -479,6 +663,7 @@ impl Transaction<'_> {
         &mut self,
         len: u64,
         compressed: Option<(&[compression::Chunk], Compression)>,
+        hint: Option<u64>,
     ) -> Result<Vec<Piece>> {
         let plain = |v: Vec<(u64, u64)>| {
             v.into_iter().map(|(bytenr, l)| Piece {
@@ -489,7 +674,7 @@ impl Transaction<'_> {
             })
         };
         let Some((chunks, kind)) = compressed else {
-            return Ok(plain(self.reserve_data_extents(len)?).collect());
+            return Ok(plain(self.reserve_data_extents_after(len, hint)?).collect());
         };
         let sector = self.sector();
         let mut out: Vec<Piece> = Vec::new();

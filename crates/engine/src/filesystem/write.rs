@@ -161,7 +161,12 @@ impl Filesystem {
             core.check_not_immutable(id)?;
             // Reserved as if uncompressed: a compressed extent may find no run of its size.
             let pieces = core.write_op(Reserve::items(1).data(len), |t| {
-                t.reserve_write(len, layout)
+                // Uncompressed data continues the extent of the bytes before it.
+                let hint = match layout {
+                    None => t.continuation(id, plan.start)?,
+                    Some(_) => None,
+                };
+                t.reserve_write(len, layout, hint)
             })?;
             let sb = core.superblock();
             (

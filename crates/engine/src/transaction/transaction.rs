@@ -133,6 +133,10 @@ pub struct TxnState {
     pub(crate) inodes_changed: std::collections::BTreeSet<u64>,
     /// A new superblock label (without its NUL), written by this transaction's commit.
     pub(crate) new_label: Option<Vec<u8>>,
+    /// Uncompressed data extents allocated in T whose file extent item was put in whole
+    /// (address to length): one may grow over the piece written after it
+    /// (`Transaction::join_previous`), as no committed tree, snapshot or log holds it.
+    pub(crate) fresh_data: foldhash::HashMap<u64, u64>,
 }
 
 impl TxnState {
@@ -353,6 +357,7 @@ impl TxnState {
             delayed: Default::default(),
             inodes_changed: Default::default(),
             new_label: None,
+            fresh_data: Default::default(),
             bookkeeping_blocks,
             data_budget: None,
             incompat_needed: 0,

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod crash;
+pub mod extents;
 pub mod tree_log;
 
 use oleo::format::CsumType;

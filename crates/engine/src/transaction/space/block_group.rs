@@ -236,6 +236,43 @@ impl BlockGroups {
         Ok(bytenr)
     }
 
+    /// Reserves exactly `[bytenr, bytenr + len)` of data space if all of it is free in one
+    /// allocatable data block group (the continuation of a file's last extent, so that
+    /// a file written in order lies in order); false, and nothing reserved, otherwise.
+    pub(crate) fn reserve_data_at(&mut self, bytenr: u64, len: u64) -> bool {
+        let Some(end) = bytenr.checked_add(len) else {
+            return false;
+        };
+        let Some((&start, g)) = self.groups.range(..=bytenr).next_back() else {
+            return false;
+        };
+        if g.flags & bg::DATA == 0
+            || !g.allocatable
+            || len == 0
+            || end > start + g.length
+            || g.free.free_within(bytenr, len) != len
+            || blocked(&g.avoid, &self.pinned, bytenr, len).is_some()
+            || blocked(&[], &self.reserved, bytenr, len).is_some()
+            || blocked_by_commits(&self.committing.lock(), bytenr, len).is_some()
+        {
+            return false;
+        }
+        self.reserved.insert(bytenr, len);
+        if let Some(g) = self.groups.get_mut(&start) {
+            g.reserved += len;
+        }
+        self.cursor.insert(bg::DATA, end);
+        true
+    }
+
+    /// True if `[bytenr, bytenr + len)` lies inside one block group.
+    pub(crate) fn within_one_group(&self, bytenr: u64, len: u64) -> bool {
+        self.groups
+            .range(..=bytenr)
+            .next_back()
+            .is_some_and(|(&s, g)| bytenr.checked_add(len).is_some_and(|e| e <= s + g.length))
+    }
+
     /// The reserved extent's items are going in: it becomes used like any allocation.
     pub(crate) fn use_reserved(&mut self, bytenr: u64, len: u64) -> Result<()> {
         if self.reserved.remove(&bytenr) != Some(len) {

@@ -91,6 +91,38 @@ impl DelayedRefs {
         Ok(())
     }
 
+    /// Grows the queued new data extent `bytenr` from `len` to `new_len` bytes, if its
+    /// only reference is `r` once (its item not in the extent tree yet); false otherwise.
+    pub(crate) fn grow_new_data(
+        &mut self,
+        bytenr: u64,
+        len: u64,
+        r: DataRef,
+        new_len: u64,
+    ) -> bool {
+        let Some(head) = self.data.get_mut(&bytenr) else {
+            return false;
+        };
+        if head.len != len || !only_ref(head, r) {
+            return false;
+        }
+        head.len = new_len;
+        true
+    }
+
+    /// Forgets the queued new data extent `bytenr` of `len` bytes, if its only reference
+    /// is `r` once (another extent grows over it); false otherwise.
+    pub(crate) fn take_new_data(&mut self, bytenr: u64, len: u64, r: DataRef) -> bool {
+        let Some(head) = self.data.get(&bytenr) else {
+            return false;
+        };
+        if head.len != len || !only_ref(head, r) {
+            return false;
+        }
+        self.data.remove(&bytenr);
+        true
+    }
+
     pub(crate) fn take_tree(&mut self) -> BTreeMap<u64, TreeRefOp> {
         std::mem::take(&mut self.tree)
     }
@@ -122,6 +154,15 @@ impl DelayedRefs {
     pub(crate) fn is_empty(&self) -> bool {
         self.tree.is_empty() && self.data.is_empty()
     }
+}
+
+/// True if `r` holds the extent once and nothing else does.
+fn only_ref(head: &DataHead, r: DataRef) -> bool {
+    head.refs.get(&r) == Some(&1)
+        && head
+            .refs
+            .iter()
+            .all(|(k, &d)| if *k == r { d == 1 } else { d == 0 })
 }
 
 impl Transaction<'_> {
