@@ -230,8 +230,18 @@ impl In<'_> {
                 return;
             }
         };
+        let mut times_set = false;
         if ft.is_file() {
-            if let Err(e) = self.data(id, src, meta) {
+            // The size, and the times with it when they are kept: one change.
+            let r = self.data(id, src, meta).and_then(|len| {
+                times_set = self.keep.times;
+                if times_set {
+                    self.sink.set_size_and_times(id, len, &m.times)
+                } else {
+                    self.sink.set_size(id, len)
+                }
+            });
+            if let Err(e) = r {
                 self.sink.report(&what, e);
             }
         }
@@ -242,7 +252,7 @@ impl In<'_> {
             self.dir(id, src);
         }
         // After the contents: filling a directory changes its mtime.
-        if self.keep.times {
+        if self.keep.times && !times_set {
             if let Err(e) = self.sink.set_times(id, &m.times) {
                 self.sink.report(&what, e);
             }
@@ -274,8 +284,8 @@ impl In<'_> {
         }
     }
 
-    /// The data ranges of `src` (holes skipped), then the size.
-    fn data(&mut self, id: InodeId, src: &Path, meta: &Metadata) -> Result<(), String> {
+    /// The data ranges of `src` (holes skipped); the size to set.
+    fn data(&mut self, id: InodeId, src: &Path, meta: &Metadata) -> Result<u64, String> {
         let file = File::open(src).map_err(|e| e.to_string())?;
         let len = meta.len();
         let mut at = 0u64;
@@ -298,7 +308,7 @@ impl In<'_> {
             }
             at = end;
         }
-        self.sink.set_size(id, len)
+        Ok(len)
     }
 }
 

@@ -11,6 +11,7 @@
 use crate::common::into_image::{
     self, parse_place, show, split_last, Keep, Meta, Sink, Times, CHUNK,
 };
+use crate::common::read_ahead::ReadAhead;
 use oleo::{InodeId, Timespec};
 use std::collections::HashMap;
 use std::ffi::{CString, OsString};
@@ -87,9 +88,23 @@ fn sniff(head: &[u8]) -> Compression {
     }
 }
 
+/// The archive's bytes, decompressed, read ahead on a thread of their own (`ReadAhead`).
 fn open_archive(args: &TarArgs) -> Result<Box<dyn Read>, String> {
-    let raw: Box<dyn Read> = if args.file.as_os_str() == "-" {
-        Box::new(std::io::stdin().lock())
+    let r = open_decoder(args)?;
+    Ok(Box::new(ReadAhead::spawn(
+        r,
+        READ_AHEAD_CHUNK,
+        READ_AHEAD_DEPTH,
+    )))
+}
+
+/// Chunks of the archive read ahead, and how many may wait.
+const READ_AHEAD_CHUNK: usize = 1 << 20;
+const READ_AHEAD_DEPTH: usize = 8;
+
+fn open_decoder(args: &TarArgs) -> Result<Box<dyn Read + Send>, String> {
+    let raw: Box<dyn Read + Send> = if args.file.as_os_str() == "-" {
+        Box::new(std::io::stdin())
     } else {
         Box::new(
             std::fs::File::open(&args.file).map_err(|e| format!("{}: {e}", args.file.display()))?,
@@ -383,14 +398,17 @@ impl Extract {
             .sink
             .create(parent, name, &meta, target.as_deref(), self.keep)?;
         if fmt == libc::S_IFREG {
-            if sparse_pax {
+            let size = if sparse_pax {
                 let size = get("GNU.sparse.realsize")
                     .and_then(|v| std::str::from_utf8(v).ok()?.parse().ok())
                     .ok_or("sparse member without GNU.sparse.realsize")?;
-                self.sparse_pax_data(id, entry, size)?;
+                self.sparse_pax_data(id, entry)?;
+                size
             } else {
-                self.data(id, entry)?;
-            }
+                self.data(id, entry)?
+            };
+            // Size and times in one change (a hole at the end is a hole).
+            return self.sink.set_size_and_times(id, size, &meta.times);
         }
         if fmt == libc::S_IFDIR {
             self.dirs.push((id, meta.times, show(&raw_path)));
@@ -469,8 +487,8 @@ impl Extract {
         })
     }
 
-    /// The member's data, in order.
-    fn data<R: Read>(&mut self, id: InodeId, entry: &mut tar::Entry<R>) -> Result<(), String> {
+    /// The member's data, in order; its size (set by the caller).
+    fn data<R: Read>(&mut self, id: InodeId, entry: &mut tar::Entry<R>) -> Result<u64, String> {
         let mut pos = 0u64;
         loop {
             let n = read_full(entry, &mut self.buf).map_err(|e| e.to_string())?;
@@ -483,16 +501,15 @@ impl Extract {
             r?;
             pos += n as u64;
         }
-        self.sink.set_size(id, pos)
+        Ok(pos)
     }
 
     /// A pax 1.0 sparse member: a map (decimal lines: count, then offset and length of
-    /// each data piece) padded to 512 bytes, then the pieces.
+    /// each data piece) padded to 512 bytes, then the pieces (the caller sets the size).
     fn sparse_pax_data<R: Read>(
         &mut self,
         id: InodeId,
         entry: &mut tar::Entry<R>,
-        size: u64,
     ) -> Result<(), String> {
         let mut head = Vec::new();
         let mut numbers: Vec<u64> = Vec::new();
@@ -539,7 +556,7 @@ impl Extract {
                 done += n as u64;
             }
         }
-        self.sink.set_size(id, size)
+        Ok(())
     }
 }
 

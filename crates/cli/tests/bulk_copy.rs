@@ -141,13 +141,63 @@ fn cp_in_and_out_and_tar_keep_everything() {
         .arg(format!("{}:", oimg.display())));
     btrfs_check(&oimg, true).unwrap();
     let k = KernelMount::mount(&oimg, &kmnt, &["ro", "noatime"]).unwrap();
+    let kernel_tar = no_atimes(kernel_tar);
     assert_same(
-        &no_atimes(kernel_tar),
+        &kernel_tar,
         &no_atimes(capture(&kmnt)),
         "tar -x against the kernel's",
     );
     k.unmount().unwrap();
     drop(src);
+
+    // The same archive compressed (read ahead on a thread of its own, as every archive
+    // is): gzip from a file, zstd from standard input; then a gzip stream cut short.
+    let gz = dir.join("tree.tar.gz");
+    let zst = dir.join("tree.tar.zst");
+    run(Command::new("sh").arg("-c").arg(format!(
+        "gzip -c {0} > {1} && zstd -q -c {0} > {2}",
+        tarball.display(),
+        gz.display(),
+        zst.display()
+    )));
+    for (what, input, stdin) in [("gzip", &gz, false), ("zstd on stdin", &zst, true)] {
+        let img = dir.join("compressed.img");
+        empty_image(&img, 512, &[]).unwrap();
+        let mut c = Command::new(OLEO);
+        c.args(["tar", "-x", "-f"]);
+        if stdin {
+            c.arg("-").stdin(std::fs::File::open(input).unwrap());
+        } else {
+            c.arg(input);
+        }
+        run(c.arg("-C").arg(format!("{}:", img.display())));
+        btrfs_check(&img, true).unwrap();
+        let k = KernelMount::mount(&img, &kmnt, &["ro", "noatime"]).unwrap();
+        assert_same(&kernel_tar, &no_atimes(capture(&kmnt)), what);
+        k.unmount().unwrap();
+    }
+    let cut = dir.join("cut.tar.gz");
+    let whole = std::fs::read(&gz).unwrap();
+    std::fs::write(&cut, &whole[..whole.len() * 2 / 3]).unwrap();
+    let img = dir.join("cut.img");
+    empty_image(&img, 512, &[]).unwrap();
+    let out = Command::new(OLEO)
+        .args(["tar", "-x", "-f"])
+        .arg(&cut)
+        .arg("-C")
+        .arg(format!("{}:", img.display()))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "a cut archive extracted cleanly: {err}"
+    );
+    assert!(
+        err.contains("cut.tar.gz"),
+        "the error names the archive: {err}"
+    );
+    btrfs_check(&img, true).unwrap();
 }
 
 #[test]

@@ -452,6 +452,22 @@ impl Sink {
         Ok(())
     }
 
+    /// Sets the size (a hole at the end is a hole) and then the times, in one change.
+    pub fn set_size_and_times(&self, id: InodeId, size: u64, times: &Times) -> Result<(), String> {
+        self.fs
+            .setattr(
+                id,
+                &SetAttr {
+                    size: Some(size),
+                    atime: Some(times.atime),
+                    mtime: Some(times.mtime),
+                    ..SetAttr::default()
+                },
+            )
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    }
+
     /// Sets the size: a hole at the end is a hole.
     pub fn set_size(&self, id: InodeId, size: u64) -> Result<(), String> {
         self.fs

@@ -5,4 +5,5 @@ pub mod into_image;
 pub mod logging;
 pub mod on_mount;
 pub mod progress;
+pub mod read_ahead;
 pub mod units;
