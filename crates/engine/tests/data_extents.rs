@@ -10,7 +10,7 @@
 
 mod common;
 
-use common::extents::{data_extent_refs, extent_items};
+use common::extents::{data_extent_refs, extent_items, kernel_reads};
 use common::open_top_rw as open_rw;
 use oleo::{Filesystem, InodeId, NewInode, SetAttr};
 use oleo_testkit::ops::{pattern, put};
@@ -56,19 +56,6 @@ fn regular(image: &Path, ino: u64) -> Vec<(u64, u64, u64, u64)> {
         .filter(|i| i.5 == "regular")
         .map(|i| (i.0, i.2, i.3, i.4))
         .collect()
-}
-
-fn kernel_reads(image: &Path, mnt: &Path, expect: &BTreeMap<&str, Vec<u8>>) {
-    let m = KernelMount::mount(image, mnt, &["ro"]).expect("kernel mount");
-    for (name, want) in expect {
-        let got = std::fs::read(m.path().join(name)).unwrap_or_else(|e| panic!("{name}: {e}"));
-        assert!(
-            got == *want,
-            "the kernel reads {name} differently ({} vs {} bytes)",
-            got.len(),
-            want.len()
-        );
-    }
 }
 
 /// 6 MiB written in 256 KiB pieces, in order, into a fresh filesystem: one item and one

@@ -10,7 +10,7 @@
 
 mod common;
 
-use common::extents::{data_extent_refs, extent_items};
+use common::extents::{data_extent_refs, extent_items, kernel_reads};
 use common::{open_top_rw as open_rw, resolve};
 use oleo::fileattr::fs_flags;
 use oleo::{FallocMode, Filesystem, InodeId, NewInode};
@@ -56,21 +56,6 @@ fn read_all(fs: &Filesystem, id: InodeId) -> Vec<u8> {
 /// Data extent items in the extent tree.
 fn data_extents(image: &Path) -> usize {
     data_extent_refs(image).len()
-}
-
-/// The kernel reads every file of `expect` (path under the top level -> bytes).
-fn kernel_reads(image: &Path, mnt: &Path, expect: &BTreeMap<String, Vec<u8>>) {
-    let m = KernelMount::mount(image, mnt, &["ro"]).expect("kernel mount");
-    for (path, want) in expect {
-        let got = std::fs::read(m.path().join(path)).unwrap_or_else(|e| panic!("{path}: {e}"));
-        assert!(
-            got == *want,
-            "the kernel reads {path} differently ({} vs {} bytes)",
-            got.len(),
-            want.len()
-        );
-    }
-    drop(m);
 }
 
 fn lsattr(image: &Path, mnt: &Path, paths: &[&str]) -> Vec<String> {

@@ -1,6 +1,9 @@
-//! What `btrfs inspect-internal dump-tree` says of data extents: the items of a file and
-//! the extent tree's reference counts, to compare oleo's layout with the kernel's.
+//! What `btrfs inspect-internal dump-tree` says of data extents (the items of a file, the
+//! extent tree's reference counts), to compare oleo's layout with the kernel's, and what
+//! the kernel reads of the files.
 
+use oleo_testkit::KernelMount;
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::Command;
 
@@ -66,4 +69,20 @@ pub fn data_extent_refs(image: &Path) -> Vec<u64> {
             w[1].parse().expect("refs N")
         })
         .collect()
+}
+
+/// The kernel reads every file of `expect` (path under the top level -> bytes).
+pub fn kernel_reads<K: AsRef<str>>(image: &Path, mnt: &Path, expect: &BTreeMap<K, Vec<u8>>) {
+    let m = KernelMount::mount(image, mnt, &["ro"]).expect("kernel mount");
+    for (path, want) in expect {
+        let path = path.as_ref();
+        let got = std::fs::read(m.path().join(path)).unwrap_or_else(|e| panic!("{path}: {e}"));
+        assert!(
+            got == *want,
+            "the kernel reads {path} differently ({} vs {} bytes)",
+            got.len(),
+            want.len()
+        );
+    }
+    drop(m);
 }
