@@ -486,7 +486,7 @@ impl Transaction<'_> {
             && num_bytes == disk_num_bytes
             && fe.ram_bytes == disk_num_bytes
             && k.offset.checked_add(num_bytes).is_some()
-            && self.fresh_data.get(&disk_bytenr) == Some(&disk_num_bytes);
+            && self.fresh_data.len_of(disk_bytenr) == Some(disk_num_bytes);
         Ok(whole.then_some((k.offset, disk_bytenr, disk_num_bytes)))
     }
 
@@ -509,6 +509,9 @@ impl Transaction<'_> {
         let Some(before) = file_off.checked_sub(1) else {
             return Ok(None);
         };
+        if self.fresh_data.is_empty() {
+            return Ok(None);
+        }
         Ok(self
             .fresh_item(id, before, false)?
             .filter(|&(at, _, len)| at + len <= file_off && file_off - (at + len) <= MAX_GAP)
@@ -523,6 +526,10 @@ impl Transaction<'_> {
     /// it: the item and the extent's queued reference grow, and no new item or extent
     /// is made. The checksums and the space accounting are the piece's as before.
     fn join_previous(&mut self, id: InodeId, file_off: u64, p: &Piece) -> Result<bool> {
+        if !self.fresh_data.ends_at(p.bytenr) {
+            // No new extent ends where the piece begins (random writes): no tree search.
+            return Ok(false);
+        }
         let Some((at, bytenr, len)) = self.fresh_before(id, file_off)? else {
             return Ok(false);
         };
@@ -562,6 +569,9 @@ impl Transaction<'_> {
     /// reference go, and the piece takes its place.
     fn absorb_next(&mut self, id: InodeId, file_off: u64, p: &Piece) -> Result<Piece> {
         let next_off = file_off + p.ram_len;
+        if self.fresh_data.len_of(p.bytenr + p.disk_len).is_none() {
+            return Ok(*p);
+        }
         let Some((at, bytenr, len)) = self.fresh_item(id, next_off, true)? else {
             return Ok(*p);
         };
@@ -582,7 +592,7 @@ impl Transaction<'_> {
             return Ok(*p);
         }
         self.delete_item(id.subvol, &Key::new(id.ino, item::EXTENT_DATA, at))?;
-        self.fresh_data.remove(&bytenr);
+        self.fresh_data.remove(bytenr);
         Ok(Piece {
             bytenr: p.bytenr,
             disk_len: new_len,

@@ -136,7 +136,7 @@ pub struct TxnState {
     /// Uncompressed data extents allocated in T whose file extent item was put in whole
     /// (address to length): one may grow over the piece written after it
     /// (`Transaction::join_previous`), as no committed tree, snapshot or log holds it.
-    pub(crate) fresh_data: foldhash::HashMap<u64, u64>,
+    pub(crate) fresh_data: crate::transaction::space::delayed_ref::FreshExtents,
 }
 
 impl TxnState {

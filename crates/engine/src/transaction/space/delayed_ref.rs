@@ -40,6 +40,44 @@ pub(crate) struct DataHead {
     pub refs: BTreeMap<DataRef, i64>,
 }
 
+/// Uncompressed data extents allocated in the running transaction whose one file extent
+/// item maps them whole: by address and by end address, so a write can tell at once
+/// whether its piece touches one (`Transaction::join_previous`, `absorb_next`).
+#[derive(Default)]
+pub(crate) struct FreshExtents {
+    by_start: foldhash::HashMap<u64, u64>,
+    by_end: foldhash::HashMap<u64, u64>,
+}
+
+impl FreshExtents {
+    pub(crate) fn insert(&mut self, start: u64, len: u64) {
+        if let Some(old) = self.by_start.insert(start, len) {
+            self.by_end.remove(&(start + old));
+        }
+        self.by_end.insert(start + len, start);
+    }
+
+    pub(crate) fn remove(&mut self, start: u64) {
+        if let Some(len) = self.by_start.remove(&start) {
+            self.by_end.remove(&(start + len));
+        }
+    }
+
+    /// The length of the fresh extent at `start`.
+    pub(crate) fn len_of(&self, start: u64) -> Option<u64> {
+        self.by_start.get(&start).copied()
+    }
+
+    /// True if a fresh extent ends at `end`.
+    pub(crate) fn ends_at(&self, end: u64) -> bool {
+        self.by_end.contains_key(&end)
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.by_start.is_empty()
+    }
+}
+
 #[derive(Default)]
 pub(crate) struct DelayedRefs {
     tree: BTreeMap<u64, TreeRefOp>,
@@ -213,6 +251,23 @@ mod tests {
         assert_eq!(head.refs[&r(258)], 1);
         assert_eq!(head.refs[&r(259)], -1);
         assert!(q.is_empty());
+    }
+
+    #[test]
+    fn fresh_extents_are_found_by_start_and_by_end() {
+        let mut f = FreshExtents::default();
+        assert!(f.is_empty());
+        f.insert(1 << 20, 4096);
+        assert!(f.ends_at((1 << 20) + 4096));
+        assert_eq!(f.len_of(1 << 20), Some(4096));
+        // Grown: the old end is no end any more.
+        f.insert(1 << 20, 8192);
+        assert!(!f.ends_at((1 << 20) + 4096));
+        assert!(f.ends_at((1 << 20) + 8192));
+        f.remove(1 << 20);
+        assert!(!f.ends_at((1 << 20) + 8192));
+        assert_eq!(f.len_of(1 << 20), None);
+        assert!(f.is_empty());
     }
 
     #[test]
