@@ -2,7 +2,7 @@
 # Installs what building and testing oleo needs on a Debian machine (run as root).
 set -euo pipefail
 
-packages=(btrfs-progs btrfs-compsize fuse3 libfuse3-dev pkg-config xz-utils attr acl e2fsprogs xfsprogs util-linux kmod python3-venv)
+packages=(btrfs-progs btrfs-compsize fuse3 libfuse3-dev pkg-config xz-utils zstd attr acl e2fsprogs xfsprogs util-linux kmod python3-venv)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
