@@ -91,11 +91,9 @@ fn sniff(head: &[u8]) -> Compression {
 /// The archive's bytes, decompressed, read ahead on a thread of their own (`ReadAhead`).
 fn open_archive(args: &TarArgs) -> Result<Box<dyn Read>, String> {
     let r = open_decoder(args)?;
-    Ok(Box::new(ReadAhead::spawn(
-        r,
-        READ_AHEAD_CHUNK,
-        READ_AHEAD_DEPTH,
-    )))
+    let ahead = ReadAhead::spawn(r, READ_AHEAD_CHUNK, READ_AHEAD_DEPTH)
+        .map_err(|e| format!("{}: cannot start reading: {e}", args.file.display()))?;
+    Ok(Box::new(ahead))
 }
 
 /// Chunks of the archive read ahead, and how many may wait.

@@ -17,7 +17,12 @@ pub struct ReadAhead {
 }
 
 impl ReadAhead {
-    pub fn spawn(mut inner: Box<dyn Read + Send>, chunk: usize, depth: usize) -> ReadAhead {
+    /// Starts the thread (an error if the system has none to give).
+    pub fn spawn(
+        mut inner: Box<dyn Read + Send>,
+        chunk: usize,
+        depth: usize,
+    ) -> io::Result<ReadAhead> {
         let (tx, rx) = sync_channel(depth.max(1));
         std::thread::Builder::new()
             .name("read-ahead".into())
@@ -48,14 +53,13 @@ impl ReadAhead {
                 if last {
                     return;
                 }
-            })
-            .expect("spawn the read-ahead thread");
-        ReadAhead {
+            })?;
+        Ok(ReadAhead {
             rx,
             cur: Vec::new(),
             pos: 0,
             done: false,
-        }
+        })
     }
 }
 
@@ -137,6 +141,7 @@ mod tests {
             };
             let mut got = Vec::new();
             ReadAhead::spawn(Box::new(t), chunk, 2)
+                .unwrap()
                 .read_to_end(&mut got)
                 .unwrap();
             assert_eq!(got, want, "len {len} chunk {chunk}");
@@ -151,7 +156,7 @@ mod tests {
             at: 0,
             fail_at_end: true,
         };
-        let mut r = ReadAhead::spawn(Box::new(t), 16, 2);
+        let mut r = ReadAhead::spawn(Box::new(t), 16, 2).unwrap();
         let mut got = vec![0u8; 100];
         r.read_exact(&mut got).unwrap();
         assert_eq!(got, want);
@@ -178,7 +183,7 @@ mod tests {
             }
         }
         let gone = Arc::new(AtomicBool::new(false));
-        let mut r = ReadAhead::spawn(Box::new(Endless(Arc::clone(&gone))), 1024, 2);
+        let mut r = ReadAhead::spawn(Box::new(Endless(Arc::clone(&gone))), 1024, 2).unwrap();
         let mut b = [0u8; 10];
         r.read_exact(&mut b).unwrap();
         assert!(!gone.load(Ordering::SeqCst));
