@@ -421,15 +421,19 @@ impl Sink {
     }
 
     pub fn set_times(&self, id: InodeId, times: &Times) -> Result<(), String> {
+        self.set_attrs(
+            id,
+            SetAttr {
+                atime: Some(times.atime),
+                mtime: Some(times.mtime),
+                ..SetAttr::default()
+            },
+        )
+    }
+
+    fn set_attrs(&self, id: InodeId, set: SetAttr) -> Result<(), String> {
         self.fs
-            .setattr(
-                id,
-                &SetAttr {
-                    atime: Some(times.atime),
-                    mtime: Some(times.mtime),
-                    ..SetAttr::default()
-                },
-            )
+            .setattr(id, &set)
             .map(|_| ())
             .map_err(|e| e.to_string())
     }
@@ -454,32 +458,26 @@ impl Sink {
 
     /// Sets the size (a hole at the end is a hole) and then the times, in one change.
     pub fn set_size_and_times(&self, id: InodeId, size: u64, times: &Times) -> Result<(), String> {
-        self.fs
-            .setattr(
-                id,
-                &SetAttr {
-                    size: Some(size),
-                    atime: Some(times.atime),
-                    mtime: Some(times.mtime),
-                    ..SetAttr::default()
-                },
-            )
-            .map(|_| ())
-            .map_err(|e| e.to_string())
+        self.set_attrs(
+            id,
+            SetAttr {
+                size: Some(size),
+                atime: Some(times.atime),
+                mtime: Some(times.mtime),
+                ..SetAttr::default()
+            },
+        )
     }
 
     /// Sets the size: a hole at the end is a hole.
     pub fn set_size(&self, id: InodeId, size: u64) -> Result<(), String> {
-        self.fs
-            .setattr(
-                id,
-                &SetAttr {
-                    size: Some(size),
-                    ..SetAttr::default()
-                },
-            )
-            .map(|_| ())
-            .map_err(|e| e.to_string())
+        self.set_attrs(
+            id,
+            SetAttr {
+                size: Some(size),
+                ..SetAttr::default()
+            },
+        )
     }
 
     /// The directory at `path` (trimmed) below the root, made (with the caller as owner

@@ -24,10 +24,11 @@ impl ReadAhead {
         depth: usize,
     ) -> io::Result<ReadAhead> {
         let (tx, rx) = sync_channel(depth.max(1));
+        let chunk = chunk.max(1);
         std::thread::Builder::new()
             .name("read-ahead".into())
             .spawn(move || loop {
-                let mut buf = vec![0u8; chunk.max(1)];
+                let mut buf = vec![0u8; chunk];
                 let mut len = 0;
                 let r = loop {
                     match inner.read(&mut buf[len..]) {
@@ -43,7 +44,7 @@ impl ReadAhead {
                     }
                 };
                 buf.truncate(len);
-                let last = len < chunk.max(1) || r.is_err();
+                let last = len < chunk || r.is_err();
                 if len > 0 && tx.send(Ok(buf)).is_err() {
                     return;
                 }

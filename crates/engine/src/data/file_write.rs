@@ -576,8 +576,7 @@ impl Transaction<'_> {
             return Ok(*p);
         };
         let new_len = p.disk_len + len;
-        if at != next_off
-            || bytenr != p.bytenr + p.disk_len
+        if bytenr != p.bytenr + p.disk_len
             || new_len > MAX_EXTENT
             || !self.block_groups.within_one_group(p.bytenr, new_len)
         {
