@@ -10,9 +10,9 @@
 //! the copy goes on; the exit status is then 1. The image is opened for writing only when it
 //! is the destination, committed every GiB or 30 seconds and at the end.
 
+use crate::common::host_tree::{Data, Entry, Event, Walk, WalkOptions};
 use crate::common::into_image::{
-    self, open_read, parse_place, show, split_last, InImage, Keep, Meta, Sink, Times, CHUNK,
-    KEPT_FLAGS,
+    self, open_read, parse_place, show, split_last, InImage, Keep, Sink, Times, CHUNK, KEPT_FLAGS,
 };
 use crate::common::progress::Meter;
 use oleo::mkfs::rootdir::{next_data, read_full};
@@ -21,7 +21,7 @@ use std::collections::HashMap;
 use std::ffi::{CString, OsStr, OsString};
 use std::fs::{File, Metadata};
 use std::os::fd::AsRawFd;
-use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
@@ -165,7 +165,7 @@ fn to_image(args: &CpArgs, sources: &[OsString], dest: &InImage) -> Result<bool,
                 }
             }
         };
-        c.entry(dir, &name, src, &meta);
+        c.copy(dir, &name, src, meta);
     }
     c.sink.finish()
 }
@@ -177,18 +177,77 @@ fn base_name(p: &Path) -> Option<Vec<u8>> {
 }
 
 impl In<'_> {
-    /// Copies `src` as `name` in `dir`; errors are reported, not returned.
-    fn entry(&mut self, dir: InodeId, name: &[u8], src: &Path, meta: &Metadata) {
+    /// Copies `src` as `name` in `dir`, and what it holds, the host read ahead on a thread
+    /// of its own (`host_tree`); errors are reported, not returned.
+    fn copy(&mut self, dir: InodeId, name: &[u8], src: &Path, meta: Metadata) {
+        let opts = WalkOptions {
+            recursive: self.args.recursive(),
+            xattrs: self.keep.xattrs,
+            links: self.keep.owner,
+        };
+        let mut walk = match Walk::start(src, meta, opts) {
+            Ok(w) => w,
+            Err(e) => {
+                self.sink.report(&src.display().to_string(), e);
+                return;
+            }
+        };
+        // The directories entered: their copy (None where it failed: nothing inside is
+        // copied) and their times, set once their contents are in.
+        let mut open: Vec<Option<(InodeId, Option<Times>, PathBuf)>> = Vec::new();
+        while let Some(event) = walk.next() {
+            let parent = match open.last() {
+                None => Some(dir),
+                Some(p) => p.as_ref().map(|(id, _, _)| *id),
+            };
+            match event {
+                Event::Entry(e) => {
+                    let made = parent.and_then(|p| {
+                        let name = if open.is_empty() { name } else { &e.name[..] };
+                        self.entry(p, name, &e)
+                    });
+                    walk.done(&e);
+                    if e.descends {
+                        open.push(made.map(|(id, times)| (id, times, e.path.clone())));
+                    }
+                }
+                Event::Leave => {
+                    if let Some(Some((id, times, path))) = open.pop() {
+                        let what = path.display().to_string();
+                        // After the contents: filling a directory changes its mtime.
+                        if let Some(times) = times {
+                            if let Err(err) = self.sink.set_times(id, &times) {
+                                self.sink.report(&what, err);
+                            }
+                        }
+                        if let Err(err) = self.sink.maybe_commit() {
+                            self.sink.report(&what, err);
+                        }
+                    }
+                }
+                Event::Failed { path, error } => {
+                    if parent.is_some() {
+                        self.sink.report(&path.display().to_string(), error);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Makes one entry as `name` in `dir`; for a directory the walk goes into, its copy and
+    /// the times to give it after its contents.
+    fn entry(&mut self, dir: InodeId, name: &[u8], e: &Entry) -> Option<(InodeId, Option<Times>)> {
+        let (src, meta) = (&e.path, &e.meta);
         let what = src.display().to_string();
         if (meta.dev(), meta.ino()) == self.image_id {
             self.sink.report(&what, "is the destination image; skipped");
-            return;
+            return None;
         }
         let ft = meta.file_type();
         if ft.is_dir() && !self.args.recursive() {
             self.sink
                 .report(&what, "-r not specified; omitting directory");
-            return;
+            return None;
         }
         if self.args.verbose {
             self.sink.meter.clear();
@@ -196,44 +255,44 @@ impl In<'_> {
         }
         if self.keep.owner && !ft.is_dir() && meta.nlink() > 1 {
             if let Some(&id) = self.links.get(&(meta.dev(), meta.ino())) {
-                if let Err(e) = self.sink.link(id, dir, name) {
-                    self.sink.report(&what, e);
+                if let Err(err) = self.sink.link(id, dir, name) {
+                    self.sink.report(&what, err);
                 }
-                return;
+                return None;
             }
         }
-        let m = match host_meta(src, meta, self.keep.xattrs) {
-            Ok(m) => m,
-            Err(e) => {
-                self.sink.report(&what, e);
-                return;
+        let (m, target) = match &e.host {
+            Ok(h) => h,
+            Err(err) => {
+                self.sink.report(&what, err);
+                return None;
             }
         };
-        let target = if ft.is_symlink() {
-            match std::fs::read_link(src) {
-                Ok(t) => Some(t.into_os_string().into_vec()),
-                Err(e) => {
-                    self.sink.report(&what, e);
-                    return;
-                }
-            }
-        } else {
-            None
-        };
-        let id = match self
-            .sink
-            .create(dir, name, &m, target.as_deref(), self.keep)
-        {
+        let id = match self.sink.create(dir, name, m, target.as_deref(), self.keep) {
             Ok(id) => id,
-            Err(e) => {
-                self.sink.report(&what, e);
-                return;
+            Err(err) => {
+                self.sink.report(&what, err);
+                return None;
             }
         };
+        if !ft.is_dir() && self.keep.owner && meta.nlink() > 1 {
+            self.links.insert((meta.dev(), meta.ino()), id);
+        }
+        if ft.is_dir() {
+            return Some((id, self.keep.times.then_some(m.times)));
+        }
         let mut times_set = false;
         if ft.is_file() {
+            let data = match &e.data {
+                Data::Read(Ok(ranges)) => ranges
+                    .iter()
+                    .try_for_each(|(at, d)| self.sink.write(id, *at, d))
+                    .map(|()| meta.len()),
+                Data::Read(Err(err)) => Err(err.clone()),
+                Data::Large | Data::None => self.data(id, src, meta),
+            };
             // The size, and the times with it when they are kept: one change.
-            let r = self.data(id, src, meta).and_then(|len| {
+            let r = data.and_then(|len| {
                 times_set = self.keep.times;
                 if times_set {
                     self.sink.set_size_and_times(id, len, &m.times)
@@ -241,47 +300,19 @@ impl In<'_> {
                     self.sink.set_size(id, len)
                 }
             });
-            if let Err(e) = r {
-                self.sink.report(&what, e);
+            if let Err(err) = r {
+                self.sink.report(&what, err);
             }
         }
-        if !ft.is_dir() && self.keep.owner && meta.nlink() > 1 {
-            self.links.insert((meta.dev(), meta.ino()), id);
-        }
-        if ft.is_dir() {
-            self.dir(id, src);
-        }
-        // After the contents: filling a directory changes its mtime.
         if self.keep.times && !times_set {
-            if let Err(e) = self.sink.set_times(id, &m.times) {
-                self.sink.report(&what, e);
+            if let Err(err) = self.sink.set_times(id, &m.times) {
+                self.sink.report(&what, err);
             }
         }
-        if let Err(e) = self.sink.maybe_commit() {
-            self.sink.report(&what, e);
+        if let Err(err) = self.sink.maybe_commit() {
+            self.sink.report(&what, err);
         }
-    }
-
-    fn dir(&mut self, id: InodeId, src: &Path) {
-        let entries = match std::fs::read_dir(src).and_then(|r| r.collect::<Result<Vec<_>, _>>()) {
-            Ok(e) => e,
-            Err(e) => {
-                self.sink.report(&src.display().to_string(), e);
-                return;
-            }
-        };
-        let mut entries: Vec<(OsString, PathBuf)> = entries
-            .into_iter()
-            .map(|e| (e.file_name(), e.path()))
-            .collect();
-        // A stable order makes copies of the same tree the same.
-        entries.sort();
-        for (name, path) in entries {
-            match std::fs::symlink_metadata(&path) {
-                Ok(meta) => self.entry(id, name.as_bytes(), &path, &meta),
-                Err(e) => self.sink.report(&path.display().to_string(), e),
-            }
-        }
+        None
     }
 
     /// The data ranges of `src` (holes skipped); the size to set.
@@ -312,63 +343,8 @@ impl In<'_> {
     }
 }
 
-/// The metadata of a host file, its xattrs and chattr flags if `xattrs`.
-fn host_meta(path: &Path, meta: &Metadata, xattrs: bool) -> Result<Meta, String> {
-    let t = |sec: i64, nsec: i64| Timespec {
-        sec,
-        nsec: nsec as u32,
-    };
-    let (xattrs, flags) = if xattrs {
-        let x = read_xattrs(path)?;
-        let flags = if meta.is_file() || meta.is_dir() {
-            host_flags(path)
-        } else {
-            0
-        };
-        (x, flags)
-    } else {
-        (Vec::new(), 0)
-    };
-    Ok(Meta {
-        mode: meta.mode(),
-        uid: meta.uid(),
-        gid: meta.gid(),
-        rdev: meta.rdev(),
-        times: Times {
-            atime: t(meta.atime(), meta.atime_nsec()),
-            mtime: t(meta.mtime(), meta.mtime_nsec()),
-        },
-        xattrs,
-        flags,
-    })
-}
-
-/// FS_IOC_GETFLAGS of a host file or directory; 0 where the filesystem has none.
-fn host_flags(path: &Path) -> u32 {
-    let Ok(f) = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW)
-        .open(path)
-    else {
-        return 0;
-    };
-    let mut flags: libc::c_long = 0;
-    // SAFETY: FS_IOC_GETFLAGS writes a long through the pointer.
-    let r = unsafe { libc::ioctl(f.as_raw_fd(), libc::FS_IOC_GETFLAGS, &mut flags) };
-    if r < 0 {
-        0
-    } else {
-        flags as u32 & KEPT_FLAGS
-    }
-}
-
 fn cpath(path: &Path) -> Result<CString, String> {
     CString::new(path.as_os_str().as_bytes()).map_err(|_| "NUL in path".to_string())
-}
-
-/// Every xattr of `path` (not following a symlink) this process may read.
-fn read_xattrs(path: &Path) -> Result<into_image::Xattrs, String> {
-    oleo::mkfs::rootdir::read_xattrs(path).map_err(|e| format!("xattrs: {e}"))
 }
 
 // ---- image to host ----

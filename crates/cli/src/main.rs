@@ -99,6 +99,19 @@ enum Command {
 #[global_allocator]
 static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// mimalloc's `purge_delay` option (its enum's position in mimalloc 3).
+const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
+
+/// A verb that runs once and exits keeps the memory it frees for its next allocations
+/// instead of handing it back to the kernel after a second: `oleo cp`/`oleo tar` into an
+/// image free and allocate tree blocks all along, and every page handed back was zeroed
+/// again by the kernel at its next touch (13% of `oleo cp -a`'s time). The mount daemon
+/// keeps mimalloc's default: it lives on, and hands back what a large transaction used.
+fn keep_freed_memory() {
+    // SAFETY: setting an option is allowed at any time; -1 means "never purge".
+    unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, -1) };
+}
+
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().collect();
     // mount(8) runs helpers as `mount.fuse.oleo SOURCE TARGET -o OPTIONS`, and mount.fuse3
@@ -123,6 +136,9 @@ fn main() -> ExitCode {
     }
     let cli = Cli::parse();
     logging::init();
+    if !matches!(cli.command, Command::Mount(_)) {
+        keep_freed_memory();
+    }
     let result = match cli.command {
         Command::Mount(m) => return mount::run(m),
         Command::Umount(a) => return umount::run(&a),
@@ -165,5 +181,24 @@ fn main() -> ExitCode {
             eprintln!("oleo: {e}");
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::MI_OPTION_PURGE_DELAY;
+
+    /// The option set by number is the purge delay: mimalloc 3's default for it is 1000 ms
+    /// (its neighbours, eager_commit_delay and use_numa_nodes, are 1 and 0).
+    #[test]
+    fn the_option_set_is_mimallocs_purge_delay() {
+        if std::env::var_os("MIMALLOC_PURGE_DELAY").is_some() {
+            return;
+        }
+        // SAFETY: reading an option.
+        let get = |o| unsafe { libmimalloc_sys::mi_option_get(o) };
+        assert_eq!(get(MI_OPTION_PURGE_DELAY), 1000);
+        assert_eq!(get(MI_OPTION_PURGE_DELAY - 1), 1);
+        assert_eq!(get(MI_OPTION_PURGE_DELAY + 1), 0);
     }
 }

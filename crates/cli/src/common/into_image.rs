@@ -7,6 +7,7 @@
 
 use crate::common::progress::Meter;
 use oleo::{Error, FileKind, Filesystem, InodeId, NewInode, OpenOptions, SetAttr, Timespec};
+use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::FileTypeExt;
@@ -142,6 +143,10 @@ pub struct Sink {
     umask: u32,
     since_commit: u64,
     last_commit: Instant,
+    /// Directories `dir_at` found, by path: an archive names a member's directory with
+    /// every member, and a directory, once there, is never removed or replaced by this
+    /// run (`clear_slot` refuses to).
+    dirs: HashMap<Vec<u8>, InodeId>,
 }
 
 impl Sink {
@@ -171,6 +176,7 @@ impl Sink {
             umask,
             since_commit: 0,
             last_commit: Instant::now(),
+            dirs: HashMap::new(),
         })
     }
 
@@ -324,10 +330,13 @@ impl Sink {
                     let new = NewInode::with_mode(fmt | perm)
                         .rdev(meta.rdev)
                         .owner(uid, gid);
-                    let id = self.fs.mknod(dir, name, &new).map_err(e)?.id;
-                    // Whatever the creation did with the set-id bits, they are as asked.
-                    self.set_mode(id, perm)?;
-                    id
+                    let made = self.fs.mknod(dir, name, &new).map_err(e)?;
+                    // Whatever the creation did with the set-id bits, they are as asked
+                    // (a second change only where it dropped some).
+                    if made.mode & 0o7777 != perm {
+                        self.set_mode(made.id, perm)?;
+                    }
+                    made.id
                 }
             }
         };
@@ -483,8 +492,17 @@ impl Sink {
     /// The directory at `path` (trimmed) below the root, made (with the caller as owner
     /// and 0777 less the umask) where missing if `make`.
     pub fn dir_at(&mut self, path: &[u8], make: bool) -> Result<InodeId, String> {
+        if let Some(&id) = self.dirs.get(path) {
+            return Ok(id);
+        }
         let mut id = self.fs.root();
-        for c in path.split(|&b| b == b'/').filter(|c| !c.is_empty()) {
+        let mut at = 0;
+        for c in path.split(|&b| b == b'/') {
+            let prefix = &path[..(at + c.len()).min(path.len())];
+            at += c.len() + 1;
+            if c.is_empty() {
+                continue;
+            }
             id = match self.fs.lookup(id, c) {
                 Ok(next) => next,
                 Err(Error::NotFound) if make => {
@@ -503,6 +521,7 @@ impl Sink {
             if attr.kind != FileKind::Dir {
                 return Err(format!("{}: {}", show(path), Error::NotDir));
             }
+            self.dirs.insert(prefix.to_vec(), id);
         }
         Ok(id)
     }
