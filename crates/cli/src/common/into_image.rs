@@ -153,6 +153,8 @@ impl Sink {
     pub fn open(image: &Path, subvol: Option<&str>, quiet: bool) -> Result<Sink, String> {
         let options = OpenOptions {
             subvol: subvol.map(|s| trim_path(s.as_bytes())),
+            // One thread fills the image: its data writes run beside its tree work.
+            write_behind: true,
             ..OpenOptions::default()
         };
         let fs =

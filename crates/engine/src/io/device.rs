@@ -50,6 +50,26 @@ impl IoBuf {
         Self::alloc(len, true)
     }
 
+    /// A copy of `bytes` in a buffer of its own, aligned as `zeroed`'s (never zeroed first).
+    pub(crate) fn copy_of(bytes: &[u8]) -> IoBuf {
+        if bytes.is_empty() {
+            return Self::zeroed(0);
+        }
+        let layout = Self::layout(bytes.len(), false);
+        // SAFETY: the layout has a non-zero size.
+        let raw = unsafe { std::alloc::alloc(layout) };
+        let ptr =
+            std::ptr::NonNull::new(raw).unwrap_or_else(|| std::alloc::handle_alloc_error(layout));
+        // SAFETY: the allocation holds `bytes.len()` bytes and cannot overlap `bytes`; after
+        // the copy every byte of it is initialized.
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), ptr.as_ptr(), bytes.len()) };
+        IoBuf {
+            ptr,
+            len: bytes.len(),
+            huge: false,
+        }
+    }
+
     fn alloc(len: usize, huge: bool) -> IoBuf {
         if len == 0 {
             return IoBuf {
@@ -242,17 +262,7 @@ impl Device {
     /// `write_all_at`; with `uncached` (a caller's O_DIRECT write), around the page cache
     /// of an image whenever the range is sector aligned, as the caller asked.
     pub fn write_all_at_mode(&self, buf: &[u8], offset: u64, uncached: bool) -> Result<()> {
-        if !self.writable {
-            return Err(Error::ReadOnly);
-        }
-        let end = offset.checked_add(buf.len() as u64);
-        if end.is_none_or(|e| e > self.size) {
-            return Err(Error::InvalidArgument(format!(
-                "write of {} bytes at physical {offset} past the end of the device ({} bytes)",
-                buf.len(),
-                self.size
-            )));
-        }
+        self.check_write(buf.len(), offset)?;
         let budget = self.write_budget.load(Ordering::SeqCst);
         if budget == 0 {
             return Err(Error::Io(std::io::Error::other("injected write failure")));
@@ -297,6 +307,22 @@ impl Device {
             ));
         }
         self.writes.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Whether a write of `len` bytes at `offset` may be made: the device is writable and
+    /// the range lies on it.
+    pub(crate) fn check_write(&self, len: usize, offset: u64) -> Result<()> {
+        if !self.writable {
+            return Err(Error::ReadOnly);
+        }
+        let end = offset.checked_add(len as u64);
+        if end.is_none_or(|e| e > self.size) {
+            return Err(Error::InvalidArgument(format!(
+                "write of {len} bytes at physical {offset} past the end of the device ({} bytes)",
+                self.size
+            )));
+        }
         Ok(())
     }
 

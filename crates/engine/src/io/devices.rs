@@ -5,17 +5,19 @@
 
 use crate::error::{Error, Result};
 use crate::io::device::Device;
+use crate::io::write_behind::WriteBehind;
 use oleo_format::bytes::uuid_string;
 use oleo_format::items::DevItem;
 use oleo_format::superblock::{self, Superblock, SUPER_INFO_SIZE};
 use parking_lot::Mutex;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 /// One present device.
 pub(crate) struct Member {
     pub path: PathBuf,
-    pub device: Device,
+    pub device: Arc<Device>,
 }
 
 pub(crate) struct DeviceSet {
@@ -29,6 +31,9 @@ pub(crate) struct DeviceSet {
     /// Error counters per device (DEV_STATS items), and whether they changed since the
     /// last commit wrote them.
     stats: Mutex<(BTreeMap<u64, DevStats>, bool)>,
+    /// Writes queued for a thread of their own (`OpenOptions::write_behind`): every read,
+    /// flush, superblock write and discard waits for them first.
+    behind: Option<WriteBehind>,
 }
 
 /// Where part of a device read goes: its offset in the caller's whole buffer, and the bytes.
@@ -90,6 +95,7 @@ impl DeviceSet {
         let mut seen: Vec<(u64, u64, &Path)> = Vec::new();
         let mut members: BTreeMap<u64, (Member, Superblock)> = BTreeMap::new();
         let mut fsid = None;
+        let recording: crate::io::device::Recording = Arc::default();
         for path in paths {
             let meta = std::fs::metadata(path).map_err(|e| {
                 Error::Io(std::io::Error::new(
@@ -132,6 +138,8 @@ impl DeviceSet {
                 )));
             }
             let devid = sb.dev_item.devid;
+            let mut device = device;
+            device.share_recording(devid, Arc::clone(&recording));
             if let Some((other, osb)) = members.get(&devid) {
                 if osb.dev_item.uuid == sb.dev_item.uuid {
                     return Err(Error::InvalidArgument(format!(
@@ -148,7 +156,7 @@ impl DeviceSet {
             }
             let m = Member {
                 path: path.clone(),
-                device,
+                device: Arc::new(device),
             };
             members.insert(devid, (m, sb));
         }
@@ -172,17 +180,13 @@ impl DeviceSet {
             .iter()
             .map(|(&d, (_, s))| (d, s.dev_item.clone()))
             .collect();
-        let recording = std::sync::Arc::default();
-        for (&devid, (m, _)) in members.iter_mut() {
-            m.device
-                .share_recording(devid, std::sync::Arc::clone(&recording));
-        }
         let set = DeviceSet {
             primary,
             members: members.into_iter().map(|(d, (m, _))| (d, m)).collect(),
             missing: BTreeMap::new(),
             dev_items: Mutex::new(dev_items),
             stats: Mutex::new((BTreeMap::new(), false)),
+            behind: None,
         };
         Ok((set, sb))
     }
@@ -225,7 +229,7 @@ impl DeviceSet {
     }
 
     pub(crate) fn get(&self, devid: u64) -> Option<&Device> {
-        self.members.get(&devid).map(|m| &m.device)
+        self.members.get(&devid).map(|m| &*m.device)
     }
 
     pub(crate) fn is_missing(&self, devid: u64) -> bool {
@@ -249,6 +253,7 @@ impl DeviceSet {
         physical: u64,
         uncached: bool,
     ) -> Result<()> {
+        self.drain()?;
         let dev = self.get(devid).ok_or_else(|| missing_err(devid))?;
         let r = dev.read_exact_at_mode(buf, physical, uncached);
         if let Err(Error::Io(e)) = &r {
@@ -267,6 +272,7 @@ impl DeviceSet {
         uncached: bool,
         done: &mut dyn FnMut(&[ReadPart<'_>]),
     ) -> Result<()> {
+        self.drain()?;
         let mut plan = Vec::with_capacity(reads.len());
         for r in reads.iter_mut() {
             let dev = self.get(r.devid).ok_or_else(|| missing_err(r.devid))?;
@@ -320,9 +326,41 @@ impl DeviceSet {
         uncached: bool,
     ) -> Result<()> {
         let dev = self.get(devid).ok_or_else(|| missing_err(devid))?;
+        if let Some(behind) = &self.behind {
+            // What the write itself would refuse at once is refused here, at once.
+            dev.check_write(buf.len(), physical)?;
+            behind.write(devid, buf, physical, uncached);
+            return Ok(());
+        }
         let r = dev.write_all_at_mode(buf, physical, uncached);
         if let Err(Error::Io(e)) = &r {
             log::error!("device {devid}: write error at physical {physical}: {e}");
+            self.bump(devid, DevStat::Write);
+        }
+        r
+    }
+
+    /// From now on writes are queued for a thread of their own (`io::write_behind`).
+    pub(crate) fn start_write_behind(&mut self) -> Result<()> {
+        if self.behind.is_none() {
+            let devices = self
+                .members
+                .iter()
+                .map(|(&d, m)| (d, Arc::clone(&m.device)))
+                .collect();
+            self.behind = Some(WriteBehind::start(devices)?);
+        }
+        Ok(())
+    }
+
+    /// Waits for every queued write; the first that failed since the last call is the
+    /// error (each one counted against its device).
+    pub(crate) fn drain(&self) -> Result<()> {
+        let Some(behind) = &self.behind else {
+            return Ok(());
+        };
+        let (r, failed) = behind.drain();
+        for devid in failed {
             self.bump(devid, DevStat::Write);
         }
         r
@@ -367,6 +405,7 @@ impl DeviceSet {
 
     /// A cache flush of every present device, in parallel: a commit waits for the slowest.
     pub(crate) fn flush(&self) -> Result<()> {
+        self.drain()?;
         if self.members.len() == 1 {
             let r = self.primary().flush();
             if r.is_err() {
@@ -420,12 +459,15 @@ impl DeviceSet {
     /// missing device discards nothing. Returns the bytes discarded.
     /// `Device::drop_cached` on device `devid`.
     pub(crate) fn drop_cached(&self, devid: u64, physical: u64, len: u64) {
+        // A write still queued would put the range back into the cache.
+        let _ = self.drain();
         if let Some(m) = self.members.get(&devid) {
             m.device.drop_cached(physical, len);
         }
     }
 
     pub(crate) fn discard(&self, devid: u64, physical: u64, len: u64) -> Result<u64> {
+        self.drain()?;
         let Some(m) = self.members.get(&devid) else {
             return Ok(0);
         };
@@ -460,6 +502,7 @@ impl DeviceSet {
     /// Writes superblock `sb` to every present device, each with its own DEV_ITEM, at copy
     /// 0 only (`primary_only`, a log sync) or at every copy that fits the device.
     pub(crate) fn write_superblocks(&self, sb: &Superblock, primary_only: bool) -> Result<()> {
+        self.drain()?;
         let items = self.dev_items.lock().clone();
         for (devid, m) in &self.members {
             let mut copy = sb.clone();

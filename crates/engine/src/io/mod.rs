@@ -10,6 +10,7 @@
 //! - `disk_io`: verified tree block reads (checksum, bytenr, generation, owner), the block
 //!   cache, and the in-flight blocks of commits still being written.
 //! - `rescue`: the `rescue=` options and the log of what a rescue open went around.
+//! - `write_behind`: device writes on a thread of their own, for one-thread bulk loads.
 
 pub mod claim;
 pub mod device;
@@ -18,3 +19,4 @@ pub(crate) mod devices;
 pub mod disk_io;
 pub mod rescue;
 pub mod volumes;
+pub(crate) mod write_behind;

@@ -311,8 +311,11 @@ impl FsCore {
                 rescue.names().join(":")
             )));
         }
-        let (devices, sb) =
+        let (mut devices, sb) =
             DeviceSet::open_copy(&paths, !options.read_only, false, rescue.super_copy)?;
+        if options.write_behind && !options.read_only {
+            devices.start_write_behind()?;
+        }
         check_features(&sb)?;
         check_super_flags(&sb, &options)?;
         for (devid, m) in devices.members() {

@@ -39,6 +39,11 @@ pub struct OpenOptions {
     pub degraded: bool,
     /// The kernel's `rescue=` options and `sb=N`; any of them needs `read_only`.
     pub rescue: crate::io::rescue::Rescue,
+    /// Device writes go to a thread of their own, in order, and every read, flush and
+    /// commit waits for them (`io::write_behind`): for one thread filling an image
+    /// (`oleo cp`, `oleo tar -x`), whose data writes then run beside its tree work. A
+    /// failed write fails the next commit. Ignored by a read-only open.
+    pub write_behind: bool,
 }
 
 impl Default for OpenOptions {
@@ -56,6 +61,7 @@ impl Default for OpenOptions {
             devices: Vec::new(),
             degraded: false,
             rescue: Default::default(),
+            write_behind: false,
         }
     }
 }
