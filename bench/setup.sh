@@ -2,7 +2,8 @@
 # Installs what the benchmark harness drives. Idempotent: fast when all is present.
 #   apt:   fio dbench fsmark (real fs_mark) btrfs-progs xfsprogs e2fsprogs fuse2fs
 #          zfs-fuse fuse3 fuse-overlayfs python3-matplotlib, plus libclang-dev/libfuse3-dev/pkg-config
-#          which btrfs-fuse's build needs (bindgen, fuser)
+#          which btrfs-fuse's build needs (bindgen, fuser), and bc and zstd for the shell
+#          benchmarks (mkfs-rootdir.sh, offline-fill.sh)
 #   cargo: btrfs-fuse (rustutils/btrfsutils), the read-only Rust peer
 # A failure of the btrfs-fuse build is reported but not fatal: the harness then
 # records btrfs-fuse as N/A.
@@ -10,7 +11,7 @@ set -u
 export DEBIAN_FRONTEND=noninteractive
 
 pkgs=(fio dbench fsmark btrfs-progs xfsprogs e2fsprogs fuse2fs zfs-fuse fuse3 fuse-overlayfs
-      python3-matplotlib python3-pytest libclang-dev libfuse3-dev pkg-config)
+      python3-matplotlib python3-pytest libclang-dev libfuse3-dev pkg-config bc zstd)
 missing=()
 for p in "${pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

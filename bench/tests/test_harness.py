@@ -867,3 +867,36 @@ def test_report_send_receive_goals():
     assert "## send" in md and "## receive" in md
     assert "Goal: oleo ≥ 1.00× btrfs on stream MiB/s: 1.25× — met." in md
     assert "Goal (stream=kernel): oleo ≥ 0.80× btrfs on stream MiB/s: 0.50× — NOT met." in md
+
+
+def test_offline_fill_script(tmp_path):
+    """bench/offline-fill.sh on a small tree: four rows, each with both times and a ratio,
+    and oleo's image accepted by btrfs check (the script fails otherwise)."""
+    oleo = os.path.join(os.path.dirname(BENCH), "target", "release", "oleo")
+    why = None
+    if os.geteuid() != 0:
+        why = "needs root (the kernel side mounts a loop device)"
+    elif not os.access(oleo, os.X_OK):
+        why = "no target/release/oleo (cargo build --release -p oleo-cli)"
+    else:
+        missing = [t for t in ("mkfs.btrfs", "losetup", "zstd", "gzip", "bc")
+                   if subprocess.run(["sh", "-c", f"command -v {t}"],
+                                     capture_output=True).returncode]
+        if missing:
+            why = f"missing tools {missing}"
+    if why:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"offline-fill cannot run under CI: {why}")
+        pytest.skip(why)
+    report_md = tmp_path / "report.md"
+    env = dict(os.environ, ROUNDS="1", FILES="300", DIRS="10", TMPDIR=str(tmp_path))
+    r = subprocess.run(["bash", os.path.join(BENCH, "offline-fill.sh"), str(report_md)],
+                       capture_output=True, text=True, timeout=600, env=env)
+    assert r.returncode == 0, r.stderr[-4000:]
+    rows = [l for l in report_md.read_text().splitlines() if l.startswith("| ") and "x |" in l]
+    assert [l.split("|")[1].strip() for l in rows] == [
+        "tar -x of .tar", "tar -x of .tar.zst", "tar -x of .tar.gz", "cp -a of the tree"]
+    for l in rows:
+        kernel, oleo_s, ratio = (c.strip() for c in l.split("|")[2:5])
+        assert float(kernel) > 0 and float(oleo_s) > 0 and float(ratio.rstrip("x")) > 0, l
+    assert "btrfs check --check-data-csum clean" in report_md.read_text()
