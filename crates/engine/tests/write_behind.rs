@@ -138,6 +138,8 @@ fn a_failed_write_behind_fails_the_commit_and_claims_nothing() {
     // The write is queued and accepted; the device refuses it later, on the writer thread.
     fs.write(lost, 0, &pattern(2, 300_000))
         .expect("a queued write");
+    // A read drains the queue first and meets the failure; the commit still fails.
+    let _ = fs.read(kept, 0, 200_000);
     assert!(fs.sync().is_err(), "a commit over a failed write succeeded");
     drop(fs);
     let fs = common::open_top_rw(&image);

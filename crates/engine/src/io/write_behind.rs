@@ -5,8 +5,9 @@
 //!
 //! Nothing reads past it: `DeviceSet` waits for every queued write before any read of a
 //! device, flush, superblock write or discard (`drain`), so what a read or a commit sees is
-//! what was written, in order. A write that fails is counted, logged, and returned by the
-//! next `drain`: the commit that flushes it fails, and nothing claims the data durable.
+//! what was written, in order. A write that fails is counted and logged, and from then on
+//! every `drain` returns it: a read that drains first cannot consume it, so every later
+//! flush, and with it every commit, fails, and nothing claims the data durable.
 
 use crate::error::{Error, Result};
 use crate::io::device::{Device, IoBuf};
@@ -35,8 +36,8 @@ struct State {
     bytes: usize,
     /// A write is running (taken off `jobs`, not done).
     busy: bool,
-    /// The first failed write since the last `drain`: (devid, physical, error).
-    failed: Option<(u64, u64, Error)>,
+    /// The first failed write, for good: what every drain from then on returns.
+    failed: Option<String>,
     /// Devids whose writes failed since the last `drain`, for their error counters.
     failed_devids: Vec<u64>,
     closing: bool,
@@ -101,8 +102,8 @@ impl WriteBehind {
         }
     }
 
-    /// Waits until every queued write is done. Returns the first that failed since the
-    /// last drain (and the devids to count errors for), if any.
+    /// Waits until every queued write is done. Returns the first write that ever failed,
+    /// if any (and the devids of failures since the last drain, to count).
     pub(crate) fn drain(&self) -> (Result<()>, Vec<u64>) {
         let mut st = self.shared.state.lock();
         if st.idle && !st.jobs.is_empty() {
@@ -113,12 +114,9 @@ impl WriteBehind {
             self.shared.done.wait(&mut st);
         }
         let devids = std::mem::take(&mut st.failed_devids);
-        match st.failed.take() {
+        match &st.failed {
             None => (Ok(()), devids),
-            Some((devid, physical, e)) => {
-                let what = format!("device {devid}: write at physical {physical} failed: {e}");
-                (Err(Error::Io(std::io::Error::other(what))), devids)
-            }
+            Some(what) => (Err(Error::Io(std::io::Error::other(what.clone()))), devids),
         }
     }
 }
@@ -169,10 +167,46 @@ fn writer(shared: &Shared, devices: &BTreeMap<u64, Arc<Device>>) {
             );
             st.failed_devids.push(job.devid);
             if st.failed.is_none() {
-                st.failed = Some((job.devid, job.physical, e));
+                st.failed = Some(format!(
+                    "device {}: write at physical {} failed: {e}",
+                    job.devid, job.physical
+                ));
             }
         }
         drop(st);
         shared.done.notify_all();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn writes_land_in_order_and_a_failure_stays_until_reopened() {
+        let path = std::env::temp_dir().join(format!("oleo-write-behind-{}", std::process::id()));
+        std::fs::write(&path, vec![0u8; 1 << 20]).expect("scratch file");
+        let dev = Arc::new(Device::open_rw(&path).expect("open"));
+        let wb = WriteBehind::start([(1, Arc::clone(&dev))].into_iter().collect()).expect("start");
+        // Two writes to the same place: the second one is what stays.
+        wb.write(1, &[1u8; 4096], 8192, false);
+        wb.write(1, &[2u8; 4096], 8192, false);
+        assert!(wb.drain().0.is_ok());
+        let mut back = vec![0u8; 4096];
+        dev.read_exact_at(&mut back, 8192).expect("read");
+        assert!(back.iter().all(|&b| b == 2), "writes landed out of order");
+        // A failed write, then the device works again: every drain still says so, and the
+        // failure is counted once.
+        dev.fail_writes_after(0);
+        wb.write(1, &[3u8; 4096], 0, false);
+        let (first, devids) = wb.drain();
+        assert!(first.is_err() && devids == [1], "{first:?} {devids:?}");
+        dev.fail_writes_after(u64::MAX);
+        wb.write(1, &[4u8; 4096], 4096, false);
+        let (again, devids) = wb.drain();
+        assert!(again.is_err(), "a later drain forgot the failed write");
+        assert!(devids.is_empty());
+        drop(wb);
+        let _ = std::fs::remove_file(&path);
     }
 }
