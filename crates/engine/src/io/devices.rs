@@ -353,8 +353,8 @@ impl DeviceSet {
         Ok(())
     }
 
-    /// Waits for every queued write; the first that failed since the last call is the
-    /// error (each one counted against its device).
+    /// Waits for every queued write; the first queued write that ever failed is the error,
+    /// every time (each failure counted against its device once).
     pub(crate) fn drain(&self) -> Result<()> {
         let Some(behind) = &self.behind else {
             return Ok(());
