@@ -381,32 +381,11 @@ mod tests {
         out
     }
 
-    /// A fresh directory under the system's temporary one, removed when dropped.
-    struct TempDir(PathBuf);
-
-    impl TempDir {
-        fn new(tag: &str) -> TempDir {
-            let p =
-                std::env::temp_dir().join(format!("oleo-host-tree-{}-{tag}", std::process::id()));
-            let _ = std::fs::remove_dir_all(&p);
-            std::fs::create_dir_all(&p).unwrap();
-            TempDir(p)
-        }
-
-        fn path(&self) -> &Path {
-            &self.0
-        }
-    }
-
-    impl Drop for TempDir {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
+    use oleo_testkit::TempDir;
 
     #[test]
     fn walks_sorted_depth_first_with_small_data_read_and_links_once() {
-        let dir = TempDir::new("walk");
+        let dir = TempDir::new("oleo-host-tree-walk").unwrap();
         let root = dir.path().join("t");
         std::fs::create_dir_all(root.join("b/c")).unwrap();
         std::fs::write(root.join("a"), b"hello").unwrap();
@@ -448,7 +427,7 @@ mod tests {
 
     #[test]
     fn a_dropped_walk_stops_its_thread_with_data_waiting() {
-        let dir = TempDir::new("drop");
+        let dir = TempDir::new("oleo-host-tree-drop").unwrap();
         for i in 0..200 {
             std::fs::write(dir.path().join(format!("f{i:03}")), vec![1u8; 1 << 20]).unwrap();
         }
