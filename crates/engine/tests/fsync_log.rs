@@ -1452,6 +1452,34 @@ fn case_fsync_after_removing_an_xattr() {
     // What the xattrs are after each replay is in the random workloads (`check`).
 }
 
+/// Fills of preallocated space at random places (each changed in its leaf, in place, or
+/// item by item where a leaf is full: `mark_written_in_leaf`), then an fsync: the log
+/// holds every filled range, and both replays read what was written.
+#[test]
+fn case_fsync_after_many_fills_of_prealloc() {
+    crash_case(
+        "fills",
+        true,
+        |fs| {
+            let f = mk(fs, "f", b"");
+            fs.fallocate(f, 0, 4 << 20, FallocMode::Allocate { keep_size: false })
+                .unwrap();
+        },
+        |fs| {
+            let f = resolve(fs, "f").unwrap();
+            let mut rng = Rng::new(41);
+            for i in 0..700u64 {
+                let at = rng.below(1024) * 4096;
+                let len = [4096, 8192, 100][rng.below(3) as usize];
+                fs.write(f, at, &vec![(i % 251) as u8 + 1; len]).unwrap();
+            }
+            fs.fsync(f, false).unwrap();
+        },
+        &["f"],
+        &[],
+    );
+}
+
 #[test]
 fn case_fsync_after_preallocating_past_the_end() {
     crash_case(

@@ -304,6 +304,74 @@ fn fills_of_prealloc_merge_as_the_kernel_merges_them() {
     kernel_reads(&image, &tmp.join("mnt"), &expect);
 }
 
+/// Thousands of fills at random places of a 32 MiB prealloc file, so that its items fill
+/// many leaves: most fills change their leaf in place (cut, merged with a neighbour), and
+/// those that meet a full leaf go item by item. The items tile the file (each starts where
+/// the one before ends, written where written, prealloc elsewhere), the data reads back as
+/// written through oleo and the kernel, and `btrfs check` accepts the references and sums.
+#[test]
+fn many_fills_of_prealloc_across_leaves() {
+    let Some((tmp, image)) = setup("oleo-nocow-many-fills", 256) else {
+        return;
+    };
+    let size = 32 * MIB;
+    let fs = open_rw(&image);
+    let f = new_file(&fs, fs.root(), "p", false);
+    fs.fallocate(f, 0, size, FallocMode::Allocate { keep_size: false })
+        .expect("fallocate");
+    fs.sync().expect("commit");
+    let mut model = vec![0u8; size as usize];
+    let mut written = vec![false; (size / 4096) as usize];
+    let mut rng = Rng::new(7);
+    for i in 0..6000u64 {
+        let sector = rng.below(size / 4096);
+        // Mostly single sectors; some two at once, and some runs that close gaps between
+        // written neighbours (merging both).
+        let len = match rng.below(8) {
+            0 => 8192,
+            1 => 4096 * (1 + rng.below(6)),
+            _ => 4096,
+        }
+        .min(size - sector * 4096);
+        let at = sector * 4096;
+        let data = pattern(i, len as usize);
+        fs.write(f, at, &data).expect("write");
+        put(&mut model, at, &data);
+        for s in sector..sector + len / 4096 {
+            written[s as usize] = true;
+        }
+        if i % 2000 == 1999 {
+            fs.sync().expect("commit");
+        }
+    }
+    assert!(read_all(&fs, f) == model, "oleo reads other data");
+    fs.close().expect("close");
+    let items = extent_items(&image, 5, f.ino);
+    let mut end = 0;
+    for (off, _, _, _, len, kind) in &items {
+        assert_eq!(
+            *off, end,
+            "a gap or an overlap before the item at {off}: {items:?}"
+        );
+        let sectors = &written[(off / 4096) as usize..((off + len) / 4096) as usize];
+        let want = if sectors[0] { "regular" } else { "prealloc" };
+        assert_eq!(kind, want, "item at {off}");
+        assert!(
+            sectors.iter().all(|&w| w == sectors[0]),
+            "the item at {off} mixes written and unwritten sectors"
+        );
+        end = off + len;
+    }
+    assert_eq!(end, size);
+    assert!(items.len() > 1000, "only {} items", items.len());
+    assert_btrfs_check(&image, "the fills");
+    if let Err(e) = oleo_testkit::btrfs_check(&image, true) {
+        panic!("btrfs check --check-data-csum: {e}");
+    }
+    let expect = BTreeMap::from([("p".to_string(), model)]);
+    kernel_reads(&image, &tmp.join("mnt"), &expect);
+}
+
 /// A fill of preallocated space checks the file as a copy-on-write write does: an
 /// immutable file refuses it with EPERM and nothing changes; cleared, the write lands.
 #[test]

@@ -7,6 +7,8 @@ use super::store::{corrupt_at, leaf_mut, new_block, BlockStore};
 use crate::error::{Error, Result};
 use oleo_format::key::Key;
 use oleo_format::leaf_builder::max_item_size;
+use oleo_format::tree_mut::LeafMut;
+use oleo_format::FormatError;
 
 /// A new tree `tree_id` holding nothing: an empty leaf as its root.
 pub fn new_tree<S: BlockStore + ?Sized>(store: &mut S, tree_id: u64) -> Result<TreeRoot> {
@@ -194,4 +196,43 @@ fn neighbours<S: BlockSource + ?Sized>(
         None
     };
     Ok((prev, next))
+}
+
+/// Descends to `key` and runs `f(leaf, slot, found)` on the leaf where it is (or would be),
+/// in place: several neighbouring items changed under one search, as the kernel changes
+/// them with one path (btrfs_mark_extent_written). Nothing is split: `f` checks the leaf's
+/// free space itself and leaves the leaf as it is when the change does not fit (or is not
+/// there); it may insert, remove, re-key and rewrite items as long as every key stays
+/// within the leaf's place in the tree. The pointer keys above follow a changed first key,
+/// and a leaf left with fewer items is rebalanced.
+pub(crate) fn edit_leaf<S: BlockStore + ?Sized, R>(
+    store: &mut S,
+    root: &mut TreeRoot,
+    key: &Key,
+    f: impl FnOnce(&mut LeafMut<'_>, usize, bool) -> std::result::Result<R, FormatError>,
+) -> Result<R> {
+    let d = descend(store, root, key, Need::Nothing)?;
+    let PathLevel { bytenr, slot } = d.path.leaf();
+    let (r, first, before, after) = {
+        let mut leaf = leaf_mut(store, bytenr)?;
+        let before = leaf.nritems();
+        let first = (before > 0)
+            .then(|| leaf.key(0))
+            .transpose()
+            .map_err(corrupt_at(bytenr))?;
+        let r = f(&mut leaf, slot, d.path.found).map_err(corrupt_at(bytenr))?;
+        let after = leaf.nritems();
+        let now = (after > 0)
+            .then(|| leaf.key(0))
+            .transpose()
+            .map_err(corrupt_at(bytenr))?;
+        (r, (now != first).then_some(now).flatten(), before, after)
+    };
+    if let Some(k) = first {
+        fixup_low_keys(store, &d.path, 1, k)?;
+    }
+    if after < before {
+        rebalance(store, root, &d.path)?;
+    }
+    Ok(r)
 }

@@ -29,7 +29,7 @@ pub(crate) use cow::copy_root;
 pub(crate) use cow::cow_root;
 pub(crate) use delete::{delete_item, delete_range};
 pub(crate) use insert::{
-    insert_item, insert_items, new_tree, resize_item, set_item_key, update_item,
+    edit_leaf, insert_item, insert_items, new_tree, resize_item, set_item_key, update_item,
 };
 pub use search::TreeRoot;
 pub(crate) use search::{for_each_in_range, lookup, lookup_le, BlockSource, Cursor};

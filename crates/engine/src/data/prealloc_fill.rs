@@ -27,6 +27,8 @@ use crate::transaction::fs::{FileKind, FsCore, InodeId};
 use crate::transaction::space::delayed_ref::DataRef;
 use oleo_format::items::Compression;
 use oleo_format::key::{item, Key};
+use oleo_format::tree_mut::LeafMut;
+use oleo_format::FormatError;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -253,10 +255,14 @@ impl crate::transaction::Transaction<'_> {
             inode.nbytes = inode.nbytes.saturating_sub(dropped);
         }
         for (i, p) in pieces.iter().enumerate() {
-            let dropped = self.drop_extents(id, p.at, p.at + p.len)?;
-            inode.nbytes = inode.nbytes.saturating_sub(dropped);
-            self.insert_written(id, p)?;
-            inode.nbytes = inode.nbytes.saturating_add(p.len);
+            // A piece inside one prealloc item of a leaf with room is done in that leaf
+            // (nbytes stays: prealloc bytes count as written ones do); else item by item.
+            if !self.mark_written_in_leaf(id, p)? {
+                let dropped = self.drop_extents(id, p.at, p.at + p.len)?;
+                inode.nbytes = inode.nbytes.saturating_sub(dropped);
+                self.insert_written(id, p)?;
+                inode.nbytes = inode.nbytes.saturating_add(p.len);
+            }
             if let Some(s) = sums.get(i).filter(|s| !s.is_empty()) {
                 self.insert_csum_bytes(p.bytenr + p.ext_off, s)?;
             }
@@ -268,6 +274,36 @@ impl crate::transaction::Transaction<'_> {
             inode.ctime = t;
         }
         self.write_inode(id, &mut inode)
+    }
+
+    /// `mark_extent_written` for a piece that lies inside one prealloc item, done under one
+    /// descent as the kernel does it: the item is cut where the piece starts and ends, and
+    /// the written part joins a mergeable regular neighbour in the same leaf (the kernel
+    /// merges within the leaf only, too). False, with nothing changed, when the item is
+    /// not in the leaf the search ends in, the piece reaches past it, or the leaf has no
+    /// room for the items a cut adds: the caller then goes item by item.
+    fn mark_written_in_leaf(&mut self, id: InodeId, p: &Owned) -> Result<bool> {
+        let transid = self.transid;
+        let key = Key::new(id.ino, item::EXTENT_DATA, p.at);
+        let edit = self.edit_leaf(id.subvol, &key, |leaf, slot, found| {
+            written_in_leaf(leaf, slot, found, id.ino, p, transid)
+        })?;
+        let Some(edit) = edit else {
+            return Ok(false);
+        };
+        self.note_file_range(id.subvol, id.ino, edit.from, edit.to);
+        let r = DataRef {
+            root: id.subvol,
+            objectid: id.ino,
+            offset: p.at - p.ext_off,
+        };
+        for _ in 0..edit.refs.max(0) {
+            self.add_data_ref(p.bytenr, p.disk_len, r)?;
+        }
+        for _ in 0..(-edit.refs).max(0) {
+            self.drop_data_ref(p.bytenr, p.disk_len, r)?;
+        }
+        Ok(true)
     }
 
     /// The regular item for the written piece `p` (its range emptied by the caller),
@@ -329,6 +365,222 @@ impl crate::transaction::Transaction<'_> {
             }
         }
     }
+}
+
+/// What `written_in_leaf` changed: the file range whose items changed, and the references
+/// to the extent it added (positive) or dropped (negative), one per item.
+struct LeafEdit {
+    from: u64,
+    to: u64,
+    refs: i32,
+}
+
+/// The body of an uncompressed EXTENT_DATA item.
+#[allow(clippy::too_many_arguments)]
+fn put_extent(
+    leaf: &mut LeafMut<'_>,
+    slot: usize,
+    generation: u64,
+    ram_bytes: u64,
+    prealloc: bool,
+    bytenr: u64,
+    disk_len: u64,
+    offset: u64,
+    num_bytes: u64,
+) -> std::result::Result<(), FormatError> {
+    let body = extent_item(
+        generation,
+        ram_bytes,
+        Compression::None,
+        prealloc,
+        bytenr,
+        disk_len,
+        offset,
+        num_bytes,
+    );
+    let dst = leaf.item_body_mut(slot)?;
+    if dst.len() != body.len() {
+        return Err(FormatError::Invalid(
+            "file extent item of an unexpected size".into(),
+        ));
+    }
+    dst.copy_from_slice(&body);
+    Ok(())
+}
+
+/// The leaf-local half of `mark_written_in_leaf`: `slot` and `found` are where the search
+/// for the piece's start ended. None, with the leaf untouched, unless the piece lies inside
+/// one prealloc item of this leaf and the leaf has room for what the cut adds.
+fn written_in_leaf(
+    leaf: &mut LeafMut<'_>,
+    slot: usize,
+    found: bool,
+    ino: u64,
+    p: &Owned,
+    transid: u64,
+) -> std::result::Result<Option<LeafEdit>, FormatError> {
+    use oleo_format::items::{FileExtent, FileExtentBody};
+    // Item header and body of a regular or prealloc file extent item.
+    const ITEM: usize = oleo_format::tree_block::ITEM_SIZE + 53;
+    let n = leaf.nritems();
+    let c = match (found, slot) {
+        (true, s) => s,
+        (false, s) if s > 0 => s - 1,
+        _ => return Ok(None),
+    };
+    if c >= n {
+        return Ok(None);
+    }
+    let ck = leaf.key(c)?;
+    if ck.objectid != ino || ck.item_type != item::EXTENT_DATA {
+        return Ok(None);
+    }
+    let Ok(fe) = FileExtent::parse(leaf.item_body(c)?) else {
+        return Ok(None);
+    };
+    let FileExtentBody::Extent {
+        prealloc: true,
+        disk_bytenr,
+        disk_num_bytes,
+        offset,
+        num_bytes,
+    } = fe.body
+    else {
+        return Ok(None);
+    };
+    let (s, a, b) = (ck.offset, p.at, p.at + p.len);
+    let Some(e) = s.checked_add(num_bytes) else {
+        return Ok(None);
+    };
+    if fe.compression != Compression::None
+        || disk_bytenr != p.bytenr
+        || disk_num_bytes != p.disk_len
+        || a < s
+        || b > e
+        || offset.checked_add(a - s) != Some(p.ext_off)
+    {
+        return Ok(None);
+    }
+    let base = a - p.ext_off;
+    let (gen, ram) = (fe.generation, fe.ram_bytes);
+    // A regular neighbour of the same extent at the same shift, touching the piece.
+    let neighbour =
+        |leaf: &LeafMut<'_>, at: usize| -> std::result::Result<Option<(u64, u64)>, FormatError> {
+            if at >= n {
+                return Ok(None);
+            }
+            let k = leaf.key(at)?;
+            if k.objectid != ino || k.item_type != item::EXTENT_DATA {
+                return Ok(None);
+            }
+            Ok(mergeable(leaf.item_body(at)?, p.bytenr, k.offset, base).map(|len| (k.offset, len)))
+        };
+    let prev = match c.checked_sub(1) {
+        Some(before) if a == s => neighbour(leaf, before)?.filter(|(k, len)| k + len == a),
+        _ => None,
+    };
+    let next = if b == e {
+        neighbour(leaf, c + 1)?.filter(|(k, _)| *k == b)
+    } else {
+        None
+    };
+    let added = match (a == s, b == e) {
+        (true, true) => 0,
+        (false, false) => 2,
+        (true, false) => usize::from(prev.is_none()),
+        (false, true) => usize::from(next.is_none()),
+    };
+    if leaf.free_space() < added * ITEM {
+        return Ok(None);
+    }
+    let written = |leaf: &mut LeafMut<'_>, slot: usize, at: u64, len: u64| {
+        put_extent(
+            leaf,
+            slot,
+            transid,
+            p.disk_len,
+            false,
+            p.bytenr,
+            p.disk_len,
+            at - base,
+            len,
+        )
+    };
+    let tail = |leaf: &mut LeafMut<'_>, slot: usize, from: u64| {
+        put_extent(
+            leaf,
+            slot,
+            gen,
+            ram,
+            true,
+            p.bytenr,
+            p.disk_len,
+            offset + (from - s),
+            e - from,
+        )
+    };
+    let at_key = |at: u64| Key::new(ino, item::EXTENT_DATA, at);
+    let from = prev.map_or(s, |(k, _)| k);
+    let to = next.map_or(e, |(k, len)| k + len);
+    let refs = match (a == s, b == e) {
+        (true, true) => {
+            match (prev, next) {
+                (Some((pk, plen)), Some((_, nlen))) => {
+                    written(leaf, c - 1, pk, plen + p.len + nlen)?;
+                    leaf.remove_items(c, 2)?;
+                }
+                (Some((pk, plen)), None) => {
+                    written(leaf, c - 1, pk, plen + p.len)?;
+                    leaf.remove_items(c, 1)?;
+                }
+                (None, Some((_, nlen))) => {
+                    written(leaf, c, a, p.len + nlen)?;
+                    leaf.remove_items(c + 1, 1)?;
+                }
+                (None, None) => written(leaf, c, a, p.len)?,
+            }
+            -i32::from(prev.is_some()) - i32::from(next.is_some())
+        }
+        (true, false) => {
+            // The prealloc item keeps what follows the piece.
+            leaf.set_key(c, at_key(b))?;
+            tail(leaf, c, b)?;
+            match prev {
+                Some((pk, plen)) => {
+                    written(leaf, c - 1, pk, plen + p.len)?;
+                    0
+                }
+                None => {
+                    leaf.insert_item(c, at_key(a), 53)?;
+                    written(leaf, c, a, p.len)?;
+                    1
+                }
+            }
+        }
+        (false, true) => {
+            put_extent(leaf, c, gen, ram, true, p.bytenr, p.disk_len, offset, a - s)?;
+            match next {
+                Some((_, nlen)) => {
+                    leaf.set_key(c + 1, at_key(a))?;
+                    written(leaf, c + 1, a, p.len + nlen)?;
+                    0
+                }
+                None => {
+                    leaf.insert_item(c + 1, at_key(a), 53)?;
+                    written(leaf, c + 1, a, p.len)?;
+                    1
+                }
+            }
+        }
+        (false, false) => {
+            put_extent(leaf, c, gen, ram, true, p.bytenr, p.disk_len, offset, a - s)?;
+            leaf.insert_items(c + 1, &[(at_key(a), 53), (at_key(b), 53)])?;
+            written(leaf, c + 1, a, p.len)?;
+            tail(leaf, c + 2, b)?;
+            2
+        }
+    };
+    Ok(Some(LeafEdit { from, to, refs }))
 }
 
 /// The length of the EXTENT_DATA item `body` at file offset `at` if a written piece of

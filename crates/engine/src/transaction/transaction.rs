@@ -633,6 +633,31 @@ impl<'a> Transaction<'a> {
         }
     }
 
+    /// Changes items of one leaf of tree `tree` in place, under one descent to `key`
+    /// (`ctree::edit_leaf`). The caller tells the log what changed (`note_file_range`).
+    pub(crate) fn edit_leaf<R>(
+        &mut self,
+        tree: u64,
+        key: &Key,
+        f: impl FnOnce(
+            &mut oleo_format::tree_mut::LeafMut<'_>,
+            usize,
+            bool,
+        ) -> std::result::Result<R, oleo_format::FormatError>,
+    ) -> Result<R> {
+        self.with_root(tree, |s, r| ctree::edit_leaf(s, r, key, f))
+    }
+
+    /// Tells the log that the file extent items of inode `ino` in subvolume `tree` over
+    /// `[start, end)` changed (an in-place edit that neither `insert_item` nor
+    /// `delete_item` saw).
+    pub(crate) fn note_file_range(&mut self, tree: u64, ino: u64, start: u64, end: u64) {
+        if crate::transaction::changes::is_subvolume(tree) {
+            let key = Key::new(ino, item::EXTENT_DATA, start);
+            self.log.note(tree, &key, &[(start, end)]);
+        }
+    }
+
     /// Changes an item's key in place; `new_key` must sort between its neighbours.
     pub(crate) fn set_item_key(&mut self, tree: u64, key: &Key, new_key: Key) -> Result<()> {
         self.note_removal(tree, key, Some(&new_key))?;

@@ -20,7 +20,13 @@ pub fn extent_items(image: &Path, tree: u64, ino: u64) -> Vec<(u64, u64, u64, u6
     let mut lines = text.lines().peekable();
     let prefix = format!("key ({ino} EXTENT_DATA ");
     while let Some(l) = lines.next() {
-        let Some(at) = l.find(&prefix) else { continue };
+        // Leaf items only: a node's key pointers name the same keys.
+        let Some(at) = l
+            .find(&prefix)
+            .filter(|_| l.trim_start().starts_with("item "))
+        else {
+            continue;
+        };
         let rest = &l[at + prefix.len()..];
         let off: u64 = rest.split(')').next().unwrap().parse().unwrap();
         let mut body = Vec::new();
