@@ -188,9 +188,18 @@ pub(crate) struct Device {
 /// At most one start waits while another runs; a writer that finds both taken starts the
 /// writeback itself, waiting as before, so the dirty pages stay within about two batches
 /// of what the device takes.
+///
+/// A process forked after the thread started (the mount forks once the filesystem is open,
+/// and an open that replays a log may have written a batch by then) has the device but
+/// not the thread: there the writer starts every writeback itself, and a drop closes the
+/// thread's descriptor instead of waiting for a thread that does not exist.
 struct Kicker {
     wake: Option<std::sync::mpsc::SyncSender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
+    /// The process the thread runs in.
+    pid: u32,
+    /// The thread's copy of the descriptor.
+    fd: std::os::fd::RawFd,
 }
 
 impl Kicker {
@@ -198,6 +207,7 @@ impl Kicker {
     /// then starts every writeback itself.
     fn start(file: &File) -> Option<Kicker> {
         let file = file.try_clone().ok()?;
+        let fd = std::os::fd::AsRawFd::as_raw_fd(&file);
         let (wake, woken) = std::sync::mpsc::sync_channel::<()>(1);
         let thread = std::thread::Builder::new()
             .name("oleo-writeback".into())
@@ -210,12 +220,15 @@ impl Kicker {
         Some(Kicker {
             wake: Some(wake),
             thread: Some(thread),
+            pid: std::process::id(),
+            fd,
         })
     }
 
-    /// Hands a start to the thread; false when one is already waiting for it.
+    /// Hands a start to the thread; false when one is already waiting for it, or when
+    /// this process has no such thread (forked since).
     fn kick(&self) -> bool {
-        self.wake.as_ref().is_some_and(|w| w.try_send(()).is_ok())
+        self.pid == std::process::id() && self.wake.as_ref().is_some_and(|w| w.try_send(()).is_ok())
     }
 }
 
@@ -223,8 +236,17 @@ impl Drop for Kicker {
     /// Waits for the thread, so its copy of the descriptor is closed when the device is.
     fn drop(&mut self) {
         self.wake = None;
-        if let Some(t) = self.thread.take() {
+        let Some(t) = self.thread.take() else {
+            return;
+        };
+        if self.pid == std::process::id() {
             let _ = t.join();
+        } else {
+            // Forked: the thread is the parent's; its descriptor here is ours to close.
+            std::mem::forget(t);
+            // SAFETY: the descriptor the thread's File holds, copied by the fork; no thread
+            // of this process uses it, and nothing else closes it.
+            unsafe { libc::close(self.fd) };
         }
     }
 }
