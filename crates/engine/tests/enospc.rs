@@ -317,6 +317,50 @@ fn superblock_copies_are_not_free_space() {
     );
 }
 
+/// statfs asked again and again while the checksum and extent trees grow (the global
+/// reserve it subtracts is kept while the root tree stays the same) equals statfs of the
+/// same commit opened afresh, after every commit.
+#[test]
+fn statfs_follows_the_trees_across_commits() {
+    if !oleo_testkit::require_root("statfs_follows_the_trees_across_commits") {
+        return;
+    }
+    // Small nodes: the trees outgrow the reserve's floor within a few thousand writes.
+    let s = Scratch::new("statfs", 512, &["--nodesize", "4096"]);
+    for round in 0..4u64 {
+        let fs = Filesystem::open_rw(s.image(), OpenOptions::default()).unwrap();
+        let root = fs.root();
+        let name = format!("f{round}");
+        let id = fs
+            .mknod(root, name.as_bytes(), &NewInode::file(0o644))
+            .unwrap()
+            .id;
+        let before = fs.statfs().unwrap();
+        // 4 KiB pieces: an extent item and a checksum item each.
+        for i in 0..3000u64 {
+            fs.write(id, i * 8192, &pattern(round * 10_000 + i, 4096))
+                .unwrap();
+            if i % 500 == 0 {
+                let _ = fs.statfs().unwrap();
+            }
+        }
+        fs.sync().unwrap();
+        let after = fs.statfs().unwrap();
+        assert_ne!(
+            before, after,
+            "round {round}: the writes changed nothing statfs shows"
+        );
+        drop(fs);
+        let fresh = Filesystem::open(s.image(), OpenOptions::default()).unwrap();
+        assert_eq!(
+            after,
+            fresh.statfs().unwrap(),
+            "round {round}: statfs of the session and of the same commit opened afresh"
+        );
+    }
+    assert_btrfs_check(&s.image(), "after the rounds");
+}
+
 /// Seed 001's ENOSPC rule: empty files made from many threads (their directory index and
 /// inode items queued, `delayed_inode`) until the metadata runs out. Every create that
 /// returned success is there after the commit, through oleo and the kernel, and the

@@ -247,6 +247,10 @@ pub(crate) struct FsCore {
     pub(crate) default_acls: Mutex<HashMap<InodeId, Option<Arc<[u8]>>>>,
     /// Whether each subvolume met so far is read-only (ROOT_ITEM flag; we never change it).
     pub(crate) readonly_subvols: Mutex<HashMap<u64, bool>>,
+    /// The global reserve statfs subtracts, with the root tree it was read from (bytenr,
+    /// generation): the ROOT_ITEMs it sums change only in a commit, which copies the root
+    /// tree (`FsCore::global_reserve`).
+    pub(crate) reserve_cache: Mutex<Option<(u64, u64, u64)>>,
     /// Direct-IO-aligned buffers reused by writes (see `ordered_extent`): one per writer
     /// at a time, so that concurrent writes do not each map and fault in a fresh one.
     pub(crate) staging: Mutex<Vec<crate::io::device::IoBuf>>,
@@ -384,6 +388,7 @@ impl FsCore {
             default_acls: Mutex::new(HashMap::new()),
             open_inodes: Default::default(),
             readonly_subvols: Mutex::new(HashMap::new()),
+            reserve_cache: Mutex::new(None),
             staging: Mutex::new(Vec::new()),
             block_groups: None,
             pipe,

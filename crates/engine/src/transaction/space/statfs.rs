@@ -76,11 +76,28 @@ impl FsCore {
             .collect()
     }
 
+    /// The global block reserve's size (`reserve_of_trees`), kept while the root tree is
+    /// the one it was read from (the ROOT_ITEMs it sums change only in a commit, which
+    /// copies the root tree): the FUSE server's space guard asks for statfs after every
+    /// write, and reading those items was two thirds of it.
+    fn global_reserve(&self) -> Result<u64> {
+        let root = self.root_tree();
+        let key = (root.bytenr, root.generation);
+        if let Some((b, g, v)) = *self.reserve_cache.lock() {
+            if (b, g) == key {
+                return Ok(v);
+            }
+        }
+        let v = self.reserve_of_trees()?;
+        *self.reserve_cache.lock() = Some((key.0, key.1, v));
+        Ok(v)
+    }
+
     /// The global block reserve's size, as btrfs_update_global_block_rsv sizes it: what
     /// the extent, checksum, free space (and block group) trees use, at least room for
     /// inserting one item into each of them and the root tree and an unlink's items with
     /// their delayed refs, at most 512 MiB.
-    fn global_reserve(&self) -> Result<u64> {
+    fn reserve_of_trees(&self) -> Result<u64> {
         let mut trees = vec![
             objectid::EXTENT_TREE,
             objectid::CSUM_TREE,
