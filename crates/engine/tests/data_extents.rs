@@ -58,8 +58,31 @@ fn regular(image: &Path, ino: u64) -> Vec<(u64, u64, u64, u64)> {
         .collect()
 }
 
+/// The csum tree's items: (key offset, bytes) of each, as dump-tree prints them.
+fn csum_items(image: &Path) -> Vec<(u64, u64)> {
+    let out = std::process::Command::new("btrfs")
+        .args(["inspect-internal", "dump-tree", "-t", "csum"])
+        .arg(image)
+        .output()
+        .expect("dump-tree");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.trim_start().starts_with("item ") && l.contains("EXTENT_CSUM"))
+        .map(|l| {
+            let words: Vec<&str> = l.split_whitespace().collect();
+            let off = words[5]
+                .trim_end_matches(')')
+                .parse()
+                .expect("csum key offset");
+            let size = words.last().and_then(|w| w.parse().ok()).expect("itemsize");
+            (off, size)
+        })
+        .collect()
+}
+
 /// 6 MiB written in 256 KiB pieces, in order, into a fresh filesystem: one item and one
-/// extent, as the kernel makes of the same writes (buffered, then synced).
+/// extent, as the kernel makes of the same writes (buffered, then synced), and its sums in
+/// as many csum items as the kernel's (each write's sums appended to the item before).
 #[test]
 fn data_written_in_order_is_one_extent_as_the_kernel_makes_it() {
     let Some((tmp, image)) = common::scratch_image("data extent tests", "oleo-join-seq", 256, &[])
@@ -87,6 +110,12 @@ fn data_written_in_order_is_one_extent_as_the_kernel_makes_it() {
         "items (file offset, extent offset, length): oleo's, then the kernel's"
     );
     assert_eq!(data_extent_refs(&image), data_extent_refs(&kimage));
+    let sizes = |image: &Path| csum_items(image).iter().map(|i| i.1).collect::<Vec<_>>();
+    assert_eq!(
+        sizes(&image),
+        sizes(&kimage),
+        "csum item sizes: oleo's, then the kernel's"
+    );
     assert_btrfs_check(&image, "writes in order");
     kernel_reads(&image, &tmp.join("mnt"), &BTreeMap::from([("seq", model)]));
 }

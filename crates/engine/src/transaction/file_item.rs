@@ -36,16 +36,77 @@ impl Transaction<'_> {
     }
 
     /// Inserts checksums computed already (`data_csums`) for data at logical `logical`.
+    /// The first of them go at the end of the item that ends where they start, while it
+    /// and its leaf have room, as the kernel's btrfs_csum_file_blocks extends the item
+    /// before: neighbouring extents' sums end in one item, not one each.
     pub(crate) fn insert_csum_bytes(&mut self, logical: u64, sums: &[u8]) -> Result<()> {
         let sb = &self.filesystem().sb;
         let sector = sb.sectorsize as usize;
         let csize = sb.csum_type().size();
         let per_item = self.csums_per_item();
+        let took = self.extend_csum_item(logical, sums, per_item * csize)?;
+        let (logical, sums) = (logical + (took / csize * sector) as u64, &sums[took..]);
         for (i, body) in sums.chunks(per_item * csize).enumerate() {
             let at = logical + (i * per_item * sector) as u64;
             self.insert_item(objectid::CSUM_TREE, csum_key(at), body)?;
         }
         Ok(())
+    }
+
+    /// Appends the first of `sums` (for data at `logical`) to the csum item that ends at
+    /// `logical`, in its leaf, as far as the item may grow (`max` bytes), the leaf has
+    /// room and the next item leaves space; returns the bytes appended (0: none).
+    fn extend_csum_item(&mut self, logical: u64, sums: &[u8], max: usize) -> Result<usize> {
+        let sb = &self.filesystem().sb;
+        let (sector, csize) = (u64::from(sb.sectorsize), sb.csum_type().size());
+        if sums.is_empty() {
+            return Ok(0);
+        }
+        self.edit_leaf(
+            objectid::CSUM_TREE,
+            &csum_key(logical),
+            |leaf, slot, found| {
+                let Some(c) = slot.checked_sub(1).filter(|_| !found) else {
+                    return Ok(0);
+                };
+                if c >= leaf.nritems() {
+                    return Ok(0);
+                }
+                let k = leaf.key(c)?;
+                let size = leaf.item(c)?.size as usize;
+                let is_csum =
+                    k.objectid == objectid::EXTENT_CSUM && k.item_type == item::EXTENT_CSUM;
+                let ends_here =
+                    k.offset.checked_add((size / csize) as u64 * sector) == Some(logical);
+                if !is_csum || !ends_here || !size.is_multiple_of(csize) {
+                    return Ok(0);
+                }
+                let mut take = sums
+                    .len()
+                    .min(max.saturating_sub(size))
+                    .min(leaf.free_space());
+                // Never over the range of the next item (none should start inside the data's).
+                if slot < leaf.nritems() {
+                    let next = leaf.key(slot)?;
+                    if next.objectid == objectid::EXTENT_CSUM && next.item_type == item::EXTENT_CSUM
+                    {
+                        let gap = next.offset.saturating_sub(logical) / sector;
+                        take = take.min(
+                            usize::try_from(gap)
+                                .unwrap_or(usize::MAX)
+                                .saturating_mul(csize),
+                        );
+                    }
+                }
+                take -= take % csize;
+                if take == 0 {
+                    return Ok(0);
+                }
+                leaf.resize_item(c, size + take)?;
+                leaf.item_body_mut(c)?[size..size + take].copy_from_slice(&sums[..take]);
+                Ok(take)
+            },
+        )
     }
 
     /// Deletes the checksums of `[logical, logical + len)`, trimming items that reach
