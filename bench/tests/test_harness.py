@@ -900,3 +900,29 @@ def test_offline_fill_script(tmp_path):
         kernel, oleo_s, ratio = (c.strip() for c in l.split("|")[2:5])
         assert float(kernel) > 0 and float(oleo_s) > 0 and float(ratio.rstrip("x")) > 0, l
     assert "btrfs check --check-data-csum clean" in report_md.read_text()
+
+
+def test_offcpu_weighs_each_wait_until_the_next_switch():
+    """bench/offcpu.py: a thread's switch-out counts until its next one, under the kernel
+    reason and the first frame of the program's own code (locks and std skipped)."""
+    sys.path.insert(0, BENCH)
+    import offcpu
+    text = """w-1 10/11 [000] 1.000000: sched:sched_switch: prev_comm=w-1
+\tffff __schedule+0x1 ([kernel.kallsyms])
+\tffff futex_do_wait+0x2 ([kernel.kallsyms])
+\t1234 parking_lot::raw_rwlock::RawRwLock::lock_shared_slow+0x9 (/bin/oleo)
+\t1235 oleo::filesystem::Filesystem::core_read+0x3 (/bin/oleo)
+\t1236 oleo_fuse::ops::write+0x3 (/bin/oleo)
+
+w-1 10/11 [001] 1.250000: sched:sched_switch: prev_comm=w-1
+\tffff __schedule+0x1 ([kernel.kallsyms])
+\tffff io_cqring_wait+0x2 ([kernel.kallsyms])
+\t1237 oleo_fuse::transport::uring::exchange+0x5 (/bin/oleo)
+
+w-1 10/11 [001] 2.250000: sched:sched_switch: prev_comm=w-1
+\tffff __schedule+0x1 ([kernel.kallsyms])
+"""
+    spent = offcpu.weigh(offcpu.events(text.splitlines(True), ["oleo"]))
+    assert spent[("futex_do_wait", "oleo::filesystem::Filesystem::core_read")] == pytest.approx(0.25)
+    assert spent[("io_cqring_wait", "oleo_fuse::transport::uring::exchange")] == pytest.approx(1.0)
+    assert len(spent) == 2

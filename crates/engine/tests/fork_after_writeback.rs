@@ -12,19 +12,7 @@ mod common;
 use oleo::NewInode;
 use oleo_testkit::assert_btrfs_check;
 use oleo_testkit::ops::pattern;
-use std::path::Path;
 use std::time::{Duration, Instant};
-
-/// Descriptors of this process open on `path`.
-fn open_on(path: &Path) -> usize {
-    std::fs::read_dir("/proc/self/fd")
-        .map(|d| {
-            d.filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
-                .filter(|t| t == path)
-                .count()
-        })
-        .unwrap_or(0)
-}
 
 #[test]
 fn a_child_forked_after_writeback_started_writes_and_closes() {
@@ -60,7 +48,7 @@ fn a_child_forked_after_writeback_started_writes_and_closes() {
             if fs.close().is_err() {
                 return 4;
             }
-            if open_on(&image) != 0 {
+            if oleo_testkit::open_descriptors(&image) != 0 {
                 return 5;
             }
             0

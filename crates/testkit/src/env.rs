@@ -213,6 +213,18 @@ pub fn require_fuse_mount(what: &str) -> bool {
     require_root(what) && require_fuse(what)
 }
 
+/// How many descriptors of this process are open on `path` (as /proc/self/fd names them:
+/// pass a canonical path). Tests that a file is let go of: a claim, a thread's copy.
+pub fn open_descriptors(path: &Path) -> usize {
+    std::fs::read_dir("/proc/self/fd")
+        .map(|d| {
+            d.filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+                .filter(|t| t == path)
+                .count()
+        })
+        .unwrap_or(0)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -26,7 +26,10 @@ pub mod syscalls;
 pub mod tempdir;
 
 pub use check::{assert_btrfs_check, btrfs_check};
-pub use env::{is_ci, require_fuse, require_fuse_mount, require_mkfs_features, require_root, seed};
+pub use env::{
+    is_ci, open_descriptors, require_fuse, require_fuse_mount, require_mkfs_features, require_root,
+    seed,
+};
 pub use image::{
     build_image, build_image_with_log, build_image_with_pending_log, empty_image, image_stats,
     superblock_generation, superblock_log_root, ImageSpec, ImageStats,

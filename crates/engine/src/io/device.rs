@@ -615,17 +615,6 @@ impl Device {
 mod tests {
     use super::*;
 
-    /// Descriptors of this process open on `path`.
-    fn open_on(path: &Path) -> usize {
-        std::fs::read_dir("/proc/self/fd")
-            .map(|d| {
-                d.filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
-                    .filter(|t| t == path)
-                    .count()
-            })
-            .unwrap_or(0)
-    }
-
     /// Buffered writes past a batch start the image's writeback on the kicker's thread,
     /// which holds a descriptor of its own; dropping the device waits for the thread, so
     /// no descriptor of the image outlives it (its claim ends with the device).
@@ -634,18 +623,26 @@ mod tests {
         let path = std::env::temp_dir().join(format!("oleo-kicker-{}", std::process::id()));
         std::fs::write(&path, vec![0u8; 16 << 20]).expect("scratch file");
         let path = path.canonicalize().expect("canonical path");
-        let before = open_on(&path);
+        let before = oleo_testkit::open_descriptors(&path);
         let dev = Device::open_rw(&path).expect("open");
-        let opened = open_on(&path);
+        let opened = oleo_testkit::open_descriptors(&path);
         for i in 0..(2 * WRITEBACK_BATCH / 4096 + 1) {
             dev.write_all_at(&[i as u8; 4096], (i * 4096) % (16 << 20))
                 .expect("write");
         }
         let started = dev.kicker.get().is_some_and(|k| k.is_some());
         assert!(started, "no writeback thread after two batches");
-        assert_eq!(open_on(&path), opened + 1, "the thread holds no descriptor");
+        assert_eq!(
+            oleo_testkit::open_descriptors(&path),
+            opened + 1,
+            "the thread holds no descriptor"
+        );
         drop(dev);
-        assert_eq!(open_on(&path), before, "a descriptor outlived the device");
+        assert_eq!(
+            oleo_testkit::open_descriptors(&path),
+            before,
+            "a descriptor outlived the device"
+        );
         let back = std::fs::read(&path).expect("read back");
         assert_eq!(back[4096], 1);
         let _ = std::fs::remove_file(&path);
