@@ -44,7 +44,7 @@ impl Transaction<'_> {
         let sector = sb.sectorsize as usize;
         let csize = sb.csum_type().size();
         let per_item = self.csums_per_item();
-        let took = self.extend_csum_item(logical, sums, per_item * csize)?;
+        let took = self.place_csums(logical, sums, per_item * csize)?;
         let (logical, sums) = (logical + (took / csize * sector) as u64, &sums[took..]);
         for (i, body) in sums.chunks(per_item * csize).enumerate() {
             let at = logical + (i * per_item * sector) as u64;
@@ -53,10 +53,11 @@ impl Transaction<'_> {
         Ok(())
     }
 
-    /// Appends the first of `sums` (for data at `logical`) to the csum item that ends at
-    /// `logical`, in its leaf, as far as the item may grow (`max` bytes), the leaf has
-    /// room and the next item leaves space; returns the bytes appended (0: none).
-    fn extend_csum_item(&mut self, logical: u64, sums: &[u8], max: usize) -> Result<usize> {
+    /// Puts the first of `sums` (for data at `logical`) in the leaf one search finds: at the
+    /// end of the csum item that ends there (`extend_before`), else as a new item of up to
+    /// `max` bytes if the leaf has room. One descent for the common write, not two.
+    /// Returns the bytes placed (0: none, the caller inserts them all).
+    fn place_csums(&mut self, logical: u64, sums: &[u8], max: usize) -> Result<usize> {
         let sb = &self.filesystem().sb;
         let (sector, csize) = (u64::from(sb.sectorsize), sb.csum_type().size());
         if sums.is_empty() {
@@ -66,45 +67,22 @@ impl Transaction<'_> {
             objectid::CSUM_TREE,
             &csum_key(logical),
             |leaf, slot, found| {
-                let Some(c) = slot.checked_sub(1).filter(|_| !found) else {
-                    return Ok(0);
-                };
-                if c >= leaf.nritems() {
+                if found {
+                    // An item starts there already: `insert_item` says so.
                     return Ok(0);
                 }
-                let k = leaf.key(c)?;
-                let size = leaf.item(c)?.size as usize;
-                let is_csum =
-                    k.objectid == objectid::EXTENT_CSUM && k.item_type == item::EXTENT_CSUM;
-                let ends_here =
-                    k.offset.checked_add((size / csize) as u64 * sector) == Some(logical);
-                if !is_csum || !ends_here || !size.is_multiple_of(csize) {
+                if let Some(took) = extend_before(leaf, slot, logical, sums, max, sector, csize)? {
+                    return Ok(took);
+                }
+                // No item to extend: the first item goes in where the search ended, when
+                // the leaf has room (else `insert_item` splits it).
+                let len = sums.len().min(max);
+                if leaf.free_space() < oleo_format::tree_block::ITEM_SIZE + len {
                     return Ok(0);
                 }
-                let mut take = sums
-                    .len()
-                    .min(max.saturating_sub(size))
-                    .min(leaf.free_space());
-                // Never over the range of the next item (none should start inside the data's).
-                if slot < leaf.nritems() {
-                    let next = leaf.key(slot)?;
-                    if next.objectid == objectid::EXTENT_CSUM && next.item_type == item::EXTENT_CSUM
-                    {
-                        let gap = next.offset.saturating_sub(logical) / sector;
-                        take = take.min(
-                            usize::try_from(gap)
-                                .unwrap_or(usize::MAX)
-                                .saturating_mul(csize),
-                        );
-                    }
-                }
-                take -= take % csize;
-                if take == 0 {
-                    return Ok(0);
-                }
-                leaf.resize_item(c, size + take)?;
-                leaf.item_body_mut(c)?[size..size + take].copy_from_slice(&sums[..take]);
-                Ok(take)
+                leaf.insert_item(slot, csum_key(logical), len)?
+                    .copy_from_slice(&sums[..len]);
+                Ok(len)
             },
         )
     }
@@ -150,4 +128,51 @@ impl Transaction<'_> {
         }
         Ok(())
     }
+}
+
+/// Appends the first of `sums` (for data at `logical`) to the csum item just before `slot`
+/// if it ends at `logical`, as far as the item may grow (`max` bytes), the leaf has room
+/// and the next item leaves space. None when there is no such item or nothing fits.
+fn extend_before(
+    leaf: &mut oleo_format::tree_mut::LeafMut<'_>,
+    slot: usize,
+    logical: u64,
+    sums: &[u8],
+    max: usize,
+    sector: u64,
+    csize: usize,
+) -> std::result::Result<Option<usize>, oleo_format::FormatError> {
+    let Some(c) = slot.checked_sub(1).filter(|&c| c < leaf.nritems()) else {
+        return Ok(None);
+    };
+    let k = leaf.key(c)?;
+    let size = leaf.item(c)?.size as usize;
+    let is_csum = k.objectid == objectid::EXTENT_CSUM && k.item_type == item::EXTENT_CSUM;
+    let ends_here = k.offset.checked_add((size / csize) as u64 * sector) == Some(logical);
+    if !is_csum || !ends_here || !size.is_multiple_of(csize) {
+        return Ok(None);
+    }
+    let mut take = sums
+        .len()
+        .min(max.saturating_sub(size))
+        .min(leaf.free_space());
+    // Never over the range of the next item (none should start inside the data's).
+    if slot < leaf.nritems() {
+        let next = leaf.key(slot)?;
+        if next.objectid == objectid::EXTENT_CSUM && next.item_type == item::EXTENT_CSUM {
+            let gap = next.offset.saturating_sub(logical) / sector;
+            take = take.min(
+                usize::try_from(gap)
+                    .unwrap_or(usize::MAX)
+                    .saturating_mul(csize),
+            );
+        }
+    }
+    take -= take % csize;
+    if take == 0 {
+        return Ok(None);
+    }
+    leaf.resize_item(c, size + take)?;
+    leaf.item_body_mut(c)?[size..size + take].copy_from_slice(&sums[..take]);
+    Ok(Some(take))
 }
