@@ -200,6 +200,16 @@ fi
 passed=$(sed -nE 's/^fstests: ([0-9]+) passed, [0-9]+ failed$/\1/p' "$out" | tail -n 1)
 known=$(sed -nE 's/^[0-9]+ notrun; ([0-9]+) failed or did not run for known reasons.*/\1/p' "$out" | tail -n 1)
 failed=$(sed -nE 's/^unexpected:(.*)$/\1/p' "$out" | wc -w)
+# What each unexpected failure printed, for a CI log that is all we keep of the machine: the
+# check log (fstests puts the start of the diff against the expected output there) and the
+# end of the test's .full.
+work=$(realpath -m "${WORK:-/tmp/oleo-fstests}")
+for t in $(sed -nE 's/^unexpected:(.*)$/\1/p' "$out" | tail -n 1); do
+    echo "--- generic/$t: end of its check log"
+    tail -n 30 "$work/logs/$t.check" 2>&1
+    echo "--- generic/$t: end of $t.full"
+    tail -n 25 "$work/results/generic/$t.full" 2>&1
+done
 [ "$status" != 0 ] && [ "$failed" = 0 ] && failed=1
 echo "fstests: $passed passed, $failed failed, ${known:-0} skipped"
 exit "$status"

@@ -605,9 +605,13 @@ fn mount(
         allow_idmap: access == oleo_fuse::Access::All,
         options: crate::daemon::twice::encode(&shared_options(&plan)),
     };
-    // A sixteenth of the filesystem may sit dirty in the kernel (at least 8 MiB): small
-    // images then keep their writes cached until nearly full (see oleo_fuse::DirtyCap).
-    let dirty_cap = (fs.superblock().total_bytes / 16).max(8 << 20);
+    // A sixty-fourth of the filesystem may sit dirty in the kernel (at least 8 MiB): small
+    // images then keep their writes cached until nearly full (see oleo_fuse::DirtyCap). The
+    // margin the server keeps free is about twice the cap: with a sixteenth (64 MiB, a
+    // 144 MiB margin on 1 GiB) a writer filling 800 MiB of a fresh 1 GiB filesystem
+    // (generic/102) could meet that margin before its last write(2) when write-back kept up
+    // with it, and got ENOSPC with 100 MiB free.
+    let dirty_cap = (fs.superblock().total_bytes / 64).max(8 << 20);
     let server = oleo_fuse::OleoFuse::new(fs, settings);
     let start = Start {
         dirty: Some((server.dirty_cap(), dirty_cap)),
