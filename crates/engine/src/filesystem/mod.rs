@@ -95,6 +95,8 @@ pub struct Filesystem {
     pipe: std::sync::Arc<crate::transaction::commit_pipe::CommitPipe>,
     /// The core's open counts, pinned and unpinned without `core` (`OpenInodes`).
     open_inodes: std::sync::Arc<crate::transaction::fs::OpenInodes>,
+    /// The core's name sets, read without `core` (`lookup`).
+    names: std::sync::Arc<crate::transaction::name_sets::NameSets>,
 }
 
 /// Operations that read: they share the lock.
@@ -180,6 +182,7 @@ impl Filesystem {
             io: std::sync::Arc::clone(&core.io),
             pipe: std::sync::Arc::clone(&core.pipe),
             open_inodes: std::sync::Arc::clone(&core.open_inodes),
+            names: std::sync::Arc::clone(&core.names),
             core: RwLock::new(core),
             inode_locks: InodeLocks::default(),
             nocow: Default::default(),
@@ -355,6 +358,22 @@ impl Filesystem {
         let r = f(&mut txn)?;
         let generation = txn.commit()?;
         Ok((generation, r))
+    }
+
+    /// The inode `name` names in directory `dir` (`.` and `..` included; a subvolume's
+    /// entry leads to its root directory). `Error::NotFound` if none. A name a directory
+    /// made here surely lacks (`name_sets`) is answered without the lock: the LOOKUP
+    /// before every create no longer waits for other threads' creates.
+    pub fn lookup(&self, dir: InodeId, name: &[u8]) -> Result<InodeId> {
+        let plain = !name.is_empty() && name.len() <= 255 && name != b"." && name != b"..";
+        if plain
+            && self
+                .names
+                .surely_absent(dir, oleo_format::csum::name_hash(name))
+        {
+            return Err(Error::NotFound);
+        }
+        self.lookup_op(|core| core.lookup(dir, name))
     }
 
     /// The state, alone. Letting go of it writes the commits closed meanwhile (a
@@ -652,9 +671,6 @@ impl Filesystem {
         fn seek_data_hole(&self, id: InodeId, offset: u64, data: bool) -> Result<u64>;
         /// A file's extents, as FIEMAP reports them.
         fn file_extents(&self, id: InodeId) -> Result<Vec<ExtentInfo>>;
-        /// The inode `name` names in directory `dir` (`.` and `..` included; a
-        /// subvolume's entry leads to its root directory). `Error::NotFound` if none.
-        fn lookup(&self, dir: InodeId, name: &[u8]) -> Result<InodeId>;
         /// The offset past the last entry `dir` has now (a listing opened now ends there).
         fn readdir_end(&self, dir: InodeId) -> Result<u64>;
         /// stat(2) of `id`, from its INODE_ITEM.

@@ -155,6 +155,8 @@ impl Transaction<'_> {
     ) -> Result<Vec<u8>> {
         let transid = self.transid;
         let entry = entry_bytes(target.location, transid, target.file_type, name, &[])?;
+        // Before the name can be found: a lookup without the lock must not miss it.
+        self.filesystem().names.adding(dir, name_hash(name));
         self.add_hashed_entry(
             dir.subvol,
             Key::new(dir.ino, item::DIR_ITEM, name_hash(name)),

@@ -30,6 +30,8 @@ impl Transaction<'_> {
         if children {
             return Err(Error::NotEmpty);
         }
+        // Its directories' names go with it (`name_sets`).
+        self.filesystem().names.forget_subvolume(id);
         let ref_key = Key::new(parent.subvol, item::ROOT_REF, id);
         let body = self
             .lookup(objectid::ROOT_TREE, &ref_key)?

@@ -256,6 +256,8 @@ pub(crate) struct FsCore {
     pub(crate) staging: Mutex<Vec<crate::io::device::IoBuf>>,
     /// Open counts of inodes (see `pin_open`), shared with `Filesystem`, which pins and
     /// unpins without the filesystem's lock.
+    /// The names of directories made here, readable without the lock (`name_sets`).
+    pub(crate) names: std::sync::Arc<super::name_sets::NameSets>,
     pub(crate) open_inodes: std::sync::Arc<OpenInodes>,
     /// Block groups between transactions: loaded once, carried from each transaction to
     /// the next (with what commits still writing have freed kept pinned).
@@ -387,6 +389,7 @@ impl FsCore {
             next_index: Mutex::new(Default::default()),
             default_acls: Mutex::new(HashMap::new()),
             open_inodes: Default::default(),
+            names: Default::default(),
             readonly_subvols: Mutex::new(HashMap::new()),
             reserve_cache: Mutex::new(None),
             staging: Mutex::new(Vec::new()),
@@ -640,6 +643,7 @@ impl FsCore {
         if self.aborted.is_some() {
             self.next_ino.lock().clear();
             self.next_index.lock().clear();
+            self.names.clear();
         }
         self.subvol_roots.write().clear();
         self.default_acls.lock().clear();

@@ -32,6 +32,7 @@ pub(crate) mod file_item;
 pub mod fs;
 pub(crate) mod log_store;
 pub(crate) mod log_sync;
+pub(crate) mod name_sets;
 pub mod options;
 pub(crate) mod root_tree;
 pub mod space;

@@ -229,6 +229,10 @@ impl Transaction<'_> {
         };
         let index = self.next_dir_index(parent)?;
         self.new_inode(parent, id, &dir, &new, symlink, Some((name, index)))?;
+        if mode & S_IFMT == S_IFDIR {
+            // Empty, and made here: its names are known from now on (`name_sets`).
+            self.filesystem().names.made_empty(id);
+        }
         self.queue_dir_index(parent, index, entry)?;
         grow_dir(&mut dir, name);
         self.write_inode(parent, &mut dir)?;
@@ -264,6 +268,8 @@ impl Transaction<'_> {
         symlink: Option<&[u8]>,
         name: Option<(&[u8], u64)>,
     ) -> Result<()> {
+        // A number used before: a set of names kept for it is not this inode's.
+        self.filesystem().names.forget(id);
         let nlink = u32::from(name.is_some());
         let NewInode {
             mode,
