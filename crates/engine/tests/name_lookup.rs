@@ -10,6 +10,7 @@
 
 use oleo::{Error, Filesystem, InodeId, NewInode, OpenOptions, RenameFlags};
 use oleo_testkit::{assert_btrfs_check, TempDir};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -22,15 +23,23 @@ fn found(fs: &Filesystem, dir: InodeId, name: &[u8]) -> InodeId {
         .unwrap_or_else(|e| panic!("{}: {e:?}", String::from_utf8_lossy(name)))
 }
 
-#[test]
-fn every_way_into_a_directory_made_here_is_found_at_once() {
-    if !oleo_testkit::require_root("names_every_way_in") {
-        return;
+/// A fresh 256 MiB image opened for writing; None (after a SKIP line) without root.
+fn fresh(name: &str) -> Option<(TempDir, PathBuf, Filesystem)> {
+    if !oleo_testkit::require_root(name) {
+        return None;
     }
-    let dir = TempDir::new("names_every_way_in").unwrap();
+    let dir = TempDir::new(name).unwrap();
     let image = dir.join("image");
     oleo_testkit::empty_image(&image, 256, &[]).unwrap();
     let fs = Filesystem::open_rw(&image, OpenOptions::default()).unwrap();
+    Some((dir, image, fs))
+}
+
+#[test]
+fn every_way_into_a_directory_made_here_is_found_at_once() {
+    let Some((_dir, image, fs)) = fresh("names_every_way_in") else {
+        return;
+    };
     let root = fs.root();
     let d = fs.mkdir(root, b"d", &NewInode::dir(0o755)).unwrap().id;
     let elsewhere = fs.mkdir(root, b"e", &NewInode::dir(0o755)).unwrap().id;
@@ -130,13 +139,10 @@ fn every_way_into_a_directory_made_here_is_found_at_once() {
 /// as the create has returned: never "no such name".
 #[test]
 fn a_name_is_found_by_another_thread_as_soon_as_its_create_returns() {
-    if !oleo_testkit::require_root("names_across_threads") {
+    let Some((_dir, image, fs)) = fresh("names_across_threads") else {
         return;
-    }
-    let dir = TempDir::new("names_across_threads").unwrap();
-    let image = dir.join("image");
-    oleo_testkit::empty_image(&image, 256, &[]).unwrap();
-    let fs = Arc::new(Filesystem::open_rw(&image, OpenOptions::default()).unwrap());
+    };
+    let fs = Arc::new(fs);
     let d = fs.mkdir(fs.root(), b"d", &NewInode::dir(0o755)).unwrap().id;
     const N: u64 = 20_000;
     let made = Arc::new(AtomicU64::new(0));
