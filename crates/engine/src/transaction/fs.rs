@@ -254,10 +254,10 @@ pub(crate) struct FsCore {
     /// Direct-IO-aligned buffers reused by writes (see `ordered_extent`): one per writer
     /// at a time, so that concurrent writes do not each map and fault in a fresh one.
     pub(crate) staging: Mutex<Vec<crate::io::device::IoBuf>>,
-    /// Open counts of inodes (see `pin_open`), shared with `Filesystem`, which pins and
-    /// unpins without the filesystem's lock.
     /// The names of directories made here, readable without the lock (`name_sets`).
     pub(crate) names: std::sync::Arc<super::name_sets::NameSets>,
+    /// Open counts of inodes (see `pin_open`), shared with `Filesystem`, which pins and
+    /// unpins without the filesystem's lock.
     pub(crate) open_inodes: std::sync::Arc<OpenInodes>,
     /// Block groups between transactions: loaded once, carried from each transaction to
     /// the next (with what commits still writing have freed kept pinned).
